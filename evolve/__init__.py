@@ -1,0 +1,1 @@
+"""Population-based training with weight-space operators around any policy."""

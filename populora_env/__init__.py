@@ -1,0 +1,1 @@
+"""populora-env: population-based teacher/student self-play with verifiable rewards."""
