@@ -1,0 +1,114 @@
+"""Runs one program inside a freshly forked, already isolated child and streams one verdict per call.
+
+Loaded by the worker as a top-level module (the worker never imports the ``populora_env`` package).
+Each verdict is one JSON line ``[status, output_or_null, detail]`` written to the result pipe; the
+worker turns a missing line (crash, kill, time-out) into a verdict of its own.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import sys
+from typing import Any
+
+import literals  # type: ignore[import-not-found]  # top-level in the worker process, see _worker.py
+
+_ALLOWED_MODULES: frozenset[str] = frozenset()
+
+
+def _guarded_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+    if level or name.split(".")[0] not in _ALLOWED_MODULES:
+        raise ImportError(f"import of {name!r} is not allowed")
+    return _real_import(name, globals, locals, fromlist, level)
+
+
+def _refuse(*_args: Any, **_kwargs: Any) -> Any:
+    raise RuntimeError("this built-in is not available to programs")
+
+
+_real_import = builtins.__import__
+
+
+def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
+    """A copy of the built-ins with the interpreter's doors replaced (a second layer, not the boundary)."""
+    global _ALLOWED_MODULES
+    _ALLOWED_MODULES = allowed_modules
+    table = dict(vars(builtins))
+    for name in ("open", "input", "breakpoint", "help", "exit", "quit", "eval", "exec", "compile", "memoryview"):
+        table[name] = _refuse
+    table["__import__"] = _guarded_import
+    return table
+
+
+def _line(status: str, output: str | None = None, detail: str = "") -> bytes:
+    return (json.dumps([status, output, detail[:300]]) + "\n").encode()
+
+
+def setup_failed(exc: BaseException) -> bytes:
+    """The verdict line for a child whose sandbox could not be set up (the program never ran)."""
+    return _line("runtime", None, "sandbox setup failed: " + _describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        message = str(exc)
+    except BaseException:  # a hostile __str__
+        message = "<unprintable>"
+    return f"{type(exc).__name__}: {message}"[:300]
+
+
+def run_program(
+    program: str, calls: list[str], out_fd: int, *, max_output: int, max_depth: int, allowed: frozenset[str]
+) -> None:
+    """Defines ``f`` from ``program`` and calls it once per argument text, writing a verdict per call."""
+    glb: dict[str, Any] = {"__builtins__": safe_builtins(allowed), "__name__": "__program__"}
+    try:
+        code = compile(program, "<program>", "exec")
+    except (SyntaxError, ValueError) as e:
+        os.write(out_fd, _line("syntax", None, _describe(e)) * len(calls))
+        return
+    try:
+        exec(code, glb)
+    except MemoryError:
+        os.write(out_fd, _line("memory", None, "MemoryError while defining the program") * len(calls))
+        return
+    except BaseException as e:
+        os.write(out_fd, _line("runtime", None, "while defining the program: " + _describe(e)) * len(calls))
+        return
+    f = glb.get("f")
+    if not callable(f):
+        os.write(out_fd, _line("syntax", None, "the program does not define a function `f`") * len(calls))
+        return
+    for args_text in calls:
+        os.write(out_fd, _call(f, args_text, max_output=max_output, max_depth=max_depth))
+
+
+def _call(f: Any, args_text: str, *, max_output: int, max_depth: int) -> bytes:
+    try:
+        args = literals.parse_args(args_text, max_depth=max_depth)
+    except (literals.LiteralError, TypeError) as e:
+        return _line("bad_input", None, str(e))
+    try:
+        value = f(*args)
+    except MemoryError:
+        return _line("memory", None, "MemoryError")
+    except BaseException as e:  # SystemExit, KeyboardInterrupt and custom BaseExceptions included
+        return _line("runtime", None, _describe(e))
+    try:
+        text = literals.canonical_text(value, max_depth=max_depth)
+    except literals.LiteralError as e:
+        return _line("bad_output", None, str(e))
+    except MemoryError:
+        return _line("memory", None, "MemoryError while rendering the return value")
+    except BaseException as e:
+        return _line("bad_output", None, "cannot render the return value: " + _describe(e))
+    if len(text) > max_output:
+        return _line("bad_output", None, f"return value renders to {len(text)} characters, over {max_output}")
+    return _line("ok", text, "")
+
+
+def set_recursion_limit(limit: int) -> None:
+    """Sets the child's recursion limit (deep recursion becomes a RecursionError, not a crash)."""
+    sys.setrecursionlimit(limit)

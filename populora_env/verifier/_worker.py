@@ -1,0 +1,193 @@
+"""Verifier worker: a long-lived, isolated process that forks one fresh child per program.
+
+Started by the host as ``python -I -B _worker.py CONFIG_JSON`` with a chosen ``PYTHONHASHSEED`` (the script's
+folder is put first on ``sys.path``, so this process never imports the heavy ``populora_env`` package, torch or
+pettingzoo). It pre-imports the modules programs may use, compiles the seccomp filter, isolates itself
+(see ``sandbox.py``) and then serves requests framed as a 4-byte big-endian length plus UTF-8 JSON on
+stdin/stdout:
+
+    request  {"program": str, "calls": [args_text, ...], "timeout": s, "memory_mb": n}
+    response {"results": [[status, output, detail], ...]}
+
+The first frame it writes is its isolation report.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import signal
+import struct
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `python -I` does not add it
+
+import _child  # type: ignore[import-not-found]
+import sandbox  # type: ignore[import-not-found]
+from prefilter import ALLOWED_MODULES  # type: ignore[import-not-found]
+
+
+def read_exact(fd: int, n: int) -> bytes:
+    chunks, remaining = [], n
+    while remaining:
+        chunk = os.read(fd, remaining)
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def send(fd: int, message: Any) -> None:
+    data = json.dumps(message).encode()
+    payload = struct.pack(">I", len(data)) + data
+    while payload:
+        payload = payload[os.write(fd, payload) :]
+
+
+class Worker:
+    """Serves requests; one child process per program, killed with its process group on time-out."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        for name in sorted(ALLOWED_MODULES):
+            importlib.import_module(name)  # children need no file access to import these
+        self.bpf, seccomp_error = sandbox.build_seccomp_program()
+        self.devnull = os.open("/dev/null", os.O_RDWR)
+        self.report = sandbox.isolate_worker() if config.get("isolate", True) else {"errors": ["isolation disabled"]}
+        self.report["seccomp"] = self.bpf is not None
+        if seccomp_error:
+            self.report["errors"].append(seccomp_error)
+        self.report["rlimits"] = True
+
+    def handle(self, request: dict[str, Any]) -> list[list[Any]]:
+        calls: list[str] = request["calls"]
+        results: list[list[Any]] = []
+        while len(results) < len(calls):
+            results.extend(self._run_child(request["program"], calls[len(results) :], request))
+        return results
+
+    def _run_child(self, program: str, calls: list[str], request: dict[str, Any]) -> list[list[Any]]:
+        """Runs a child over ``calls``; returns at least one verdict (more if the child lasted)."""
+        timeout = float(request["timeout"])
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # ---------------------------------------------------------------- the child
+            try:
+                self._enter_child(write_fd, read_fd, cpu_seconds=int(timeout * len(calls)) + 1, request=request)
+            except BaseException as e:
+                os.write(write_fd, _child.setup_failed(e) * len(calls))
+                os._exit(0)
+            try:
+                _child.run_program(
+                    program, calls, write_fd, max_output=int(request["max_output"]),
+                    max_depth=int(request["max_depth"]), allowed=ALLOWED_MODULES,
+                )  # fmt: skip
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        try:
+            os.setpgid(pid, pid)  # the child does the same; whoever is first wins the race
+        except OSError:
+            pass
+        try:
+            return self._collect(pid, read_fd, len(calls), timeout, int(request["max_output"]))
+        finally:
+            os.close(read_fd)
+
+    def _enter_child(self, write_fd: int, read_fd: int, *, cpu_seconds: int, request: dict[str, Any]) -> None:
+        os.setpgid(0, 0)
+        sandbox.die_with_parent()
+        os.close(read_fd)
+        for fd in (0, 1, 2):
+            os.dup2(self.devnull, fd)
+        os.closerange(3, write_fd)
+        os.closerange(write_fd + 1, 1 << 16)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        _child.set_recursion_limit(int(request["recursion_limit"]))
+        sandbox.apply_child_limits(cpu_seconds, int(request["memory_mb"]) << 20)
+        if self.bpf is not None:
+            sandbox.load_seccomp_program(self.bpf)
+
+    def _collect(self, pid: int, fd: int, n_calls: int, timeout: float, max_output: int) -> list[list[Any]]:
+        results: list[list[Any]] = []
+        buffer = b""
+        cap = 4 * max_output + 4096
+        deadline = time.monotonic() + timeout
+        verdict: list[Any] | None = None
+        while len(results) < n_calls:
+            left = deadline - time.monotonic()
+            ready = select.select([fd], [], [], max(left, 0))[0] if left > 0 else []
+            if not ready:
+                verdict = ["timeout", None, f"no result within {timeout:g} s (wall clock)"]
+                break
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            buffer += chunk
+            while b"\n" in buffer and len(results) < n_calls:
+                line, buffer = buffer.split(b"\n", 1)
+                results.append(_parse_line(line))
+                deadline = time.monotonic() + timeout  # each call gets its own wall-clock budget
+            if len(buffer) > cap:
+                verdict = ["bad_output", None, "the child wrote more than the output cap"]
+                break
+        if len(results) == n_calls and verdict is None:
+            _, status = os.waitpid(pid, 0)
+            return results
+        _kill_group(pid)
+        _, status = os.waitpid(pid, 0)
+        if verdict is None:
+            verdict = _death_verdict(status)
+        return [*results, verdict]
+
+
+def _parse_line(line: bytes) -> list[Any]:
+    try:
+        status, output, detail = json.loads(line)
+        if isinstance(status, str) and (output is None or isinstance(output, str)) and isinstance(detail, str):
+            return [status, output, detail]
+    except (ValueError, TypeError):
+        pass
+    return ["bad_output", None, "malformed result line from the child"]
+
+
+def _kill_group(pid: int) -> None:
+    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            target()
+        except OSError:
+            pass
+
+
+def _death_verdict(status: int) -> list[Any]:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig in (signal.SIGXCPU, signal.SIGKILL):
+            return ["timeout", None, f"CPU time limit reached ({signal.Signals(sig).name})"]
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        return ["runtime", None, f"the program crashed the process ({name})"]
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
+    return ["runtime", None, f"the program ended its process (exit code {code}) before returning"]
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host's Ctrl-C is the host's to handle
+    worker = Worker(config)
+    send(1, {"ready": True, "report": worker.report, "pid": os.getpid()})
+    while True:
+        try:
+            (size,) = struct.unpack(">I", read_exact(0, 4))
+            request = json.loads(read_exact(0, size))
+        except EOFError:
+            return
+        send(1, {"results": worker.handle(request)})
+
+
+if __name__ == "__main__":
+    main()

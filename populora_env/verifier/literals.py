@@ -1,0 +1,186 @@
+"""Plain literal data: guarded parsing of untrusted literal text and canonical text of plain values.
+
+This module is imported both by the host (to check answers, arguments and outputs) and by the sandboxed
+child (to parse arguments and to render a program's return value). It never executes code: parsing goes
+through :func:`ast.literal_eval` on text whose size is capped first, and rendering walks values whose types
+are checked to be *exactly* the built-in ones, so no user-defined ``__repr__``/``__eq__`` is ever called.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from typing import Any
+
+__all__ = [
+    "LiteralError",
+    "canonical_text",
+    "outputs_equal",
+    "parse_args",
+    "parse_literal",
+]
+
+#: Default caps; the verifier passes its configured values.
+MAX_TEXT_CHARS = 10_000
+MAX_DEPTH = 50
+MAX_NODES = 10_000
+
+
+class LiteralError(ValueError):
+    """Text is not a plain Python literal within the caps, or a value is not plain literal data."""
+
+
+_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+def _check_text(text: object, what: str, max_chars: int) -> str:
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be str, got {type(text).__name__}")
+    if len(text) > max_chars:
+        raise LiteralError(f"{what} is {len(text)} characters, over the cap of {max_chars}")
+    if "\x00" in text:
+        raise LiteralError(f"{what} contains a NUL character")
+    return text
+
+
+def _parse_expression(source: str) -> ast.expr:
+    try:
+        return ast.parse(source, mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
+        # The parser itself refuses > 200 nested brackets ("too many nested parentheses"),
+        # and the text length is capped before we get here.
+        raise LiteralError(f"not valid Python: {type(e).__name__}: {_short(str(e))}") from None
+
+
+def _eval_node(node: ast.expr, max_depth: int, max_nodes: int) -> Any:
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError) as e:
+        raise LiteralError(f"not a literal: {_short(str(e))}") from None
+    canonical_text(value, max_depth=max_depth, max_nodes=max_nodes)  # rejects NaN, inf, deep data
+    return value
+
+
+def parse_literal(
+    text: str, *, max_chars: int = MAX_TEXT_CHARS, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES
+) -> Any:
+    """Parses one plain literal (numbers, strings, bytes, bools, None, lists, tuples, dicts, sets).
+
+    Args:
+        text: Untrusted text such as ``"[1, 'a', (2.5, None)]"``.
+        max_chars: Longer text is refused before any parsing.
+        max_depth: Maximum nesting depth of containers.
+        max_nodes: Maximum number of values in the structure.
+
+    Returns:
+        The parsed value, made only of exact built-in types.
+
+    Raises:
+        TypeError: ``text`` is not a ``str``.
+        LiteralError: The text is too long, not a literal, or holds NaN/inf or oversized data.
+    """
+    _check_text(text, "literal", max_chars)
+    return _eval_node(_parse_expression(text.strip()), max_depth, max_nodes)
+
+
+def parse_args(
+    text: str, *, max_chars: int = MAX_TEXT_CHARS, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES
+) -> tuple[Any, ...]:
+    """Parses the text of a call's argument list, ``f(<text>)``, into a tuple of literal values.
+
+    ``"[1, 2], 3"`` is two arguments, ``"(1, 2)"`` is one tuple argument, ``""`` is no argument
+    (the CRUXEval/AZR format). Keyword and starred arguments are refused.
+
+    Raises:
+        TypeError: ``text`` is not a ``str``.
+        LiteralError: The text is not a plain argument list within the caps.
+    """
+    _check_text(text, "args", max_chars)
+    node = _parse_expression(f"f(\n{text}\n)")
+    # Text such as "1), g(2" closes the call early: the result is then not a single call of `f`.
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "f"):
+        raise LiteralError("args must be a plain argument list, like '[1, 2], 3'")
+    if node.keywords:
+        raise LiteralError("keyword arguments are not supported in args")
+    if any(isinstance(a, ast.Starred) for a in node.args):
+        raise LiteralError("starred arguments are not supported in args")
+    return tuple(_eval_node(a, max_depth, max_nodes) for a in node.args)
+
+
+def canonical_text(value: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> str:
+    """Renders plain literal data as canonical Python literal text.
+
+    Only exact built-in types are accepted (a subclass of ``int`` or ``str`` is refused), so the
+    rendering never calls user code. Sets and frozensets render as set displays with elements sorted
+    by their own canonical text, which makes the text independent of the hash seed and keeps Python
+    ``==`` semantics (``frozenset({1}) == {1}``). Dicts keep insertion order.
+
+    Raises:
+        LiteralError: The value is not plain data, holds NaN or inf, nests deeper than ``max_depth``,
+            has more than ``max_nodes`` values, or refers to itself.
+    """
+    budget = [max_nodes]
+    return _render(value, max_depth, budget)
+
+
+def _render(value: Any, depth: int, budget: list[int]) -> str:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise LiteralError("value has too many elements")
+    if depth < 0:
+        raise LiteralError("value nests too deeply (or refers to itself)")
+    kind = type(value)
+    if kind in _SCALARS:
+        return _render_scalar(value)
+    if kind is list or kind is tuple:
+        items = [_render(v, depth - 1, budget) for v in value]
+        if kind is list:
+            return "[" + ", ".join(items) + "]"
+        return "(" + items[0] + ",)" if len(items) == 1 else "(" + ", ".join(items) + ")"
+    if kind is dict:
+        pairs = [f"{_render(k, depth - 1, budget)}: {_render(v, depth - 1, budget)}" for k, v in value.items()]
+        return "{" + ", ".join(pairs) + "}"
+    if kind is set or kind is frozenset:
+        if not value:
+            return "set()"
+        return "{" + ", ".join(sorted(_render(v, depth - 1, budget) for v in value)) + "}"
+    raise LiteralError(f"return value is not plain literal data (type {kind.__name__!s:.60})")
+
+
+def _render_scalar(value: Any) -> str:
+    kind = type(value)
+    if kind is float:
+        if not math.isfinite(value):
+            raise LiteralError("value holds a NaN or infinite float")
+    elif kind is complex:
+        if not (math.isfinite(value.real) and math.isfinite(value.imag)):
+            raise LiteralError("value holds a NaN or infinite complex")
+    try:
+        return repr(value)  # exact built-in type: the built-in repr
+    except ValueError as e:  # int over sys.get_int_max_str_digits()
+        raise LiteralError(f"value cannot be rendered: {_short(str(e))}") from None
+
+
+def outputs_equal(a: str, b: str, *, max_chars: int = MAX_TEXT_CHARS) -> bool:
+    """Whether two literal texts denote ``==`` values; ``False`` if either is not a plain literal.
+
+    This is the comparison CRUXEval and AZR use (``f(x) == output``), applied to parsed plain values
+    only, so ``1 == 1.0 == True`` and dict order does not matter.
+    """
+    if a == b:
+        # Identical text parses to identical values, and plain values are == to themselves (no NaN).
+        try:
+            parse_literal(a, max_chars=max_chars)
+        except (LiteralError, TypeError):
+            return False
+        return True
+    try:
+        return bool(parse_literal(a, max_chars=max_chars) == parse_literal(b, max_chars=max_chars))
+    except (LiteralError, TypeError):
+        return False
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,163 @@
+"""Host side of the verifier's worker processes: start, frame I/O, deadlines, replacement."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WorkerDied", "WorkerHandle"]
+
+_WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
+_MAX_FRAME = 64 << 20
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended, hung past its deadline, or spoke out of protocol."""
+
+
+class WorkerHandle:
+    """One worker process started with ``subprocess`` (fork+exec: safe from a process holding torch).
+
+    Args:
+        hash_seed: The worker's ``PYTHONHASHSEED``; the two determinism pools use different seeds.
+        config: Worker options (JSON-serialisable), e.g. ``{"isolate": True}``.
+    """
+
+    def __init__(self, hash_seed: int, config: dict[str, Any]) -> None:
+        env = {"PYTHONHASHSEED": str(hash_seed), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+        if "LD_LIBRARY_PATH" in os.environ:  # some Python builds need it to find libpython
+            env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
+        self.hash_seed = hash_seed
+        self.process = subprocess.Popen(
+            [sys.executable, "-I", "-B", str(_WORKER_SCRIPT), json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,  # read only to explain a worker that fails to start
+            env=env,
+            cwd="/",
+            close_fds=True,
+            start_new_session=True,
+        )
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.in_fd = self.process.stdin.fileno()
+        self.out_fd = self.process.stdout.fileno()
+        os.set_blocking(self.out_fd, False)
+        self._buffer = b""
+        self.busy_until: float | None = None  # deadline of the request in flight
+        self.report: dict[str, Any] = {}
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Waits for the worker's ready frame (its isolation report)."""
+        try:
+            ready = self.receive(time.monotonic() + timeout)
+        except WorkerDied:
+            self.kill()
+            raise
+        if not ready.get("ready") or not isinstance(ready.get("report"), dict):
+            self.kill()
+            raise WorkerDied(f"verifier worker did not start: {ready!r:.200}")
+        self.report = ready["report"]
+
+    @property
+    def pid(self) -> int:
+        """The worker's process id."""
+        return self.process.pid
+
+    def send(self, message: dict[str, Any], deadline: float) -> None:
+        """Writes one request frame; the worker must answer before ``deadline`` (monotonic)."""
+        data = json.dumps(message).encode()
+        try:
+            payload = struct.pack(">I", len(data)) + data
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(self.in_fd, view) :]
+        except OSError as e:
+            raise WorkerDied(f"cannot write to verifier worker {self.pid}: {e}") from None
+        self.busy_until = deadline
+
+    def poll_frame(self) -> dict[str, Any] | None:
+        """Reads what is available; returns a complete frame or ``None`` (raises if the worker ended)."""
+        try:
+            chunk = os.read(self.out_fd, 1 << 20)
+        except BlockingIOError:
+            chunk = None
+        except OSError as e:
+            raise WorkerDied(f"verifier worker {self.pid} pipe error: {e}") from None
+        if chunk == b"":
+            raise WorkerDied(f"verifier worker {self.pid} exited (code {self.process.wait()}){self._stderr_tail()}")
+        if chunk:
+            self._buffer += chunk
+        if len(self._buffer) < 4:
+            return None
+        (size,) = struct.unpack(">I", self._buffer[:4])
+        if size > _MAX_FRAME:
+            raise WorkerDied(f"verifier worker {self.pid} sent an oversized frame ({size} bytes)")
+        if len(self._buffer) < 4 + size:
+            return None
+        frame, self._buffer = self._buffer[4 : 4 + size], self._buffer[4 + size :]
+        self.busy_until = None
+        try:
+            message = json.loads(frame)
+        except ValueError:
+            raise WorkerDied(f"verifier worker {self.pid} sent a malformed frame") from None
+        if not isinstance(message, dict):
+            raise WorkerDied(f"verifier worker {self.pid} sent a malformed frame")
+        return message
+
+    def receive(self, deadline: float) -> dict[str, Any]:
+        """Blocks until one frame arrives or ``deadline`` passes (then raises :class:`WorkerDied`)."""
+        import select
+
+        while True:
+            message = self.poll_frame()
+            if message is not None:
+                return message
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerDied(f"verifier worker {self.pid} did not answer in time")
+            select.select([self.out_fd], [], [], left)
+
+    def _stderr_tail(self) -> str:
+        stream = self.process.stderr
+        if stream is None or self.process.poll() is None:
+            return ""
+        try:
+            tail = stream.read()[-600:].decode(errors="replace").strip()
+        except (OSError, ValueError):
+            return ""
+        return f": {tail}" if tail else ""
+
+    def kill(self) -> None:
+        """Kills the worker and its process group (its children included) and reaps it."""
+        for target in (lambda: os.killpg(self.process.pid, signal.SIGKILL), self.process.kill):
+            try:
+                target()
+            except OSError:
+                pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Asks the worker to exit by closing its input, then makes sure it is gone."""
+        try:
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+            self.process.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill()

@@ -1,0 +1,99 @@
+"""Static pre-filter: a cheap first rejection of programs before they reach a sandbox.
+
+This is *not* the security boundary (the sandboxed child is); it rejects early what a game never needs:
+imports outside a small allowlist of pure, deterministic standard modules, the built-ins that reach the
+interpreter's machinery (``eval``, ``exec``, ``__import__``, ``open``, ``getattr`` ...), dunder attribute
+access (``().__class__.__subclasses__()``), and obviously nondeterministic calls (``id``).
+Identifiers are NFKC-normalised by Python's parser, so unicode look-alikes (``ｅｘｅｃ``) are caught as well.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+__all__ = ["ALLOWED_MODULES", "BANNED_NAMES", "Prefiltered", "prefilter"]
+
+#: Pure, deterministic standard modules a program may import (pre-imported by the workers).
+ALLOWED_MODULES = frozenset(
+    {
+        "math", "cmath", "itertools", "functools", "collections", "string", "re", "heapq", "bisect",
+        "operator", "copy", "fractions", "decimal", "statistics", "typing", "dataclasses", "enum",
+        "numbers", "textwrap", "unicodedata", "array", "json", "difflib", "calendar",
+    }
+)  # fmt: skip
+
+#: Built-in names a program may not reference at all.
+BANNED_NAMES = frozenset(
+    {
+        "__import__", "eval", "exec", "compile", "open", "globals", "locals", "vars", "getattr",
+        "setattr", "delattr", "breakpoint", "input", "help", "exit", "quit", "memoryview", "id",
+        "__builtins__", "__loader__", "__spec__",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Prefiltered:
+    """Verdict of the static pre-filter.
+
+    Attributes:
+        status: ``"ok"`` (may run), ``"syntax"`` (does not parse or defines no ``f``) or ``"forbidden"``.
+        detail: Why, with the line number, when not ``"ok"``.
+    """
+
+    status: Literal["ok", "syntax", "forbidden"]
+    detail: str = ""
+
+
+@lru_cache(maxsize=4096)
+def prefilter(program: str) -> Prefiltered:
+    """Statically checks a program's source; results are cached by source text.
+
+    Args:
+        program: Python source that must define a top-level ``def f``.
+
+    Returns:
+        The verdict; never raises on any string.
+    """
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
+        line = getattr(e, "lineno", None)
+        where = f" (line {line})" if line else ""
+        return Prefiltered("syntax", f"{type(e).__name__}{where}: {getattr(e, 'msg', str(e))}"[:200])
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "f" for n in tree.body):
+        return Prefiltered("syntax", "the program must define a top-level function `f`")
+    for node in ast.walk(tree):
+        reason = _forbidden(node)
+        if reason:
+            return Prefiltered("forbidden", f"line {getattr(node, 'lineno', '?')}: {reason}")
+    return Prefiltered("ok")
+
+
+def _forbidden(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name.split(".")[0] not in ALLOWED_MODULES:
+                return f"import of module {alias.name!r} is not allowed"
+    elif isinstance(node, ast.ImportFrom):
+        module = node.module or ""
+        if node.level or module.split(".")[0] not in ALLOWED_MODULES:
+            return f"import from module {module!r} is not allowed"
+        if any(a.name.startswith("_") for a in node.names):
+            return "import of private names is not allowed"
+    elif isinstance(node, ast.Name):
+        if node.id in BANNED_NAMES:
+            return f"use of {node.id!r} is not allowed"
+        if node.id.startswith("__") and node.id.endswith("__") and node.id != "__name__":
+            return f"use of dunder name {node.id!r} is not allowed"
+    elif isinstance(node, ast.Attribute):
+        if node.attr.startswith("__"):
+            return f"access to attribute {node.attr!r} is not allowed"
+        if node.attr.startswith("_"):
+            return f"access to private attribute {node.attr!r} is not allowed"
+    elif isinstance(node, (ast.Global, ast.Nonlocal)) and any(n.startswith("__") for n in node.names):
+        return "rebinding dunder names is not allowed"
+    return None

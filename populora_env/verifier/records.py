@@ -1,0 +1,122 @@
+"""The verifier's records: :class:`VerifierConfig`, :class:`Execution`, :class:`IsolationReport`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+__all__ = ["STATUSES", "Execution", "IsolationReport", "Status", "VerifierConfig"]
+
+Status = Literal[
+    "ok", "syntax", "forbidden", "timeout", "memory", "runtime", "nondeterministic", "bad_output", "bad_input"
+]
+STATUSES: tuple[str, ...] = get_args(Status)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The verdict of one call ``f(<args>)``.
+
+    Attributes:
+        status: One of :data:`Status`; ``"ok"`` only when ``f`` returned plain literal data.
+        output: Canonical literal text of the return value when ``ok``, else ``None``.
+        detail: A short human-readable reason (empty when ``ok``).
+    """
+
+    status: Status
+    output: str | None = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Whether the call returned plain literal data."""
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class VerifierConfig:
+    """Options of a :class:`Verifier`."""
+
+    timeout: float = 2.0
+    """Wall-clock seconds allowed per call (the child's CPU limit is derived from it)."""
+    memory_mb: int = 1024
+    """Address-space limit of each program's process, in MiB."""
+    workers: int | None = None
+    """Worker processes per hash-seed pool; ``None`` uses the number of CPUs."""
+    check_determinism: bool = True
+    """Run every program in two pools with different ``PYTHONHASHSEED`` and compare the results."""
+    hash_seeds: tuple[int, int] = (11, 29)
+    """The two hash seeds of the determinism pools."""
+    max_program_chars: int = 20_000
+    """Longer programs are ``bad_input`` without running."""
+    max_literal_chars: int = 10_000
+    """Longer argument, output or answer texts are ``bad_input`` (or a failed check)."""
+    max_output_chars: int = 10_000
+    """Return values whose canonical text is longer are ``bad_output``."""
+    max_depth: int = 50
+    """Deepest nesting of containers in arguments and return values."""
+    recursion_limit: int = 3_000
+    """Python recursion limit inside the program's process."""
+    cache_size: int = 65_536
+    """Verdicts kept in memory by ``(program, args)``; 0 disables the cache."""
+    isolate: bool = True
+    """Apply the kernel isolation layers. Turning this off is for debugging only."""
+    start_timeout: float = 60.0
+    """Seconds to wait for a worker to start."""
+
+    def __post_init__(self) -> None:
+        positive = ("timeout", "memory_mb", "max_program_chars", "max_literal_chars", "max_output_chars",
+                    "max_depth", "recursion_limit", "start_timeout")  # fmt: skip
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"VerifierConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.memory_mb < 64:
+            raise ValueError(f"VerifierConfig.memory_mb must be >= 64 (a Python process needs it), got {self.memory_mb}")
+        if self.workers is not None and not (isinstance(self.workers, int) and self.workers >= 1):
+            raise ValueError(f"VerifierConfig.workers must be None or an int >= 1, got {self.workers!r}")
+        if len(self.hash_seeds) != 2 or self.hash_seeds[0] == self.hash_seeds[1]:
+            raise ValueError(f"VerifierConfig.hash_seeds must be two different ints, got {self.hash_seeds!r}")
+        if self.cache_size < 0:
+            raise ValueError(f"VerifierConfig.cache_size must be >= 0, got {self.cache_size}")
+
+
+@dataclass(frozen=True)
+class IsolationReport:
+    """Which isolation mechanisms the workers have active on this machine.
+
+    Attributes:
+        rlimits: Per-program CPU, memory, file-size, open-file and process limits.
+        seccomp: The per-program system-call filter (no fork/exec/sockets/signals/writes).
+        landlock_abi: Landlock ABI in force (0: none): read-only filesystem, no TCP, scoped signals.
+        namespaces: Private user, network, IPC and UTS namespaces, all capabilities dropped.
+        unprivileged: Workers run as an unprivileged uid.
+        no_new_privs: ``PR_SET_NO_NEW_PRIVS`` set.
+        errors: Why a mechanism is missing, as reported by the workers.
+    """
+
+    rlimits: bool
+    seccomp: bool
+    landlock_abi: int
+    namespaces: bool
+    unprivileged: bool
+    no_new_privs: bool
+    errors: tuple[str, ...] = ()
+
+    @property
+    def full(self) -> bool:
+        """Whether every mechanism is active."""
+        return all((self.rlimits, self.seccomp, self.landlock_abi > 0, self.namespaces, self.unprivileged,
+                    self.no_new_privs))  # fmt: skip
+
+    @classmethod
+    def from_worker(cls, report: dict[str, Any]) -> IsolationReport:
+        """Builds the report from a worker's ready frame."""
+        return cls(
+            rlimits=bool(report.get("rlimits")),
+            seccomp=bool(report.get("seccomp")),
+            landlock_abi=int(report.get("landlock", 0) or 0),
+            namespaces=bool(report.get("namespaces")),
+            unprivileged=bool(report.get("uid_drop")),
+            no_new_privs=bool(report.get("no_new_privs")),
+            errors=tuple(str(e) for e in report.get("errors", ())),
+        )

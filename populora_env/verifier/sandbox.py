@@ -1,0 +1,256 @@
+"""Kernel isolation mechanisms for the verifier's workers and their per-program children.
+
+Layers, from the outside in (each probed at run time; a missing one is reported, never silently skipped):
+
+* worker, once at start: drop root to an unprivileged uid (``nobody``), enter fresh user, network, IPC
+  and UTS namespaces (no network at all), drop every capability, set ``no_new_privs``, and apply a
+  Landlock domain that allows only reading the Python installation and system libraries, no TCP, and
+  (ABI >= 6) no signals or abstract unix sockets towards processes outside the domain;
+* child, per program: its own process group, rlimits (address space, CPU seconds, file size 0, open files,
+  processes 0, core dumps 0), and a seccomp filter compiled once by libseccomp in the worker and loaded
+  with one ``prctl`` in the child: no fork/clone/exec, no sockets, no signals to other processes, no
+  opening files for writing, no filesystem changes, no privilege or namespace changes.
+
+Landlock is driven through its three system calls with ctypes because the Python binding on PyPI covers
+only filesystem rights (we also use its network and scope rights); seccomp filters are built with
+libseccomp (``pyseccomp``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import resource
+import sys
+import tempfile
+from typing import Any
+
+__all__ = [
+    "apply_child_limits",
+    "build_seccomp_program",
+    "die_with_parent",
+    "isolate_worker",
+    "load_seccomp_program",
+]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+_CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWNET = 0x04000000, 0x08000000, 0x10000000, 0x40000000
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 1, 38, 22, 2
+_NR_CAPSET = {"x86_64": 126, "aarch64": 91}
+_NOBODY = 65534
+
+# Landlock (include/uapi/linux/landlock.h); the syscall numbers are the same on x86_64 and aarch64.
+_NR_LL_CREATE, _NR_LL_ADD_RULE, _NR_LL_RESTRICT = 444, 445, 446
+_LL_FS_EXECUTE, _LL_FS_READ_FILE, _LL_FS_READ_DIR = 1 << 0, 1 << 2, 1 << 3
+_LL_FS_RIGHTS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}
+_LL_NET_TCP = (1 << 0) | (1 << 1)  # bind, connect (ABI 4)
+_LL_SCOPE_ALL = (1 << 0) | (1 << 1)  # abstract unix sockets, signals (ABI 6)
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _err(what: str) -> str:
+    return f"{what}: {os.strerror(ctypes.get_errno())}"
+
+
+def drop_root() -> str | None:
+    """Switches a root process to uid/gid ``nobody``; returns an error text or ``None``."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        os.setgroups([])
+        os.setgid(_NOBODY)
+        os.setuid(_NOBODY)
+    except OSError as e:
+        return f"cannot drop root: {e}"
+    return None
+
+
+def enter_namespaces() -> str | None:
+    """Unshares user, network, IPC and UTS namespaces, then drops all capabilities in them."""
+    if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS) != 0:
+        return _err("unshare(user|net|ipc|uts)")
+    return _drop_capabilities()
+
+
+def _drop_capabilities() -> str | None:
+    nr = _NR_CAPSET.get(os.uname().machine)
+    if nr is None:
+        return f"capset: unknown syscall number on {os.uname().machine}"
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable for two 32-bit words: all zero
+    if _libc.syscall(nr, header, data) != 0:
+        return _err("capset")
+    return None
+
+
+def set_no_new_privs() -> str | None:
+    """Sets ``PR_SET_NO_NEW_PRIVS`` (needed by seccomp and Landlock without privileges)."""
+    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return _err("prctl(NO_NEW_PRIVS)")
+    return None
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version of the running kernel, 0 when unavailable."""
+    version = _libc.syscall(_NR_LL_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return max(int(version), 0)
+
+
+def apply_landlock(readable: list[str]) -> tuple[int, str | None]:
+    """Restricts this process (and its future children) to reading beneath ``readable``.
+
+    Returns:
+        ``(abi, error)``: the ABI used (0 if none) and an error text or ``None``.
+    """
+    abi = landlock_abi()
+    if abi < 1:
+        return 0, "Landlock is not available in this kernel"
+    attr = _RulesetAttr(_LL_FS_RIGHTS_BY_ABI[max(k for k in _LL_FS_RIGHTS_BY_ABI if k <= abi)], 0, 0)
+    if abi >= 4:
+        attr.net = _LL_NET_TCP
+    if abi >= 6:
+        attr.scoped = _LL_SCOPE_ALL
+    ruleset = _libc.syscall(_NR_LL_CREATE, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0)
+    if ruleset < 0:
+        return 0, _err("landlock_create_ruleset")
+    try:
+        for path in readable:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # a path that does not exist on this machine needs no rule
+            try:
+                rights = _LL_FS_READ_FILE | (_LL_FS_READ_DIR | _LL_FS_EXECUTE if os.path.isdir(path) else 0)
+                rule = _PathBeneath(rights, fd)
+                if _libc.syscall(_NR_LL_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0) != 0:
+                    return 0, _err(f"landlock_add_rule({path})")
+            finally:
+                os.close(fd)
+        if _libc.syscall(_NR_LL_RESTRICT, ruleset, 0) != 0:
+            return 0, _err("landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+    return abi, None
+
+
+def readable_paths() -> list[str]:
+    """What a worker may read after Landlock: the Python installation(s) and system libraries."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(__file__))}
+    paths.update(p for p in sys.path if p and os.path.isdir(p))
+    paths.update(["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/dev/null"])
+    return sorted(paths)
+
+
+def isolate_worker() -> dict[str, Any]:
+    """Applies the worker-level layers; returns a report of what is active and what failed."""
+    report: dict[str, Any] = {"errors": []}
+    for name, step in (("uid_drop", drop_root), ("namespaces", enter_namespaces)):
+        error = step()
+        report[name] = error is None
+        if error:
+            report["errors"].append(error)
+    report["uid"] = os.getuid()
+    error = set_no_new_privs()
+    report["no_new_privs"] = error is None
+    if error:
+        report["errors"].append(error)
+    abi, error = apply_landlock(readable_paths())
+    report["landlock"] = abi
+    if error:
+        report["errors"].append(error)
+    return report
+
+
+# ----------------------------------------------------------------------------------------- seccomp
+_DENY = (
+    "fork vfork clone execve execveat socket socketpair connect bind listen accept accept4 "
+    "kill tkill tgkill rt_sigqueueinfo rt_tgsigqueueinfo pidfd_open pidfd_send_signal pidfd_getfd "
+    "ptrace process_vm_readv process_vm_writev setsid setpgid setuid setgid setreuid setregid "
+    "setresuid setresgid setgroups setfsuid setfsgid capset prctl personality unshare setns mount "
+    "umount2 pivot_root chroot mkdir mkdirat rmdir unlink unlinkat rename renameat renameat2 link "
+    "linkat symlink symlinkat chmod fchmod fchmodat chown fchown lchown fchownat truncate ftruncate "
+    "mknod mknodat utime utimes utimensat futimesat setrlimit prlimit64 bpf perf_event_open keyctl "
+    "add_key request_key userfaultfd io_uring_setup io_uring_enter io_uring_register memfd_create "
+    "reboot kexec_load kexec_file_load init_module finit_module delete_module swapon swapoff "
+    "sethostname setdomainname syslog acct quotactl open_by_handle_at name_to_handle_at fanotify_init "
+    "creat msgget semget shmget mq_open"
+).split()
+_ENOSYS = ("clone3", "openat2")  # glibc falls back on ENOSYS; openat2's flags cannot be inspected
+
+
+def build_seccomp_program() -> tuple[bytes | None, str | None]:
+    """Compiles the child's seccomp filter to raw BPF once (libseccomp), for a cheap load per child.
+
+    Returns:
+        ``(bpf, error)``: the filter program bytes, or ``None`` and why seccomp is unavailable.
+    """
+    try:
+        import pyseccomp as sc
+    except (ImportError, OSError, RuntimeError) as e:  # pyseccomp raises when libseccomp.so is missing
+        return None, f"libseccomp unavailable ({e})"
+    try:
+        filt = sc.SyscallFilter(sc.ALLOW)
+        for name in _DENY:
+            _add(sc, filt, sc.ERRNO(errno.EPERM), name)
+        for name in _ENOSYS:
+            _add(sc, filt, sc.ERRNO(errno.ENOSYS), name)
+        write_flags = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
+        for syscall, flags_arg in (("open", 1), ("openat", 2)):
+            for flag in write_flags:
+                _add(sc, filt, sc.ERRNO(errno.EPERM), syscall, sc.Arg(flags_arg, sc.MASKED_EQ, flag, flag))
+        with tempfile.TemporaryFile() as f:
+            filt.export_bpf(f)
+            f.seek(0)
+            return f.read(), None
+    except Exception as e:  # libseccomp reports failures as plain exceptions
+        return None, f"cannot build the seccomp filter ({type(e).__name__}: {e})"
+
+
+def _add(sc: Any, filt: Any, action: int, name: str, *args: Any) -> None:
+    try:
+        filt.add_rule(action, name, *args)
+    except (ValueError, RuntimeError, OSError):
+        pass  # a syscall this architecture does not have (e.g. `fork` on aarch64) needs no rule
+
+
+def load_seccomp_program(bpf: bytes) -> None:
+    """Loads a BPF program produced by :func:`build_seccomp_program` (needs ``no_new_privs``)."""
+    buffer = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = _SockFprog(len(bpf) // 8, ctypes.addressof(buffer))
+    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), _err("prctl(SECCOMP)"))
+
+
+def die_with_parent() -> None:
+    """Asks the kernel to SIGKILL this process when its parent (the worker) dies."""
+    if _libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), _err("prctl(PDEATHSIG)"))
+
+
+def apply_child_limits(cpu_seconds: int, memory_bytes: int) -> None:
+    """Sets the per-program rlimits (called in the child before any program code runs)."""
+    limits = {
+        resource.RLIMIT_CPU: (cpu_seconds, cpu_seconds + 1),  # SIGXCPU, then SIGKILL at the hard limit
+        resource.RLIMIT_AS: (memory_bytes, memory_bytes),
+        resource.RLIMIT_FSIZE: (0, 0),
+        resource.RLIMIT_NOFILE: (16, 16),
+        resource.RLIMIT_NPROC: (0, 0),
+        resource.RLIMIT_CORE: (0, 0),
+    }
+    for which, value in limits.items():
+        resource.setrlimit(which, value)

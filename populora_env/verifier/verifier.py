@@ -1,0 +1,307 @@
+"""The :class:`Verifier`: runs untrusted programs in isolated children and checks answers against them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .literals import LiteralError, outputs_equal, parse_args
+from .pool import WorkerDied, WorkerHandle
+from .prefilter import prefilter
+from .records import STATUSES, Execution, IsolationReport, VerifierConfig
+
+__all__ = ["Verifier"]
+
+logger = logging.getLogger("populora_env.verifier")
+_warned_isolation = False
+
+
+@dataclass
+class _Task:
+    """One request to one hash-seed pool: a program and the argument texts it is called with."""
+
+    program: str
+    calls: list[str]
+    pool: int
+    results: list[list[Any]] | None = None
+    attempts: int = 0
+
+
+class Verifier:
+    """Executes ``f(<args>)`` for untrusted programs and checks deduction, abduction and induction answers.
+
+    Each program runs in a fresh child forked from a long-lived, isolated worker process (see the README's
+    threat model); with ``check_determinism`` every program runs in two worker pools started with different
+    hash seeds. Arguments, outputs and answers are plain literals, never executed; comparison is Python
+    ``==`` on parsed plain values. Verdicts are cached by ``(program, args)``.
+
+    Example:
+        >>> with Verifier() as v:
+        ...     v.run("def f(x):\\n    return x * 2", "3")
+        Execution(status='ok', output='6', detail='')
+
+    Args:
+        config: Options; keyword arguments override its fields (``Verifier(timeout=1.0)``).
+    """
+
+    def __init__(self, config: VerifierConfig | None = None, **overrides: Any) -> None:
+        if config is None:
+            config = VerifierConfig(**overrides)
+        elif overrides:
+            from dataclasses import replace
+
+            config = replace(config, **overrides)
+        self.config = config
+        self._lock = threading.RLock()
+        self._cache: OrderedDict[tuple[str, str], Execution] = OrderedDict()
+        self._closed = False
+        n = config.workers or os.cpu_count() or 1
+        seeds = config.hash_seeds if config.check_determinism else config.hash_seeds[:1]
+        self._worker_config = {"isolate": config.isolate}
+        self._pools: list[list[WorkerHandle]] = [[] for _ in seeds]
+        self._seeds = list(seeds)
+        try:
+            for pool, seed in zip(self._pools, seeds):
+                pool.extend(WorkerHandle(seed, self._worker_config) for _ in range(n))
+            for pool in self._pools:
+                for worker in pool:
+                    worker.wait_ready(config.start_timeout)
+        except BaseException:
+            self.close()
+            raise
+        self.isolation = IsolationReport.from_worker(self._pools[0][0].report)
+        self._warn_once()
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> Verifier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        """Stops all worker processes; later calls raise ``RuntimeError``. Safe to call twice."""
+        with self._lock:
+            self._closed = True
+            for pool in self._pools:
+                for worker in pool:
+                    worker.close()
+                pool.clear()
+
+    def _warn_once(self) -> None:
+        global _warned_isolation
+        if not self.isolation.full and not _warned_isolation:
+            _warned_isolation = True
+            logger.warning(
+                "verifier isolation is partial on this machine (%s): %s",
+                ", ".join(f"{k}={v}" for k, v in self.isolation.__dict__.items() if k != "errors"),
+                "; ".join(self.isolation.errors) or "no reason given",
+            )
+
+    # ------------------------------------------------------------------------------------ running
+    def run(self, program: str, args: str) -> Execution:
+        """Runs ``f(<args>)`` once (twice with different hash seeds when checking determinism).
+
+        Args:
+            program: Python source defining a top-level ``def f``.
+            args: The text of the argument list, e.g. ``"[1, 2], 3"`` for two arguments.
+
+        Returns:
+            The verdict.
+
+        Raises:
+            TypeError: ``program`` or ``args`` is not a ``str``.
+            RuntimeError: The verifier is closed.
+        """
+        return self.run_many([(program, args)])[0]
+
+    def run_many(self, items: Sequence[tuple[str, str]]) -> list[Execution]:
+        """Runs many ``(program, args)`` pairs spread over the workers; verdicts come back in order.
+
+        Calls of the same program share one child process; two programs never share one.
+        """
+        items = list(items)
+        for i, item in enumerate(items):
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise TypeError(f"items[{i}] must be a (program, args) tuple, got {type(item).__name__}")
+            _require_str("program", item[0])
+            _require_str("args", item[1])
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this Verifier is closed; create a new one")
+            verdicts: list[Execution | None] = [self._precheck(p, a) for p, a in items]
+            todo: dict[str, list[str]] = {}
+            for (program, args), verdict in zip(items, verdicts):
+                if verdict is None and args not in todo.setdefault(program, []):
+                    todo[program].append(args)
+            fresh = self._execute(todo) if todo else {}
+            return [v if v is not None else fresh[(p, a)] for (p, a), v in zip(items, verdicts)]
+
+    def _precheck(self, program: str, args: str) -> Execution | None:
+        cached = self._cache.get((program, args))
+        if cached is not None:
+            self._cache.move_to_end((program, args))
+            return cached
+        cfg = self.config
+        if len(program) > cfg.max_program_chars:
+            return Execution("bad_input", None, f"program is {len(program)} characters, over {cfg.max_program_chars}")
+        static = prefilter(program)
+        if static.status != "ok":
+            return Execution(static.status, None, static.detail)
+        try:
+            parse_args(args, max_chars=cfg.max_literal_chars, max_depth=cfg.max_depth)
+        except LiteralError as e:
+            return Execution("bad_input", None, str(e))
+        return None
+
+    def _execute(self, todo: dict[str, list[str]]) -> dict[tuple[str, str], Execution]:
+        tasks = [_Task(program, calls, pool) for program, calls in todo.items() for pool in range(len(self._pools))]
+        self._dispatch(tasks)
+        by_program: dict[str, list[_Task]] = {}
+        for task in tasks:
+            by_program.setdefault(task.program, []).append(task)
+        fresh: dict[tuple[str, str], Execution] = {}
+        for program, runs in by_program.items():
+            for j, args in enumerate(runs[0].calls):
+                verdict = _combine([t.results[j] for t in runs if t.results is not None], self._seeds)
+                fresh[(program, args)] = verdict
+                self._cache_put((program, args), verdict)
+        return fresh
+
+    def _cache_put(self, key: tuple[str, str], verdict: Execution) -> None:
+        if self.config.cache_size == 0:
+            return
+        self._cache[key] = verdict
+        if len(self._cache) > self.config.cache_size:
+            self._cache.popitem(last=False)
+
+    def _dispatch(self, tasks: list[_Task]) -> None:
+        """Feeds tasks to idle workers of their pool until every task has results."""
+        queue = [list(t for t in tasks if t.pool == p) for p in range(len(self._pools))]
+        busy: dict[int, tuple[WorkerHandle, _Task]] = {}  # out_fd -> (worker, task)
+        idle = [list(pool) for pool in self._pools]
+        while any(queue) or busy:
+            for p in range(len(self._pools)):
+                while queue[p] and idle[p]:
+                    self._send(idle[p].pop(), queue[p].pop(0), busy, queue)
+            if not busy:
+                continue
+            deadline = min(w.busy_until or 0.0 for w, _ in busy.values())
+            ready = select.select(list(busy), [], [], max(0.0, deadline - time.monotonic()))[0]
+            now = time.monotonic()
+            for fd, (worker, task) in list(busy.items()):
+                if fd not in ready and (worker.busy_until or 0.0) > now:
+                    continue
+                try:
+                    if fd in ready:
+                        message = worker.poll_frame()
+                        if message is None:
+                            continue
+                        task.results = _checked_results(message, len(task.calls))
+                    else:
+                        raise WorkerDied(f"verifier worker {worker.pid} missed its deadline")
+                except WorkerDied as e:
+                    worker = self._replace(worker, task.pool)
+                    task.attempts += 1
+                    if task.attempts < 2 and "deadline" not in str(e):
+                        queue[task.pool].insert(0, task)  # one retry on a fresh worker
+                    else:
+                        status = "timeout" if "deadline" in str(e) else "runtime"
+                        task.results = [[status, None, str(e)]] * len(task.calls)
+                del busy[fd]
+                idle[task.pool].append(worker)
+
+    def _send(self, worker: WorkerHandle, task: _Task, busy: dict[int, tuple[WorkerHandle, _Task]],
+              queue: list[list[_Task]]) -> None:  # fmt: skip
+        cfg = self.config
+        request = {
+            "program": task.program, "calls": task.calls, "timeout": cfg.timeout, "memory_mb": cfg.memory_mb,
+            "max_output": cfg.max_output_chars, "max_depth": cfg.max_depth, "recursion_limit": cfg.recursion_limit,
+        }  # fmt: skip
+        # The worker enforces each call's wall time itself; this deadline only catches a stuck worker.
+        deadline = time.monotonic() + cfg.timeout * len(task.calls) * 1.5 + 10.0
+        try:
+            worker.send(request, deadline)
+        except WorkerDied:
+            worker = self._replace(worker, task.pool)
+            worker.send(request, deadline)
+        busy[worker.out_fd] = (worker, task)
+
+    def _replace(self, worker: WorkerHandle, pool: int) -> WorkerHandle:
+        worker.kill()
+        logger.warning("verifier worker %d died or hung; starting a replacement", worker.pid)
+        fresh = WorkerHandle(self._seeds[pool], self._worker_config)
+        fresh.wait_ready(self.config.start_timeout)
+        members = self._pools[pool]
+        members[members.index(worker)] = fresh
+        return fresh
+
+    # ------------------------------------------------------------------------------------ checks
+    def check_deduction(self, program: str, args: str, answer: str) -> bool:
+        """Whether ``answer`` (literal text) equals ``f(<args>)``; ``False`` if the program fails."""
+        _require_str("answer", answer)
+        execution = self.run(program, args)
+        return execution.ok and outputs_equal(execution.output or "", answer, max_chars=self.config.max_literal_chars)
+
+    def check_abduction(self, program: str, output: str, answer: str) -> bool:
+        """Whether ``f(<answer>)`` equals ``output``; any argument list that produces it counts."""
+        _require_str("output", output)
+        execution = self.run(program, answer)
+        return execution.ok and outputs_equal(execution.output or "", output, max_chars=self.config.max_literal_chars)
+
+    def check_induction(self, answer_program: str, pairs: Sequence[tuple[str, str]]) -> float:
+        """The fraction of ``(args, output)`` pairs that ``answer_program`` reproduces."""
+        pairs = list(pairs)
+        if not pairs:
+            raise ValueError("check_induction needs at least one (args, output) pair")
+        for i, pair in enumerate(pairs):
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise TypeError(f"pairs[{i}] must be an (args, output) tuple of str")
+            _require_str(f"pairs[{i}] output", pair[1])
+        executions = self.run_many([(answer_program, args) for args, _ in pairs])
+        limit = self.config.max_literal_chars
+        hits = sum(e.ok and outputs_equal(e.output or "", out, max_chars=limit) for e, (_, out) in zip(executions, pairs))
+        return hits / len(pairs)
+
+
+def _require_str(name: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be str, got {type(value).__name__}")
+
+
+def _checked_results(message: dict[str, Any], n: int) -> list[list[Any]]:
+    results = message.get("results")
+    if not (isinstance(results, list) and len(results) == n):
+        raise WorkerDied("verifier worker answered with the wrong number of results")
+    for r in results:
+        if not (isinstance(r, list) and len(r) == 3 and r[0] in STATUSES):
+            raise WorkerDied("verifier worker answered out of protocol")
+    return results
+
+
+def _combine(runs: list[list[Any]], seeds: list[int]) -> Execution:
+    """One verdict from the runs under different hash seeds."""
+    first = runs[0]
+    for other, seed in zip(runs[1:], seeds[1:]):
+        if (other[0], other[1]) != (first[0], first[1]):
+            if "timeout" in (first[0], other[0]):
+                return Execution("timeout", None, "timed out under one of the two hash seeds")
+            return Execution(
+                "nondeterministic", None,
+                f"hash seed {seeds[0]}: {first[0]} {str(first[1] or first[2])[:60]!r}; "
+                f"hash seed {seed}: {other[0]} {str(other[1] or other[2])[:60]!r}",
+            )  # fmt: skip
+    return Execution(first[0], first[1], first[2])
