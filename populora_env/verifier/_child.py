@@ -18,7 +18,9 @@ import literals  # type: ignore[import-not-found]  # top-level in the worker pro
 _ALLOWED_MODULES: frozenset[str] = frozenset()
 
 
-def _guarded_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+def _guarded_import(
+    name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+) -> Any:
     if level or name.split(".")[0] not in _ALLOWED_MODULES:
         raise ImportError(f"import of {name!r} is not allowed")
     return _real_import(name, globals, locals, fromlist, level)
@@ -36,7 +38,18 @@ def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
     global _ALLOWED_MODULES
     _ALLOWED_MODULES = allowed_modules
     table = dict(vars(builtins))
-    for name in ("open", "input", "breakpoint", "help", "exit", "quit", "eval", "exec", "compile", "memoryview"):
+    for name in (
+        "open",
+        "input",
+        "breakpoint",
+        "help",
+        "exit",
+        "quit",
+        "eval",
+        "exec",
+        "compile",
+        "memoryview",
+    ):
         table[name] = _refuse
     table["__import__"] = _guarded_import
     return table
@@ -60,10 +73,20 @@ def _describe(exc: BaseException) -> str:
 
 
 def run_program(
-    program: str, calls: list[str], out_fd: int, *, max_output: int, max_depth: int, allowed: frozenset[str]
+    program: str,
+    calls: list[str],
+    out_fd: int,
+    *,
+    max_output: int,
+    max_depth: int,
+    allowed: frozenset[str] | None,
 ) -> None:
-    """Defines ``f`` from ``program`` and calls it once per argument text, writing a verdict per call."""
-    glb: dict[str, Any] = {"__builtins__": safe_builtins(allowed), "__name__": "__program__"}
+    """Defines ``f`` from ``program`` and calls it once per argument text, writing a verdict per call.
+
+    ``allowed`` is the module allowlist of the guarded built-ins; ``None`` leaves the built-ins whole.
+    """
+    table = safe_builtins(allowed) if allowed is not None else dict(vars(builtins))
+    glb: dict[str, Any] = {"__builtins__": table, "__name__": "__program__"}
     try:
         code = compile(program, "<program>", "exec")
     except (SyntaxError, ValueError) as e:

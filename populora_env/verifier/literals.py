@@ -139,7 +139,9 @@ def _render(value: Any, depth: int, budget: list[int]) -> str:
             return "[" + ", ".join(items) + "]"
         return "(" + items[0] + ",)" if len(items) == 1 else "(" + ", ".join(items) + ")"
     if kind is dict:
-        pairs = [f"{_render(k, depth - 1, budget)}: {_render(v, depth - 1, budget)}" for k, v in value.items()]
+        pairs = [
+            f"{_render(k, depth - 1, budget)}: {_render(v, depth - 1, budget)}" for k, v in value.items()
+        ]
         return "{" + ", ".join(pairs) + "}"
     if kind is set or kind is frozenset:
         if not value:

@@ -91,7 +91,9 @@ class WorkerHandle:
         except OSError as e:
             raise WorkerDied(f"verifier worker {self.pid} pipe error: {e}") from None
         if chunk == b"":
-            raise WorkerDied(f"verifier worker {self.pid} exited (code {self.process.wait()}){self._stderr_tail()}")
+            raise WorkerDied(
+                f"verifier worker {self.pid} exited (code {self.process.wait()}){self._stderr_tail()}"
+            )
         if chunk:
             self._buffer += chunk
         if len(self._buffer) < 4:

@@ -39,7 +39,7 @@ class VerifierConfig:
 
     timeout: float = 2.0
     """Wall-clock seconds allowed per call (the child's CPU limit is derived from it)."""
-    memory_mb: int = 1024
+    memory_mb: int = 512
     """Address-space limit of each program's process, in MiB."""
     workers: int | None = None
     """Worker processes per hash-seed pool; ``None`` uses the number of CPUs."""
@@ -61,6 +61,9 @@ class VerifierConfig:
     """Verdicts kept in memory by ``(program, args)``; 0 disables the cache."""
     isolate: bool = True
     """Apply the kernel isolation layers. Turning this off is for debugging only."""
+    language_guards: bool = True
+    """Apply the language-level layers (static pre-filter, guarded built-ins). Turning this off is for
+    testing the kernel layers alone."""
     start_timeout: float = 60.0
     """Seconds to wait for a worker to start."""
 
@@ -71,7 +74,9 @@ class VerifierConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"VerifierConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if self.memory_mb < 64:
-            raise ValueError(f"VerifierConfig.memory_mb must be >= 64 (a Python process needs it), got {self.memory_mb}")
+            raise ValueError(
+                f"VerifierConfig.memory_mb must be >= 64 (a Python process needs it), got {self.memory_mb}"
+            )
         if self.workers is not None and not (isinstance(self.workers, int) and self.workers >= 1):
             raise ValueError(f"VerifierConfig.workers must be None or an int >= 1, got {self.workers!r}")
         if len(self.hash_seeds) != 2 or self.hash_seeds[0] == self.hash_seeds[1]:

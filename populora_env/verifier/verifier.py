@@ -157,9 +157,11 @@ class Verifier:
             return cached
         cfg = self.config
         if len(program) > cfg.max_program_chars:
-            return Execution("bad_input", None, f"program is {len(program)} characters, over {cfg.max_program_chars}")
-        static = prefilter(program)
-        if static.status != "ok":
+            return Execution(
+                "bad_input", None, f"program is {len(program)} characters, over {cfg.max_program_chars}"
+            )
+        static = prefilter(program) if cfg.language_guards else None
+        if static is not None and static.status != "ok":
             return Execution(static.status, None, static.detail)
         try:
             parse_args(args, max_chars=cfg.max_literal_chars, max_depth=cfg.max_depth)
@@ -168,7 +170,9 @@ class Verifier:
         return None
 
     def _execute(self, todo: dict[str, list[str]]) -> dict[tuple[str, str], Execution]:
-        tasks = [_Task(program, calls, pool) for program, calls in todo.items() for pool in range(len(self._pools))]
+        tasks = [
+            _Task(program, calls, pool) for program, calls in todo.items() for pool in range(len(self._pools))
+        ]
         self._dispatch(tasks)
         by_program: dict[str, list[_Task]] = {}
         for task in tasks:
@@ -230,6 +234,7 @@ class Verifier:
         request = {
             "program": task.program, "calls": task.calls, "timeout": cfg.timeout, "memory_mb": cfg.memory_mb,
             "max_output": cfg.max_output_chars, "max_depth": cfg.max_depth, "recursion_limit": cfg.recursion_limit,
+            "guards": cfg.language_guards,
         }  # fmt: skip
         # The worker enforces each call's wall time itself; this deadline only catches a stuck worker.
         deadline = time.monotonic() + cfg.timeout * len(task.calls) * 1.5 + 10.0
@@ -254,13 +259,17 @@ class Verifier:
         """Whether ``answer`` (literal text) equals ``f(<args>)``; ``False`` if the program fails."""
         _require_str("answer", answer)
         execution = self.run(program, args)
-        return execution.ok and outputs_equal(execution.output or "", answer, max_chars=self.config.max_literal_chars)
+        return execution.ok and outputs_equal(
+            execution.output or "", answer, max_chars=self.config.max_literal_chars
+        )
 
     def check_abduction(self, program: str, output: str, answer: str) -> bool:
         """Whether ``f(<answer>)`` equals ``output``; any argument list that produces it counts."""
         _require_str("output", output)
         execution = self.run(program, answer)
-        return execution.ok and outputs_equal(execution.output or "", output, max_chars=self.config.max_literal_chars)
+        return execution.ok and outputs_equal(
+            execution.output or "", output, max_chars=self.config.max_literal_chars
+        )
 
     def check_induction(self, answer_program: str, pairs: Sequence[tuple[str, str]]) -> float:
         """The fraction of ``(args, output)`` pairs that ``answer_program`` reproduces."""
@@ -273,7 +282,10 @@ class Verifier:
             _require_str(f"pairs[{i}] output", pair[1])
         executions = self.run_many([(answer_program, args) for args, _ in pairs])
         limit = self.config.max_literal_chars
-        hits = sum(e.ok and outputs_equal(e.output or "", out, max_chars=limit) for e, (_, out) in zip(executions, pairs))
+        hits = sum(
+            e.ok and outputs_equal(e.output or "", out, max_chars=limit)
+            for e, (_, out) in zip(executions, pairs)
+        )
         return hits / len(pairs)
 
 

@@ -1,0 +1,170 @@
+"""The verifier's contract: one case per status, legal-but-tricky programs, the checks, bad input."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import pytest
+
+from populora_env.verifier import STATUSES, Execution, Verifier, VerifierConfig, outputs_equal, parse_args
+from populora_env.verifier import verifier as verifier_module
+
+DOUBLE = "def f(x):\n    return x * 2"
+
+STATUS_CASES = {
+    "ok": (DOUBLE, "3"),
+    "syntax": ("def f(x):\n    return x +", "1"),
+    "forbidden": ("import os\ndef f(x):\n    return os.getcwd()", "1"),
+    "timeout": ("def f(x):\n    while True:\n        x += 1", "1"),
+    "memory": ("def f(x):\n    return [0] * (10 ** 10)", "1"),
+    "runtime": ("def f(x):\n    return 1 // x", "0"),
+    "nondeterministic": ("def f(n):\n    return ''.join(set(str(i) for i in range(n)))", "40"),
+    "bad_output": ("def f(x):\n    return object()", "1"),
+    "bad_input": (DOUBLE, "__import__('os').system('true')"),
+}
+
+
+def test_every_status_has_a_case():
+    assert set(STATUS_CASES) == set(STATUSES)
+
+
+@pytest.mark.parametrize("status", sorted(STATUS_CASES))
+def test_one_case_per_status(verifier, status):
+    program, args = STATUS_CASES[status]
+    execution = verifier.run(program, args)
+    assert execution.status == status, execution
+    assert (execution.output is not None) == (status == "ok")
+    assert (execution.detail == "") == (status == "ok")
+
+
+def test_run_returns_canonical_output(verifier):
+    assert verifier.run(DOUBLE, "3") == Execution("ok", "6", "")
+    assert verifier.run(DOUBLE, "[1, 2]").output == "[1, 2, 1, 2]"
+
+
+LEGAL = [
+    ("def f(s):\n    return s[::-1] + 'é✓'", "'ab'", "'baé✓'"),
+    ("def f(n):\n    return 2 ** n", "300", str(2**300)),
+    ("def f(n):\n    return 0 if n == 0 else 1 + f(n - 1)", "900", "900"),
+    ("def f(d):\n    d['z'] = 1\n    d['a'] = 2\n    return d", "{'m': 0}", "{'m': 0, 'z': 1, 'a': 2}"),
+    ("def f(x):\n    return x / 3", "1", repr(1 / 3)),
+    ("def f(x):\n    return (x.encode(), complex(1, -2), -0.0)", "'hi'", "(b'hi', (1-2j), -0.0)"),
+    ("def f(xs):\n    xs.append(len(xs))\n    return xs", "[5, 5]", "[5, 5, 2]"),
+    ("def f(x):\n    try:\n        return int('no')\n    except ValueError:\n        return -x", "4", "-4"),
+    ("def f(x):\n    return frozenset({3, 1, 2}), set()", "0", "({1, 2, 3}, set())"),
+    ("def f(a, b):\n    return a + b", "(1, ), (2, 3)", "(1, 2, 3)"),
+    ("def f():\n    return None", "", "None"),
+    ("import math\nfrom collections import Counter\ndef f(xs):\n    return math.gcd(*xs), dict(Counter(xs))",
+     "[4, 6, 4]", "(2, {4: 2, 6: 1})"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("program,args,expected", LEGAL)
+def test_legal_but_tricky_programs_give_exact_outputs(verifier, program, args, expected):
+    execution = verifier.run(program, args)
+    assert execution.status == "ok", execution
+    assert outputs_equal(execution.output, expected)
+    assert verifier.check_deduction(program, args, expected)
+
+
+def test_sets_of_strings_render_independently_of_hash_seed(verifier):
+    execution = verifier.run("def f(n):\n    return {str(i) for i in range(n)}", "30")
+    assert execution.status == "ok"
+    assert execution.output == "{" + ", ".join(sorted(repr(str(i)) for i in range(30))) + "}"
+
+
+def test_check_deduction(verifier):
+    assert verifier.check_deduction(DOUBLE, "3", "6")
+    assert verifier.check_deduction(DOUBLE, "3", " 6.0 ")  # Python ==, as CRUXEval
+    assert not verifier.check_deduction(DOUBLE, "3", "7")
+    assert not verifier.check_deduction(DOUBLE, "3", "__import__('os')")
+    assert not verifier.check_deduction(STATUS_CASES["runtime"][0], "0", "None")
+
+
+def test_check_abduction_accepts_any_input_that_gives_the_output(verifier):
+    program = "def f(x):\n    return x % 3"
+    assert verifier.check_abduction(program, "1", "1")
+    assert verifier.check_abduction(program, "1", "4")
+    assert not verifier.check_abduction(program, "1", "5")
+    assert not verifier.check_abduction(program, "1", "(lambda: 1)()")
+
+
+def test_check_induction_scores_the_fraction_of_pairs(verifier):
+    answer = "def f(x):\n    return x + 1"
+    assert verifier.check_induction(answer, [("1", "2"), ("5", "6"), ("0", "0"), ("3", "9")]) == 0.5
+    assert verifier.check_induction("def f(x):\n    return x +", [("1", "2")]) == 0.0
+    with pytest.raises(ValueError, match="at least one"):
+        verifier.check_induction(answer, [])
+
+
+def test_run_many_keeps_order_and_shares_nothing_between_programs(verifier):
+    programs = [f"def f(x):\n    return x + {i}" for i in range(12)]
+    items = [(p, str(j)) for j in range(3) for p in programs]
+    results = verifier.run_many(items)
+    assert [r.output for r in results] == [str(j + i) for j in range(3) for i in range(12)]
+
+
+def test_bad_types_raise_type_error_naming_the_argument(verifier):
+    with pytest.raises(TypeError, match="program"):
+        verifier.run(123, "1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="args"):
+        verifier.run(DOUBLE, 1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="answer"):
+        verifier.check_deduction(DOUBLE, "1", 2)  # type: ignore[arg-type]
+
+
+def test_oversized_text_is_bad_input(verifier):
+    assert verifier.run(DOUBLE + "\n" + "#" * 30_000, "1").status == "bad_input"
+    assert verifier.run(DOUBLE, "[" + "1, " * 6_000 + "]").status == "bad_input"
+    assert verifier.run(DOUBLE, "[" * 500 + "]" * 500).status == "bad_input"
+
+
+def test_use_after_close_is_a_clear_error():
+    v = Verifier(workers=1)
+    v.close()
+    v.close()  # twice is fine
+    with pytest.raises(RuntimeError, match="closed"):
+        v.run(DOUBLE, "1")
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="timeout"):
+        VerifierConfig(timeout=0)
+    with pytest.raises(ValueError, match="workers"):
+        VerifierConfig(workers=0)
+    with pytest.raises(ValueError, match="hash_seeds"):
+        VerifierConfig(hash_seeds=(1, 1))
+
+
+def test_a_killed_worker_is_replaced_and_its_program_gets_a_verdict(caplog):
+    with Verifier(workers=1) as v:
+        victim = v._pools[0][0]
+        os.kill(victim.pid, 9)
+        victim.process.wait()
+        assert v.run(DOUBLE, "21") == Execution("ok", "42", "")
+        assert v._pools[0][0].pid != victim.pid
+        assert v.run(DOUBLE, "5").output == "10"
+
+
+def test_isolation_report_and_warning_when_degraded(caplog, monkeypatch):
+    with Verifier(workers=1) as v:
+        assert v.isolation.rlimits
+        if sys.platform == "linux":
+            assert v.isolation.seccomp, v.isolation.errors  # libseccomp is a documented requirement
+    monkeypatch.setattr(verifier_module, "_warned_isolation", False)
+    with caplog.at_level(logging.WARNING, logger="populora_env.verifier"), Verifier(workers=1, isolate=False) as v:
+        assert not v.isolation.full
+        assert v.run(DOUBLE, "2").output == "4"
+    assert any("isolation is partial" in r.message for r in caplog.records)
+
+
+def test_host_literal_parsing_is_guarded():
+    assert parse_args("[1, 2], 3") == ([1, 2], 3)
+    assert parse_args("(1, 2)") == ((1, 2),)
+    assert parse_args("") == ()
+    for bad in ["1), g(2", "x=1", "*[1]", "1e999", "float('nan')", "-" * 5000 + "1", "[[[[" * 100]:
+        with pytest.raises(ValueError):
+            parse_args(bad)
+    assert not outputs_equal("[" * 10_000, "[" * 10_000)

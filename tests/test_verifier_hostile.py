@@ -1,0 +1,172 @@
+"""Hostile programs, family by family, against the real verifier.
+
+Every program runs twice: through the default verifier (language guards and kernel layers) and through
+one with the language guards off, so that the kernel layers alone must contain it. For each: the verdict
+is in the expected set, the host is unharmed, nothing is written outside the child, and no process is
+left behind.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ESCAPE_DIR = Path("/tmp") / f"populora-hostile-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def escape_dir():
+    """A world-writable folder with a world-writable file: only the sandbox stands in the way."""
+    ESCAPE_DIR.mkdir(mode=0o777, exist_ok=True)
+    os.chmod(ESCAPE_DIR, 0o777)
+    victim = ESCAPE_DIR / "victim.txt"
+    victim.write_text("keep me")
+    os.chmod(victim, 0o666)
+    yield ESCAPE_DIR
+    for p in ESCAPE_DIR.iterdir():
+        p.unlink()
+    ESCAPE_DIR.rmdir()
+
+
+def _p(body: str, header: str = "") -> str:
+    lines = "\n".join("    " + line for line in body.strip("\n").splitlines())
+    return f"{header}def f(x):\n{lines}\n"
+
+
+E = str(ESCAPE_DIR)
+HOST = os.getpid()
+
+# name -> (program, statuses accepted with guards on, statuses accepted with the kernel layers alone)
+FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
+    "loop_swallowing_base_exception": (
+        _p("while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass"),
+        {"timeout"}, {"timeout"}),
+    "loop_disabling_alarms": (
+        _p("signal.alarm(0)\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\n"
+           "while True:\n    pass", "import signal\n"), {"forbidden"}, {"timeout"}),
+    "cpu_burn_in_c": (_p("return len(str(7 ** (10 ** 7)))"), {"timeout", "runtime"}, {"timeout", "runtime"}),
+    "deep_recursion": (_p("return f(x + 1)"), {"runtime"}, {"runtime"}),
+    "deep_recursion_raised_limit": (
+        _p("sys.setrecursionlimit(10 ** 8)\ndef g(n):\n    return g(n + 1) + 1\nreturn g(0)", "import sys\n"),
+        {"forbidden"}, {"runtime", "memory", "timeout"}),
+    "memory_list": (_p("return len([0] * (10 ** 10))"), {"memory"}, {"memory"}),
+    # Touching memory costs ~1 s per GiB here: a slow grower may meet the clock before the limit.
+    "memory_growth": (_p("a = []\nwhile True:\n    a.append(' ' * 10 ** 7)"), {"memory", "timeout"}, {"memory", "timeout"}),
+    "fork": (_p("return os.fork()", "import os\n"), {"forbidden"}, {"runtime"}),
+    "fork_bomb": (_p("while True:\n    os.fork()", "import os\n"), {"forbidden"}, {"runtime"}),
+    "multiprocessing": (
+        _p("p = multiprocessing.Process(target=print)\np.start()\nreturn 1", "import multiprocessing\n"),
+        {"forbidden"}, {"runtime"}),
+    "subprocess": (_p(f"subprocess.Popen(['touch', '{E}/sub'])\nreturn 1", "import subprocess\n"), {"forbidden"}, {"runtime"}),
+    "detached_session": (_p("os.setsid()\nos.fork()\nreturn 1", "import os\n"), {"forbidden"}, {"runtime"}),
+    "file_write": (_p(f"open('{E}/written', 'w').write('x')\nreturn 1"), {"forbidden"}, {"runtime"}),
+    "file_delete": (_p(f"os.remove('{E}/victim.txt')\nreturn 1", "import os\n"), {"forbidden"}, {"runtime"}),
+    "file_read_outside": (_p("return open('/etc/hostname').read()"), {"forbidden"}, {"runtime"}),
+    "network": (_p("s = socket.socket()\ns.connect(('127.0.0.1', 9))\nreturn 1", "import socket\n"),
+                {"forbidden"}, {"runtime"}),
+    "environment": (_p("os.environ['POPULORA_PWNED'] = '1'\nos.chdir('/')\nreturn 1", "import os\n"),
+                    {"forbidden"}, {"ok"}),
+    "kill_parent": (_p("os.kill(os.getppid(), 9)\nreturn 1", "import os\n"), {"forbidden"}, {"runtime"}),
+    "kill_host": (_p(f"os.kill({HOST}, 9)\nreturn 1", "import os\n"), {"forbidden"}, {"runtime"}),
+    "kill_everyone": (_p("os.kill(-1, 9)\nreturn 1", "import os\n"), {"forbidden"}, {"runtime"}),
+    "sys_exit": (_p("sys.exit(0)", "import sys\n"), {"forbidden"}, {"runtime"}),
+    "os_exit": (_p("os._exit(0)", "import os\n"), {"forbidden"}, {"runtime"}),
+    "keyboard_interrupt": (_p("raise KeyboardInterrupt"), {"runtime"}, {"runtime"}),
+    "custom_base_exception": (_p("class Boom(BaseException):\n    pass\nraise Boom('x')"), {"runtime"}, {"runtime"}),
+    "dunder_import": (_p(f"__import__('os').system('touch {E}/imp')\nreturn 1"), {"forbidden"}, {"ok"}),
+    "importlib": (_p(f"importlib.import_module('os').system('touch {E}/il')\nreturn 1", "import importlib\n"),
+                  {"forbidden"}, {"ok"}),
+    "subclasses_walk": (
+        _p("return [c.__name__ for c in ().__class__.__base__.__subclasses__()][:3]"), {"forbidden"}, {"ok"}),
+    "globals_walk": (_p("return sorted(f.__globals__['__builtins__'])[:2]"), {"forbidden"}, {"ok"}),
+    "ctypes": (_p(f"ctypes.CDLL(None).system(b'touch {E}/ct')\nreturn 1", "import ctypes\n"), {"forbidden"}, {"ok"}),
+    "exec_compile": (_p(f"exec(compile(\"open('{E}/ex', 'w')\", 'x', 'exec'))\nreturn 1"), {"forbidden"}, {"runtime"}),
+    "unicode_lookalike": (_p(f"ｅｘｅｃ(\"open('{E}/uni', 'w')\")\nreturn 1"), {"forbidden"}, {"runtime"}),
+    "random": (_p("return random.random()", "import random\n"), {"forbidden"}, {"nondeterministic"}),
+    "time": (_p("return time.time()", "import time\n"), {"forbidden"}, {"nondeterministic"}),
+    "id": (_p("return id(object())"), {"forbidden"}, {"nondeterministic"}),
+    "hash_str": (_p("return hash('populora')"), {"nondeterministic"}, {"nondeterministic"}),
+    "set_order": (_p("return list({str(i) for i in range(40)})"), {"nondeterministic"}, {"nondeterministic"}),
+    "urandom": (_p("return os.urandom(8)", "import os\n"), {"forbidden"}, {"nondeterministic"}),
+    "always_equal": (_p("class Eq:\n    def __eq__(self, other):\n        return True\nreturn Eq()"),
+                     {"bad_output"}, {"bad_output"}),
+    "int_subclass": (_p("class I(int):\n    pass\nreturn I(3)"), {"bad_output"}, {"bad_output"}),
+    "str_subclass": (_p("class S(str):\n    def __eq__(self, o):\n        return True\nreturn [S('a')]"),
+                     {"bad_output"}, {"bad_output"}),
+    "reduce_trick": (_p("class R:\n    def __reduce__(self):\n        return (print, ('pwned',))\nreturn R()"),
+                     {"bad_output"}, {"bad_output"}),
+    "hanging_repr": (_p("class H:\n    def __repr__(self):\n        while True:\n            pass\nreturn [H()]"),
+                     {"bad_output"}, {"bad_output"}),
+    "self_reference": (_p("a = [1]\na.append(a)\nreturn a"), {"bad_output"}, {"bad_output"}),
+    "generator": (_p("return (i for i in range(3))"), {"bad_output"}, {"bad_output"}),
+    "thread_after_return": (
+        _p(f"threading.Thread(target=lambda: open('{E}/th', 'w')).start()\nreturn 1", "import threading\n"),
+        {"forbidden"}, {"runtime"}),
+    "atexit_after_return": (
+        _p(f"atexit.register(lambda: open('{E}/ae', 'w'))\nreturn 1", "import atexit\n"), {"forbidden"}, {"ok"}),
+    "finalizer_after_return": (
+        _p(f"class D:\n    def __del__(self):\n        open('{E}/fin', 'w').write('x')\nD()\nreturn [1]"),
+        {"forbidden"}, {"ok"}),
+    "stdout_flood_then_return": (_p("for _ in range(200):\n    print('x' * 10000)\nreturn 1"), {"ok"}, {"ok"}),
+    "stdout_flood_forever": (_p("while True:\n    print('x' * 10000)"), {"timeout"}, {"timeout"}),
+}  # fmt: skip
+
+
+def _userns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/user")
+    except OSError:
+        return None
+
+
+def leftover_processes(v) -> list[int]:
+    """Processes living in a worker's private user namespace, other than the workers themselves."""
+    workers = {w.pid for pool in v._pools for w in pool}
+    spaces = {_userns(pid) for pid in workers} - {None, _userns(os.getpid())}
+    if not spaces:
+        return []
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    return [p for p in pids if p not in workers and _userns(p) in spaces]
+
+
+@pytest.mark.parametrize("guards", ["guarded", "kernel_only"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_hostile_family_is_contained(name, guards, verifier, bare_verifier):
+    program, guarded_ok, kernel_ok = FAMILIES[name]
+    v = verifier if guards == "guarded" else bare_verifier
+    environ, cwd, limit, opener = dict(os.environ), os.getcwd(), sys.getrecursionlimit(), builtins.open
+    workers = [w.pid for pool in v._pools for w in pool]
+
+    execution = v.run(program, "1")
+
+    assert execution.status in (guarded_ok if guards == "guarded" else kernel_ok), execution
+    assert sorted(p.name for p in ESCAPE_DIR.iterdir()) == ["victim.txt"]
+    assert (ESCAPE_DIR / "victim.txt").read_text() == "keep me"
+    assert dict(os.environ) == environ and os.getcwd() == cwd
+    assert sys.getrecursionlimit() == limit and builtins.open is opener
+    if v.isolation.namespaces:
+        assert leftover_processes(v) == []
+    assert [w.pid for pool in v._pools for w in pool] == workers, "a worker was lost"
+    assert v.run("def f(x):\n    return x + 1", "1").output == "2", "verifier unusable afterwards"
+
+
+def test_answers_that_are_code_are_never_run(verifier):
+    program = "def f(x):\n    return x"
+    code = f"__import__('os').system('touch {E}/answer')"
+    assert not verifier.check_deduction(program, "1", code)
+    assert not verifier.check_abduction(program, "1", code)
+    assert verifier.check_induction(program, [(code, "1")]) == 0.0
+    assert sorted(p.name for p in ESCAPE_DIR.iterdir()) == ["victim.txt"]
+
+
+def test_kernel_layers_are_all_active_here(bare_verifier):
+    """This machine offers every layer (CI runs on the same kind): a regression here is a real loss."""
+    report = bare_verifier.isolation
+    if not report.full and not os.environ.get("CI"):
+        pytest.skip(f"partial isolation on this machine: {report}")
+    assert report.seccomp and report.landlock_abi >= 1 and report.namespaces and report.unprivileged
