@@ -9,7 +9,11 @@ import pytest
 
 from populora_env.verifier import Verifier
 
-CRUXEVAL = Path(os.environ.get("POPULORA_CRUXEVAL", Path(__file__).resolve().parents[2] / "shared/data/cruxeval/cruxeval.jsonl"))
+CRUXEVAL = Path(
+    os.environ.get(
+        "POPULORA_CRUXEVAL", Path(__file__).resolve().parents[2] / "shared/data/cruxeval/cruxeval.jsonl"
+    )
+)
 
 
 @pytest.fixture(scope="session")

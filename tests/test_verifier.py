@@ -154,7 +154,10 @@ def test_isolation_report_and_warning_when_degraded(caplog, monkeypatch):
         if sys.platform == "linux":
             assert v.isolation.seccomp, v.isolation.errors  # libseccomp is a documented requirement
     monkeypatch.setattr(verifier_module, "_warned_isolation", False)
-    with caplog.at_level(logging.WARNING, logger="populora_env.verifier"), Verifier(workers=1, isolate=False) as v:
+    with (
+        caplog.at_level(logging.WARNING, logger="populora_env.verifier"),
+        Verifier(workers=1, isolate=False) as v,
+    ):
         assert not v.isolation.full
         assert v.run(DOUBLE, "2").output == "4"
     assert any("isolation is partial" in r.message for r in caplog.records)

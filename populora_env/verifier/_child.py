@@ -80,10 +80,15 @@ def run_program(
     max_output: int,
     max_depth: int,
     allowed: frozenset[str] | None,
+    mode: str = "literal",
 ) -> None:
     """Defines ``f`` from ``program`` and calls it once per argument text, writing a verdict per call.
 
-    ``allowed`` is the module allowlist of the guarded built-ins; ``None`` leaves the built-ins whole.
+    Args:
+        allowed: Module allowlist of the guarded built-ins; ``None`` leaves the built-ins whole.
+        mode: ``"literal"``: argument texts are literals; ``"expression"``: they are evaluated here, in the
+            program's namespace (dataset inputs such as ``dict(a=1)``); ``"literalize"``: they are
+            evaluated and their canonical literal text is the output (``f`` is not called).
     """
     table = safe_builtins(allowed) if allowed is not None else dict(vars(builtins))
     glb: dict[str, Any] = {"__builtins__": table, "__name__": "__program__"}
@@ -105,22 +110,47 @@ def run_program(
         os.write(out_fd, _line("syntax", None, "the program does not define a function `f`") * len(calls))
         return
     for args_text in calls:
-        os.write(out_fd, _call(f, args_text, max_output=max_output, max_depth=max_depth))
+        os.write(out_fd, _call(f, args_text, glb, mode, max_output=max_output, max_depth=max_depth))
 
 
-def _call(f: Any, args_text: str, *, max_output: int, max_depth: int) -> bytes:
+def _pack(*args: Any) -> tuple[Any, ...]:
+    return args
+
+
+def _arguments(args_text: str, glb: dict[str, Any], mode: str, max_depth: int) -> tuple[Any, ...]:
+    if mode == "literal":
+        return literals.parse_args(args_text, max_depth=max_depth)
+    code = compile(f"__populora_pack__(\n{args_text}\n)", "<args>", "eval")
+    return eval(code, {**glb, "__populora_pack__": _pack})
+
+
+def _call(
+    f: Any, args_text: str, glb: dict[str, Any], mode: str, *, max_output: int, max_depth: int
+) -> bytes:
     try:
-        args = literals.parse_args(args_text, max_depth=max_depth)
-    except (literals.LiteralError, TypeError) as e:
+        args = _arguments(args_text, glb, mode, max_depth)
+    except (literals.LiteralError, TypeError, SyntaxError) as e:
         return _line("bad_input", None, str(e))
+    except MemoryError:
+        return _line("memory", None, "MemoryError while evaluating the arguments")
+    except BaseException as e:
+        return _line("runtime", None, "while evaluating the arguments: " + _describe(e))
+    if mode == "literalize":
+        return _render(
+            lambda: ", ".join(literals.canonical_text(a, max_depth=max_depth) for a in args), max_output
+        )
     try:
         value = f(*args)
     except MemoryError:
         return _line("memory", None, "MemoryError")
     except BaseException as e:  # SystemExit, KeyboardInterrupt and custom BaseExceptions included
         return _line("runtime", None, _describe(e))
+    return _render(lambda: literals.canonical_text(value, max_depth=max_depth), max_output)
+
+
+def _render(render: Any, max_output: int) -> bytes:
     try:
-        text = literals.canonical_text(value, max_depth=max_depth)
+        text = render()
     except literals.LiteralError as e:
         return _line("bad_output", None, str(e))
     except MemoryError:

@@ -26,6 +26,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `python -I` does not add it
 
+import contextlib
+
 import _child  # type: ignore[import-not-found]
 import sandbox  # type: ignore[import-not-found]
 from prefilter import ALLOWED_MODULES  # type: ignore[import-not-found]
@@ -56,6 +58,7 @@ class Worker:
         self.config = config
         for name in sorted(ALLOWED_MODULES):
             importlib.import_module(name)  # children need no file access to import these
+        _preload_codecs()
         isolate = bool(config.get("isolate", True))
         self.bpf, seccomp_error = sandbox.build_seccomp_program() if isolate else (None, "isolation disabled")
         self.devnull = os.open("/dev/null", os.O_RDWR)
@@ -90,6 +93,7 @@ class Worker:
                     program, calls, write_fd, max_output=int(request["max_output"]),
                     max_depth=int(request["max_depth"]),
                     allowed=ALLOWED_MODULES if request.get("guards", True) else None,
+                    mode=str(request.get("mode", "literal")),
                 )  # fmt: skip
             finally:
                 os._exit(0)
@@ -150,6 +154,19 @@ class Worker:
         return [*results, verdict]
 
 
+def _preload_codecs() -> None:
+    """Imports every codec module now: after the uid drop the Python installation may be unreadable
+    (e.g. under /root), and ``'x'.encode('shift_jis')`` imports its codec lazily."""
+    import encodings
+    import pkgutil
+
+    for module in pkgutil.iter_modules(encodings.__path__):
+        try:
+            importlib.import_module(f"encodings.{module.name}")
+        except Exception:
+            pass  # Windows-only codecs (mbcs, oem) do not import here
+
+
 def _parse_line(line: bytes) -> list[Any]:
     try:
         status, output, detail = json.loads(line)
@@ -166,10 +183,8 @@ def _parse_line(line: bytes) -> list[Any]:
 
 def _kill_group(pid: int) -> None:
     for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-        try:
+        with contextlib.suppress(OSError):
             target()
-        except OSError:
-            pass
 
 
 def _death_verdict(status: int) -> list[Any]:

@@ -155,9 +155,8 @@ def _render_scalar(value: Any) -> str:
     if kind is float:
         if not math.isfinite(value):
             raise LiteralError("value holds a NaN or infinite float")
-    elif kind is complex:
-        if not (math.isfinite(value.real) and math.isfinite(value.imag)):
-            raise LiteralError("value holds a NaN or infinite complex")
+    elif kind is complex and not (math.isfinite(value.real) and math.isfinite(value.imag)):
+        raise LiteralError("value holds a NaN or infinite complex")
     try:
         return repr(value)  # exact built-in type: the built-in repr
     except ValueError as e:  # int over sys.get_int_max_str_digits()

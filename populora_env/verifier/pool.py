@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -139,14 +140,10 @@ class WorkerHandle:
     def kill(self) -> None:
         """Kills the worker and its process group (its children included) and reaps it."""
         for target in (lambda: os.killpg(self.process.pid, signal.SIGKILL), self.process.kill):
-            try:
+            with contextlib.suppress(OSError):
                 target()
-            except OSError:
-                pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
         for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
             try:
                 if stream is not None:

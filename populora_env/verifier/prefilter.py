@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
-__all__ = ["ALLOWED_MODULES", "BANNED_NAMES", "Prefiltered", "prefilter"]
+__all__ = ["ALLOWED_MODULES", "BANNED_NAMES", "Prefiltered", "prefilter", "prefilter_expression"]
 
 #: Pure, deterministic standard modules a program may import (pre-imported by the workers).
 ALLOWED_MODULES = frozenset(
@@ -29,7 +29,7 @@ ALLOWED_MODULES = frozenset(
 BANNED_NAMES = frozenset(
     {
         "__import__", "eval", "exec", "compile", "open", "globals", "locals", "vars", "getattr",
-        "setattr", "delattr", "breakpoint", "input", "help", "exit", "quit", "memoryview", "id",
+        "setattr", "delattr", "breakpoint", "help", "exit", "quit", "memoryview", "id",
         "__builtins__", "__loader__", "__spec__",
     }
 )  # fmt: skip
@@ -73,6 +73,23 @@ def prefilter(program: str) -> Prefiltered:
     return Prefiltered("ok")
 
 
+@lru_cache(maxsize=4096)
+def prefilter_expression(args: str) -> Prefiltered:
+    """Statically checks an argument-list *expression* (``"dict(a=1), 'x'.upper()"``) like a program."""
+    try:
+        tree = ast.parse(f"f(\n{args}\n)", mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
+        return Prefiltered("syntax", f"args: {type(e).__name__}: {getattr(e, 'msg', str(e))}"[:200])
+    body = tree.body
+    if not (isinstance(body, ast.Call) and isinstance(body.func, ast.Name) and body.func.id == "f"):
+        return Prefiltered("syntax", "args must be an argument list, like '[1, 2], 3'")
+    for node in ast.walk(tree):
+        reason = _forbidden(node)
+        if reason:
+            return Prefiltered("forbidden", f"args: {reason}")
+    return Prefiltered("ok")
+
+
 def _forbidden(node: ast.AST) -> str | None:
     if isinstance(node, ast.Import):
         for alias in node.names:
@@ -87,7 +104,7 @@ def _forbidden(node: ast.AST) -> str | None:
     elif isinstance(node, ast.Name):
         if node.id in BANNED_NAMES:
             return f"use of {node.id!r} is not allowed"
-        if node.id.startswith("__") and node.id.endswith("__") and node.id != "__name__":
+        if len(node.id) > 4 and node.id.startswith("__") and node.id.endswith("__") and node.id != "__name__":
             return f"use of dunder name {node.id!r} is not allowed"
     elif isinstance(node, ast.Attribute):
         if node.attr.startswith("__"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -14,7 +15,7 @@ from typing import Any
 
 from .literals import LiteralError, outputs_equal, parse_args
 from .pool import WorkerDied, WorkerHandle
-from .prefilter import prefilter
+from .prefilter import prefilter, prefilter_expression
 from .records import STATUSES, Execution, IsolationReport, VerifierConfig
 
 __all__ = ["Verifier"]
@@ -30,6 +31,7 @@ class _Task:
     program: str
     calls: list[str]
     pool: int
+    mode: str
     results: list[list[Any]] | None = None
     attempts: int = 0
 
@@ -60,7 +62,7 @@ class Verifier:
             config = replace(config, **overrides)
         self.config = config
         self._lock = threading.RLock()
-        self._cache: OrderedDict[tuple[str, str], Execution] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, str], Execution] = OrderedDict()  # (program, args, mode)
         self._closed = False
         n = config.workers or os.cpu_count() or 1
         seeds = config.hash_seeds if config.check_determinism else config.hash_seeds[:1]
@@ -87,10 +89,8 @@ class Verifier:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     def close(self) -> None:
         """Stops all worker processes; later calls raise ``RuntimeError``. Safe to call twice."""
@@ -112,12 +112,15 @@ class Verifier:
             )
 
     # ------------------------------------------------------------------------------------ running
-    def run(self, program: str, args: str) -> Execution:
+    def run(self, program: str, args: str, *, expression_args: bool = False) -> Execution:
         """Runs ``f(<args>)`` once (twice with different hash seeds when checking determinism).
 
         Args:
             program: Python source defining a top-level ``def f``.
             args: The text of the argument list, e.g. ``"[1, 2], 3"`` for two arguments.
+            expression_args: Treat ``args`` as Python expressions evaluated inside the sandbox, in the
+                program's namespace, for datasets whose inputs are not all literals (CRUXEval has
+                ``dict(a=1)``, ``'x'.upper()``, lambdas). Never use it for answers: answers are literals.
 
         Returns:
             The verdict.
@@ -126,13 +129,28 @@ class Verifier:
             TypeError: ``program`` or ``args`` is not a ``str``.
             RuntimeError: The verifier is closed.
         """
-        return self.run_many([(program, args)])[0]
+        return self.run_many([(program, args)], expression_args=expression_args)[0]
 
-    def run_many(self, items: Sequence[tuple[str, str]]) -> list[Execution]:
+    def literalize_args(self, program: str, expression: str) -> Execution:
+        """Evaluates an argument-list expression in the sandbox and returns its canonical literal text.
+
+        ``literalize_args(p, "dict(a=1), 'x'.upper()").output == "{'a': 1}, 'X'"``; inputs that are not
+        plain data (a lambda, a range) give ``bad_output``. ``f`` is defined but not called.
+        """
+        return self.literalize_many([(program, expression)])[0]
+
+    def literalize_many(self, items: Sequence[tuple[str, str]]) -> list[Execution]:
+        """:meth:`literalize_args` for many ``(program, expression)`` pairs, spread over the workers."""
+        return self._run_mode(items, "literalize")
+
+    def run_many(self, items: Sequence[tuple[str, str]], *, expression_args: bool = False) -> list[Execution]:
         """Runs many ``(program, args)`` pairs spread over the workers; verdicts come back in order.
 
         Calls of the same program share one child process; two programs never share one.
         """
+        return self._run_mode(items, "expression" if expression_args else "literal")
+
+    def _run_mode(self, items: Sequence[tuple[str, str]], mode: str) -> list[Execution]:
         items = list(items)
         for i, item in enumerate(items):
             if not (isinstance(item, tuple) and len(item) == 2):
@@ -142,18 +160,18 @@ class Verifier:
         with self._lock:
             if self._closed:
                 raise RuntimeError("this Verifier is closed; create a new one")
-            verdicts: list[Execution | None] = [self._precheck(p, a) for p, a in items]
+            verdicts: list[Execution | None] = [self._precheck(p, a, mode) for p, a in items]
             todo: dict[str, list[str]] = {}
             for (program, args), verdict in zip(items, verdicts):
                 if verdict is None and args not in todo.setdefault(program, []):
                     todo[program].append(args)
-            fresh = self._execute(todo) if todo else {}
+            fresh = self._execute(todo, mode) if todo else {}
             return [v if v is not None else fresh[(p, a)] for (p, a), v in zip(items, verdicts)]
 
-    def _precheck(self, program: str, args: str) -> Execution | None:
-        cached = self._cache.get((program, args))
+    def _precheck(self, program: str, args: str, mode: str) -> Execution | None:
+        cached = self._cache.get((program, args, mode))
         if cached is not None:
-            self._cache.move_to_end((program, args))
+            self._cache.move_to_end((program, args, mode))
             return cached
         cfg = self.config
         if len(program) > cfg.max_program_chars:
@@ -163,16 +181,24 @@ class Verifier:
         static = prefilter(program) if cfg.language_guards else None
         if static is not None and static.status != "ok":
             return Execution(static.status, None, static.detail)
-        try:
-            parse_args(args, max_chars=cfg.max_literal_chars, max_depth=cfg.max_depth)
-        except LiteralError as e:
-            return Execution("bad_input", None, str(e))
+        if mode == "literal":
+            try:
+                parse_args(args, max_chars=cfg.max_literal_chars, max_depth=cfg.max_depth)
+            except LiteralError as e:
+                return Execution("bad_input", None, str(e))
+            return None
+        if len(args) > cfg.max_literal_chars:
+            return Execution(
+                "bad_input", None, f"args is {len(args)} characters, over {cfg.max_literal_chars}"
+            )
+        static = prefilter_expression(args) if cfg.language_guards else None
+        if static is not None and static.status != "ok":
+            return Execution("bad_input" if static.status == "syntax" else "forbidden", None, static.detail)
         return None
 
-    def _execute(self, todo: dict[str, list[str]]) -> dict[tuple[str, str], Execution]:
-        tasks = [
-            _Task(program, calls, pool) for program, calls in todo.items() for pool in range(len(self._pools))
-        ]
+    def _execute(self, todo: dict[str, list[str]], mode: str) -> dict[tuple[str, str], Execution]:
+        pools = range(len(self._pools))
+        tasks = [_Task(program, calls, pool, mode) for program, calls in todo.items() for pool in pools]
         self._dispatch(tasks)
         by_program: dict[str, list[_Task]] = {}
         for task in tasks:
@@ -182,10 +208,10 @@ class Verifier:
             for j, args in enumerate(runs[0].calls):
                 verdict = _combine([t.results[j] for t in runs if t.results is not None], self._seeds)
                 fresh[(program, args)] = verdict
-                self._cache_put((program, args), verdict)
+                self._cache_put((program, args, mode), verdict)
         return fresh
 
-    def _cache_put(self, key: tuple[str, str], verdict: Execution) -> None:
+    def _cache_put(self, key: tuple[str, str, str], verdict: Execution) -> None:
         if self.config.cache_size == 0:
             return
         self._cache[key] = verdict
@@ -235,6 +261,7 @@ class Verifier:
             "program": task.program, "calls": task.calls, "timeout": cfg.timeout, "memory_mb": cfg.memory_mb,
             "max_output": cfg.max_output_chars, "max_depth": cfg.max_depth, "recursion_limit": cfg.recursion_limit,
             "guards": cfg.language_guards,
+            "mode": task.mode,
         }  # fmt: skip
         # The worker enforces each call's wall time itself; this deadline only catches a stuck worker.
         deadline = time.monotonic() + cfg.timeout * len(task.calls) * 1.5 + 10.0

