@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-import literals  # type: ignore[import-not-found]  # top-level in the worker process, see _worker.py
+import literals  # top-level in the worker process, see _worker.py
 
 _ALLOWED_MODULES: frozenset[str] = frozenset()
 

@@ -14,6 +14,7 @@ The first frame it writes is its isolation report.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -26,11 +27,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `python -I` does not add it
 
-import contextlib
-
-import _child  # type: ignore[import-not-found]
-import sandbox  # type: ignore[import-not-found]
-from prefilter import ALLOWED_MODULES  # type: ignore[import-not-found]
+import _child
+import sandbox
+from prefilter import ALLOWED_MODULES
 
 
 def read_exact(fd: int, n: int) -> bytes:
@@ -60,6 +59,7 @@ class Worker:
             importlib.import_module(name)  # children need no file access to import these
         _preload_codecs()
         isolate = bool(config.get("isolate", True))
+        self.bpf: bytes | None
         self.bpf, seccomp_error = sandbox.build_seccomp_program() if isolate else (None, "isolation disabled")
         self.devnull = os.open("/dev/null", os.O_RDWR)
         self.report = sandbox.isolate_worker() if isolate else {"errors": []}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from typing import Any
 
 __all__ = [
@@ -57,7 +58,9 @@ def _eval_node(node: ast.expr, max_depth: int, max_nodes: int) -> Any:
     try:
         value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError) as e:
-        raise LiteralError(f"not a literal: {_short(str(e))}") from None
+        # literal_eval names the offending node with its address; keep the kind, drop the address.
+        found = re.sub(r"<ast\.(\w+) object at 0x[0-9a-f]+>", r"a \1 expression", str(e))
+        raise LiteralError(f"not a literal ({_short(found)}); literal text is never run") from None
     canonical_text(value, max_depth=max_depth, max_nodes=max_nodes)  # rejects NaN, inf, deep data
     return value
 

@@ -1,0 +1,148 @@
+"""Checking files of ``{"code", "input"[, "output"]}`` records (the CRUXEval/AZR format) in bulk."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .literals import outputs_equal
+from .records import Execution
+from .verifier import Verifier
+
+__all__ = ["LoadError", "Record", "RecordVerdict", "Summary", "load_records", "summarize", "verify_records"]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One program with one input and, optionally, the output it claims.
+
+    Attributes:
+        id: The record's ``id`` field, or ``"line N"``.
+        code: Program source defining ``def f``.
+        input: Argument-list text of the call.
+        output: Claimed output literal text, or ``None``.
+    """
+
+    id: str
+    code: str
+    input: str
+    output: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadError:
+    """A line of the file that is not a valid record (it is reported, the others are still checked)."""
+
+    line: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RecordVerdict:
+    """The verdict for one record.
+
+    Attributes:
+        record: The record.
+        execution: What running ``f(input)`` gave.
+        verdict: ``"pass"`` (ran, and matched the claimed output if any), ``"mismatch"`` (ran, other
+            output), or ``"error"`` (did not run to a plain value).
+    """
+
+    record: Record
+    execution: Execution
+    verdict: Literal["pass", "mismatch", "error"]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Counts over a checked file."""
+
+    records: int
+    passed: int
+    mismatched: int
+    errors: int
+    malformed_lines: int
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+def load_records(path: str | Path) -> tuple[list[Record], list[LoadError]]:
+    """Reads a JSONL file; malformed lines become :class:`LoadError` entries instead of exceptions.
+
+    Raises:
+        FileNotFoundError: The file does not exist (the message names it).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such JSONL file: {path}")
+    records: list[Record] = []
+    errors: list[LoadError] = []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            record = _parse_line(line, number)
+            (records if isinstance(record, Record) else errors).append(record)  # type: ignore[arg-type]
+    return records, errors
+
+
+def _parse_line(line: str, number: int) -> Record | LoadError:
+    try:
+        data = json.loads(line)
+    except ValueError as e:
+        return LoadError(number, f"not JSON: {e}")
+    if not isinstance(data, dict):
+        return LoadError(number, "not a JSON object")
+    for key in ("code", "input"):
+        if not isinstance(data.get(key), str):
+            return LoadError(number, f"field {key!r} is missing or not a string")
+    output = data.get("output")
+    if output is not None and not isinstance(output, str):
+        return LoadError(number, "field 'output' is not a string")
+    return Record(str(data.get("id", f"line {number}")), data["code"], data["input"], output)
+
+
+def verify_records(
+    verifier: Verifier, records: list[Record], *, expression_inputs: bool = False, batch_size: int = 256
+) -> Iterator[RecordVerdict]:
+    """Runs every record (in parallel batches) and yields verdicts in order.
+
+    Args:
+        verifier: An open verifier.
+        records: Records to check.
+        expression_inputs: Evaluate inputs as expressions in the sandbox (datasets such as CRUXEval
+            whose inputs include calls like ``dict(a=1)``); by default inputs must be literals.
+        batch_size: Records sent to the workers at once.
+    """
+    for start in range(0, len(records), batch_size):
+        batch = records[start : start + batch_size]
+        executions = verifier.run_many([(r.code, r.input) for r in batch], expression_args=expression_inputs)
+        for record, execution in zip(batch, executions):
+            yield RecordVerdict(record, execution, _verdict(verifier, record, execution))
+
+
+def _verdict(
+    verifier: Verifier, record: Record, execution: Execution
+) -> Literal["pass", "mismatch", "error"]:
+    if not execution.ok:
+        return "error"
+    if record.output is None:
+        return "pass"
+    same = outputs_equal(execution.output or "", record.output, max_chars=verifier.config.max_literal_chars)
+    return "pass" if same else "mismatch"
+
+
+def summarize(verdicts: list[RecordVerdict], errors: list[LoadError]) -> Summary:
+    """Counts verdicts and statuses."""
+    kinds = Counter(v.verdict for v in verdicts)
+    return Summary(
+        records=len(verdicts),
+        passed=kinds["pass"],
+        mismatched=kinds["mismatch"],
+        errors=kinds["error"],
+        malformed_lines=len(errors),
+        statuses=dict(Counter(v.execution.status for v in verdicts)),
+    )

@@ -1,0 +1,77 @@
+"""The ``populora verify`` command, run as a user would: as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from populora_env.verifier.jsonl import load_records
+
+EXPECTED = {  # example id -> (verdict, status)
+    "double": ("pass", "ok"), "reverse_words": ("pass", "ok"), "running_max": ("pass", "ok"),
+    "count_chars": ("pass", "ok"), "gcd_pairs": ("pass", "ok"), "two_args": ("pass", "ok"),
+    "big_int": ("pass", "ok"), "set_result": ("pass", "ok"), "unicode": ("pass", "ok"),
+    "recursion": ("pass", "ok"), "wrong_claim": ("mismatch", "ok"), "syntax_error": ("error", "syntax"),
+    "no_function_f": ("error", "syntax"), "forbidden_import": ("error", "forbidden"),
+    "forbidden_dunder": ("error", "forbidden"), "infinite_loop": ("error", "timeout"),
+    "memory_bomb": ("error", "memory"), "division_by_zero": ("error", "runtime"),
+    "hash_order": ("error", "nondeterministic"), "returns_object": ("error", "bad_output"),
+    "returns_nan": ("error", "bad_output"), "input_is_code": ("error", "bad_input"),
+}  # fmt: skip
+
+
+def populora(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "populora_env.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_verify_examples_json_gives_each_expected_verdict():
+    done = populora("verify", "--examples", "--json", "--timeout", "1")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    rows, summary = lines[:-1], lines[-1]
+    assert {r["id"]: (r["verdict"], r["status"]) for r in rows} == EXPECTED
+    assert summary["summary"]["passed"] == 10 and summary["summary"]["mismatched"] == 1
+    assert populora("verify", "--examples", "--strict", "--timeout", "1").returncode == 1
+
+
+def test_verify_text_output_has_verdicts_and_summary(tmp_path):
+    data = tmp_path / "mixed.jsonl"
+    data.write_text(
+        '{"code": "def f(x):\\n    return x + 1", "input": "1", "output": "2", "id": "good"}\n'
+        "this line is not json\n"
+        '{"code": 5, "input": "1"}\n'
+        "\n"
+        '{"code": "def f(a, b):\\n    return a * b", "input": "dict(a=1), 2", "id": "expr"}\n'
+    )
+    done = populora("verify", str(data))
+    assert done.returncode == 0, done.stderr
+    assert "good" in done.stdout and "pass" in done.stdout
+    assert f"{data}:2: skipped: not JSON" in done.stderr
+    assert f"{data}:3: skipped: field 'code' is missing or not a string" in done.stderr
+    assert "pass 1  mismatch 0  error 1  malformed lines 2" in done.stdout
+    expr = populora("verify", str(data), "--expression-inputs", "--json")
+    rows = [json.loads(line) for line in expr.stdout.splitlines()[:-1]]
+    assert rows[1] == {"id": "expr", "verdict": "error", "status": "runtime", "output": None,
+                       "detail": rows[1]["detail"]}  # fmt: skip
+    assert "unsupported operand" in rows[1]["detail"]
+
+
+def test_verify_missing_file_is_a_clear_error(tmp_path):
+    done = populora("verify", str(tmp_path / "absent.jsonl"))
+    assert done.returncode == 2
+    assert "no such JSONL file" in done.stderr and "absent.jsonl" in done.stderr
+    assert populora("verify").returncode == 2
+
+
+def test_load_records_reports_malformed_lines(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('[1, 2]\n{"code": "def f(): return 1", "input": "", "output": 3}\n')
+    records, errors = load_records(data)
+    assert records == []
+    assert [(e.line, e.reason) for e in errors] == [
+        (1, "not a JSON object"),
+        (2, "field 'output' is not a string"),
+    ]
