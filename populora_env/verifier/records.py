@@ -44,7 +44,7 @@ class VerifierConfig:
     workers: int | None = None
     """Worker processes per hash-seed pool; ``None`` uses the number of CPUs."""
     check_determinism: bool = True
-    """Run every program in two pools with different ``PYTHONHASHSEED`` and compare the results."""
+    """Re-run every successful call in a second pool with another ``PYTHONHASHSEED`` and compare."""
     hash_seeds: tuple[int, int] = (11, 29)
     """The two hash seeds of the determinism pools."""
     max_program_chars: int = 20_000

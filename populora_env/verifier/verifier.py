@@ -197,18 +197,29 @@ class Verifier:
         return None
 
     def _execute(self, todo: dict[str, list[str]], mode: str) -> dict[tuple[str, str], Execution]:
-        pools = range(len(self._pools))
-        tasks = [_Task(program, calls, pool, mode) for program, calls in todo.items() for pool in pools]
-        self._dispatch(tasks)
-        by_program: dict[str, list[_Task]] = {}
-        for task in tasks:
-            by_program.setdefault(task.program, []).append(task)
+        """Runs every pending call under the first hash seed, then re-runs the successful ones under the
+        second: a call that already failed is invalid whatever the seed, so it costs one run, not two."""
+        first = [_Task(program, calls, 0, mode) for program, calls in todo.items()]
+        self._dispatch(first)
+        runs: dict[tuple[str, str], list[list[Any]]] = {}
+        for task in first:
+            for args, result in zip(task.calls, task.results or []):
+                runs[(task.program, args)] = [result]
+        if len(self._pools) > 1:
+            again: dict[str, list[str]] = {}
+            for (program, args), (result,) in runs.items():
+                if result[0] == "ok":
+                    again.setdefault(program, []).append(args)
+            second = [_Task(program, calls, 1, mode) for program, calls in again.items()]
+            self._dispatch(second)
+            for task in second:
+                for args, result in zip(task.calls, task.results or []):
+                    runs[(task.program, args)].append(result)
         fresh: dict[tuple[str, str], Execution] = {}
-        for program, runs in by_program.items():
-            for j, args in enumerate(runs[0].calls):
-                verdict = _combine([t.results[j] for t in runs if t.results is not None], self._seeds)
-                fresh[(program, args)] = verdict
-                self._cache_put((program, args, mode), verdict)
+        for key, results in runs.items():
+            verdict = _combine(results, self._seeds)
+            fresh[key] = verdict
+            self._cache_put((*key, mode), verdict)
         return fresh
 
     def _cache_put(self, key: tuple[str, str, str], verdict: Execution) -> None:
