@@ -1,0 +1,312 @@
+"""A small typed program DSL for structured mode: MultiDiscrete actions rendered to real Python source.
+
+A DSL program is an input choice plus ``L`` slots of ``(op, arg)``. Each op is a typed statement over one
+variable ``x`` (int, list of ints or str). Control ops (``for`` loops and ``if`` guards) wrap the next
+type-preserving op, and they stack, so depth, branching and length of the rendered program can really grow.
+Ops whose input type does not match the current type are skipped when rendering, so every point of the
+action space renders to a program: the verifier still decides whether it is valid (it may overflow the
+output caps, for example).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+ValueType = Literal["int", "list", "str"]
+VALUE_TYPES: tuple[ValueType, ...] = ("int", "list", "str")
+N_ARGS = 8
+N_INPUTS = 16
+MAX_CONTROL_DEPTH = 3
+WORDS = (
+    "apple", "banana", "kiwi", "level", "abracadabra", "sun", "moon", "river",
+    "stars", "rotor", "python", "a", "", "mississippi", "teacher", "queue",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Op:
+    """One DSL statement.
+
+    Attributes:
+        name: short identifier (used in metrics and docs).
+        in_type: type of ``x`` the op needs; ``None`` for control ops (any type).
+        out_type: type of ``x`` after the op; ``None`` for control ops.
+        template: source line with ``{k}`` for the argument value (for control ops: the header, with
+            ``{cond}`` standing for a type-dependent guard).
+        arg: how an argument index ``a`` in ``0..N_ARGS-1`` maps to a value: ``pos`` is ``a+1``,
+            ``small`` is ``a-2``, ``char`` is a letter, ``rep`` is ``a % 3 + 1``, ``none`` ignores it.
+    """
+
+    name: str
+    in_type: ValueType | None
+    out_type: ValueType | None
+    template: str
+    arg: Literal["pos", "small", "char", "rep", "none"] = "none"
+
+
+OPS: tuple[Op, ...] = (
+    # int -> int
+    Op("add", "int", "int", "x = x + {k}", "pos"),
+    Op("sub", "int", "int", "x = x - {k}", "pos"),
+    Op("mul", "int", "int", "x = x * {k}", "small"),
+    Op("floordiv", "int", "int", "x = x // {k}", "pos"),
+    Op("mod", "int", "int", "x = x % {k}", "pos"),
+    Op("min", "int", "int", "x = min(x, {k})", "small"),
+    Op("absub", "int", "int", "x = abs(x) - {k}", "small"),
+    # int -> list / str
+    Op("repeat_list", "int", "list", "x = [x] * {k}", "pos"),
+    Op("digits", "int", "list", "x = [int(c) for c in str(abs(x))]"),
+    Op("range", "int", "list", "x = list(range(x % {k}))", "pos"),
+    Op("to_str", "int", "str", "x = str(x) * {k}", "rep"),
+    # list -> list
+    Op("map_add", "list", "list", "x = [v + {k} for v in x]", "small"),
+    Op("map_mul", "list", "list", "x = [v * {k} for v in x]", "small"),
+    Op("map_mod", "list", "list", "x = [v % {k} for v in x]", "pos"),
+    Op("filter_gt", "list", "list", "x = [v for v in x if v > {k}]", "small"),
+    Op("filter_parity", "list", "list", "x = [v for v in x if v % 2 == {k} % 2]", "pos"),
+    Op("reverse", "list", "list", "x = x[::-1]"),
+    Op("sort", "list", "list", "x = sorted(x)"),
+    Op("append", "list", "list", "x = x + [{k}]", "small"),
+    Op("take", "list", "list", "x = x[:{k}]", "pos"),
+    Op("drop", "list", "list", "x = x[{k}:]", "pos"),
+    Op("pair_sums", "list", "list", "x = [a + b for a, b in zip(x, x[1:])]"),
+    Op("unique", "list", "list", "x = sorted(set(x))"),
+    # list -> int
+    Op("sum", "list", "int", "x = sum(x)"),
+    Op("len", "list", "int", "x = len(x)"),
+    Op("max", "list", "int", "x = max(x, default={k})", "small"),
+    Op("count", "list", "int", "x = x.count({k})", "small"),
+    # str -> str
+    Op("upper", "str", "str", "x = x.upper()"),
+    Op("str_reverse", "str", "str", "x = x[::-1]"),
+    Op("remove_char", "str", "str", "x = x.replace({k}, '')", "char"),
+    Op("extend_prefix", "str", "str", "x = x + x[:{k}]", "pos"),
+    Op("sort_chars", "str", "str", "x = ''.join(sorted(x))"),
+    Op("rotate", "str", "str", "x = x[{k}:] + x[:{k}]", "pos"),
+    # str -> int / list
+    Op("str_len", "str", "int", "x = len(x)"),
+    Op("str_count", "str", "int", "x = x.count({k})", "char"),
+    Op("find", "str", "int", "x = x.find({k})", "char"),
+    Op("ords", "str", "list", "x = [ord(c) % {k} for c in x]", "pos"),
+    Op("split_lens", "str", "list", "x = [len(w) for w in x.split({k})]", "char"),
+    # control: wrap the next type-preserving op
+    Op("loop", None, None, "for _ in range({k}):", "rep"),
+    Op("guard", None, None, "if {cond}:", "small"),
+)
+N_OPS = len(OPS) + 1  # op index 0 is an empty slot
+# op index -> the op indices with the same (in, out) signature (perturbation keeps programs well typed)
+_SAME_SIGNATURE = {
+    i + 1: [j + 1 for j, o in enumerate(OPS) if (o.in_type, o.out_type) == (op.in_type, op.out_type)]
+    for i, op in enumerate(OPS)
+}
+_GUARDS = {"int": "x > {k}", "list": "len(x) > {k}", "str": "len(x) > {k}"}
+_CHARS = "aeiounst"
+
+
+@dataclass(frozen=True)
+class DslProgram:
+    """A decoded structured-mode program.
+
+    Attributes:
+        input_type: index into ``VALUE_TYPES``.
+        input_index: index of the input value in ``0..N_INPUTS-1`` (see ``input_value``).
+        slots: ``(op, arg)`` pairs; op 0 is an empty slot.
+    """
+
+    input_type: int
+    input_index: int
+    slots: tuple[tuple[int, int], ...]
+
+    def encode(self) -> np.ndarray:
+        """Returns the MultiDiscrete action vector for this program (int64)."""
+        flat = [self.input_type, self.input_index]
+        for op, arg in self.slots:
+            flat += [op, arg]
+        return np.asarray(flat, dtype=np.int64)
+
+
+def action_nvec(n_slots: int) -> np.ndarray:
+    """The ``nvec`` of the teacher's MultiDiscrete action for ``n_slots`` op slots."""
+    return np.asarray([len(VALUE_TYPES), N_INPUTS] + [N_OPS, N_ARGS] * n_slots, dtype=np.int64)
+
+
+def decode(action: np.ndarray, n_slots: int) -> DslProgram:
+    """Decodes a MultiDiscrete action vector; raises ValueError if it lies outside the space."""
+    vec = np.asarray(action).reshape(-1)
+    nvec = action_nvec(n_slots)
+    if vec.shape != nvec.shape or not np.issubdtype(vec.dtype, np.integer):
+        raise ValueError(f"structured action must be an integer vector of shape {nvec.shape}, got {vec!r}")
+    if np.any(vec < 0) or np.any(vec >= nvec):
+        raise ValueError(f"structured action {vec.tolist()} lies outside MultiDiscrete({nvec.tolist()})")
+    ints = [int(v) for v in vec]
+    slots = tuple((ints[i], ints[i + 1]) for i in range(2, len(ints), 2))
+    return DslProgram(ints[0], ints[1], slots)
+
+
+def input_value(input_type: int, index: int) -> int | list[int] | str:
+    """The concrete input value for an input choice (a fixed, documented table)."""
+    kind = VALUE_TYPES[input_type]
+    if kind == "int":
+        return index - 3
+    if kind == "list":
+        return [(index * 7 + 3 * j * j) % 11 - 2 for j in range(index % 6 + 1)]
+    return WORDS[index]
+
+
+def _arg_value(op: Op, a: int) -> str:
+    if op.arg == "pos":
+        return str(a + 1)
+    if op.arg == "small":
+        return str(a - 2)
+    if op.arg == "rep":
+        return str(a % 3 + 1)
+    if op.arg == "char":
+        return repr(_CHARS[a])
+    return ""
+
+
+@functools.lru_cache(maxsize=8192)
+def render(program: DslProgram) -> tuple[str, str]:
+    """Renders a program to Python source and its argument-list text (pure, so cached).
+
+    Returns:
+        ``(source, args)``: ``source`` defines ``def f(x)``; ``args`` is the literal text of the input.
+    """
+    kind: ValueType = VALUE_TYPES[program.input_type]
+    lines: list[str] = []
+    pending: list[tuple[Op, int]] = []
+    for op_index, a in program.slots:
+        if op_index == 0:
+            continue
+        op = OPS[op_index - 1]
+        if op.in_type is None:
+            if len(pending) < MAX_CONTROL_DEPTH:
+                pending.append((op, a))
+            continue
+        if op.in_type != kind:
+            pending.clear()
+            continue
+        # A guard or loop around a type-changing op would leave the type of x branch-dependent.
+        controls = pending if op.out_type == kind else []
+        depth = 1
+        for control, ca in controls:
+            cond = _GUARDS[kind].format(k=_arg_value(control, ca))
+            lines.append("    " * depth + control.template.format(k=_arg_value(control, ca), cond=cond))
+            depth += 1
+        lines.append("    " * depth + op.template.format(k=_arg_value(op, a)))
+        assert op.out_type is not None
+        kind = op.out_type
+        pending.clear()
+    body = "\n".join([*lines, "    return x"])
+    return f"def f(x):\n{body}", repr(input_value(program.input_type, program.input_index))
+
+
+def random_program(rng: random.Random, n_slots: int, difficulty: float) -> DslProgram:
+    """Samples a well-typed program whose size and nesting grow with ``difficulty`` in [0, 1].
+
+    Args:
+        rng: the caller's generator (no global randomness).
+        n_slots: number of op slots of the action space.
+        difficulty: 0 gives one plain op; 1 fills every slot and uses control ops often.
+    """
+    kind_index = rng.randrange(len(VALUE_TYPES))
+    kind = VALUE_TYPES[kind_index]
+    n_used = max(1, min(n_slots, 1 + round(difficulty * (n_slots - 1))))
+    slots: list[tuple[int, int]] = []
+    while len(slots) < n_used:
+        room = n_used - len(slots)
+        if room >= 2 and rng.random() < 0.6 * difficulty:
+            control = rng.choice([i for i, op in enumerate(OPS) if op.in_type is None])
+            slots.append((control + 1, rng.randrange(N_ARGS)))
+            # the next op must preserve the type for the control op to apply
+            choices = [i for i, op in enumerate(OPS) if op.in_type == kind and op.out_type == kind]
+        else:
+            choices = [i for i, op in enumerate(OPS) if op.in_type == kind]
+        pick = rng.choice(choices)
+        slots.append((pick + 1, rng.randrange(N_ARGS)))
+        kind = OPS[pick].out_type or kind
+    slots += [(0, 0)] * (n_slots - len(slots))
+    return DslProgram(kind_index, rng.randrange(N_INPUTS), tuple(slots[:n_slots]))
+
+
+def perturb_program(program: DslProgram, rng: random.Random) -> DslProgram:
+    """Returns a nearby program on the same input: one arg changed or one op swapped for a
+    same-signature op. Used to make plausible distractor answers for structured-mode students."""
+    used = [i for i, (op, _) in enumerate(program.slots) if op != 0]
+    if not used:
+        return program
+    slots = list(program.slots)
+    i = rng.choice(used)
+    op, a = slots[i]
+    if rng.random() < 0.5:
+        slots[i] = (op, (a + rng.randrange(1, N_ARGS)) % N_ARGS)
+    else:
+        slots[i] = (rng.choice(_SAME_SIGNATURE[op]), a)
+    return DslProgram(program.input_type, program.input_index, tuple(slots))
+
+
+def perturb_input(program: DslProgram, rng: random.Random) -> DslProgram:
+    """Returns the same program on another input of the same type."""
+    new_index = (program.input_index + rng.randrange(1, N_INPUTS)) % N_INPUTS
+    return DslProgram(program.input_type, new_index, program.slots)
+
+
+def induction_inputs(program: DslProgram, n: int) -> tuple[str, ...]:
+    """The ``n`` argument lists of a structured induction task: consecutive inputs of the chosen type."""
+    return tuple(
+        repr(input_value(program.input_type, (program.input_index + j) % N_INPUTS)) for j in range(n)
+    )
+
+
+# ----- observation encodings (structured mode) ------------------------------------------------------
+VALUE_ELEMENTS = 8
+VALUE_WIDTH = 2 + VALUE_ELEMENTS
+VALUE_CLIP = 1000.0
+_TYPE_CODES = {int: 1.0, list: 2.0, str: 3.0, bool: 4.0, tuple: 5.0}
+
+
+def encode_value(text: str) -> np.ndarray:
+    """Encodes a literal text as ``[type code, length, first elements...]`` (float32, clipped).
+
+    Ints are their value; list/tuple elements are ints (non-ints encode as 0); strings are code points.
+    Text that is not a plain literal encodes as zeros. Parsing uses the verifier's safe literal parser.
+    Returns a fresh array on every call.
+    """
+    return np.asarray(_encode_value(text), dtype=np.float32)
+
+
+def _clip(v: int) -> float:
+    return float(max(-VALUE_CLIP, min(VALUE_CLIP, v)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _encode_value(text: str) -> tuple[float, ...]:
+    from populora_env.verifier.literals import parse_literal
+
+    out = [0.0] * VALUE_WIDTH
+    try:
+        value = parse_literal(text, max_chars=2000)
+    except (ValueError, TypeError):
+        return tuple(out)
+    out[0] = _TYPE_CODES.get(type(value), 0.0)
+    if isinstance(value, bool):
+        out[1] = float(value)
+    elif isinstance(value, int):
+        out[1] = _clip(value)
+    elif isinstance(value, list | tuple | str):
+        out[1] = min(float(len(value)), VALUE_CLIP)
+        items = [ord(c) for c in value[:VALUE_ELEMENTS]] if isinstance(value, str) else value[:VALUE_ELEMENTS]
+        for i, item in enumerate(items):
+            if isinstance(item, int) and not isinstance(item, bool):
+                out[2 + i] = _clip(item)
+    return tuple(out)
+
+
+def program_width(n_slots: int) -> int:
+    """Length of a program's action vector."""
+    return 2 + 2 * n_slots

@@ -1,0 +1,511 @@
+"""Pure rules of the teacher/student game (no PettingZoo, Gymnasium or torch): config, turns, rewards.
+
+A round: every teacher proposes (``teacher_group_size`` times), the verifier validates each proposal, the
+matchmaker assigns students to the valid tasks, every matched student attempts each of its tasks
+(``student_group_size`` times, one verified step each), then the round resolves: teachers are paid from
+the solve rates and valid tasks join the buffer. The AEC env in ``teacher_student_v0`` adapts this class.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from populora_env import dsl
+from populora_env.candidates import with_candidates
+from populora_env.matchmaking import Matchmaker
+from populora_env.metrics import EpisodeMetrics, summarize_episode
+from populora_env.tasks import TASK_TYPES, Task, TaskBuffer, TaskType, task_id_for
+from populora_env.text_format import Answer, FormatError, Proposal
+
+__all__ = ["Game", "ResolvedProposal", "StepOutcome", "TeacherStudentConfig", "Turn", "teacher_reward"]
+
+Phase = Literal["propose", "solve"]
+TeacherVerdict = Literal["valid", "invalid", "format_error"]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One pending AEC step.
+
+    Attributes:
+        agent: who acts.
+        phase: ``propose`` (teacher) or ``solve`` (student).
+        task_type: the type being proposed or solved.
+        attempt: index within the agent's GRPO group for this observation.
+        round: round index.
+        references: buffer tasks shown to a proposing teacher.
+        task: the task a student solves.
+    """
+
+    agent: str
+    phase: Phase
+    task_type: TaskType
+    attempt: int
+    round: int
+    references: tuple[Task, ...] = ()
+    task: Task | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedProposal:
+    """The fate of one teacher proposal, reported to the teacher when its round resolves.
+
+    Attributes:
+        teacher: proposing agent.
+        round: round index.
+        attempt: index within the teacher's group.
+        task_type: proposed type.
+        task_id: the task's id ("" for a format error).
+        verdict: ``valid``, ``invalid`` or ``format_error``.
+        status: the verifier status or the format error reason.
+        solve_rate: fraction of correct student attempts (``None`` if invalid or unmatched).
+        n_attempts: student attempts on this task.
+        reward: the teacher's reward for this proposal.
+        gold: the task's reference answer ("" unless valid).
+        task: the verified task, if valid.
+    """
+
+    teacher: str
+    round: int
+    attempt: int
+    task_type: TaskType
+    task_id: str
+    verdict: TeacherVerdict
+    status: str
+    solve_rate: float | None
+    n_attempts: int
+    reward: float
+    gold: str
+    task: Task | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one game step changed.
+
+    Attributes:
+        rewards: reward per agent produced by this step.
+        infos: fresh info dicts for the agents whose info changed.
+        done: the episode is over.
+    """
+
+    rewards: dict[str, float]
+    infos: dict[str, dict[str, Any]]
+    done: bool
+
+
+RewardScheme = Literal["learnability", "adversarial"] | Callable[[float], float]
+_MODES = ("text", "structured")
+_MATCHING = ("all_pairs", "random", "pfsp")
+_SCHEMES = ("learnability", "adversarial")
+
+
+@dataclass(frozen=True)
+class TeacherStudentConfig:
+    """Configuration of ``TeacherStudent-v0`` (validated on construction)."""
+
+    n_teachers: int = 2
+    """Number of teacher agents (>= 1)."""
+    n_students: int = 2
+    """Number of student agents (>= 1)."""
+    task_types: tuple[TaskType, ...] = TASK_TYPES
+    """Task types in play; teacher ``i`` proposes type ``task_types[(round * n_teachers + i) % len]``."""
+    rounds: int = 2
+    """Rounds per episode."""
+    mode: Literal["text", "structured"] = "text"
+    """``text`` (string actions, AZR format) or ``structured`` (MultiDiscrete DSL / candidate choice)."""
+    n_references: int = 3
+    """Reference tasks from the buffer shown to a proposing teacher."""
+    teacher_group_size: int = 1
+    """Proposals per teacher per round on the same observation (a GRPO group)."""
+    student_group_size: int = 1
+    """Attempts per student per assigned task on the same observation (a GRPO group)."""
+    matching: Literal["all_pairs", "random", "pfsp"] = "all_pairs"
+    """Matchmaker when none is passed to the env: all-pairs, uniform random, or OpenSkill-rated PFSP."""
+    students_per_task: int = 1
+    """Students per task for ``random`` and ``pfsp`` matching."""
+    reward_scheme: RewardScheme = "learnability"
+    """Teacher reward of a valid task from its solve rate: ``learnability``, ``adversarial`` or a callable."""
+    teacher_extreme_reward: float = -0.5
+    """``learnability`` reward of a valid task solved by nobody or by everybody (AZR uses 0)."""
+    teacher_invalid_penalty: float = -1.0
+    """Reward of a well-formed proposal the verifier rejects."""
+    teacher_format_penalty: float = -1.0
+    """Reward of a malformed proposal."""
+    student_correct_reward: float = 1.0
+    """Reward of a correct attempt."""
+    student_wrong_reward: float = -0.5
+    """Reward of a well-formed wrong attempt."""
+    student_format_penalty: float = -1.0
+    """Reward of a malformed attempt (text) or an illegal candidate when ``illegal_action="penalize"``."""
+    seed_tasks_path: str | None = None
+    """A JSONL file of ``{"code", "input", "output"}`` records seeding deduction/abduction (text mode)."""
+    n_seed_tasks: int = 16
+    """Built-in generated seed tasks per type (also used for types the JSONL file does not cover)."""
+    buffer_capacity: int = 256
+    """Maximum tasks per type in the buffer."""
+    persist_buffer: bool = False
+    """Keep the buffer across ``reset()`` (an arms race over many episodes); off makes episodes independent."""
+    induction_min_inputs: int = 2
+    """Fewest distinct inputs of a text induction proposal."""
+    induction_max_inputs: int = 6
+    """Most inputs of a text induction proposal; structured induction tasks use exactly this many."""
+    max_action_chars: int = 8192
+    """Text actions longer than this are format errors; also the Text action space's max length."""
+    max_prompt_chars: int = 8192
+    """Prompts are truncated to this; the Text observation space's max length."""
+    n_slots: int = 6
+    """Structured mode: op slots of a DSL program."""
+    n_candidates: int = 4
+    """Structured mode: answer candidates a student chooses among."""
+    illegal_action: Literal["raise", "penalize"] = "raise"
+    """Structured actions outside the space or masked: raise ``ValueError`` or pay the format penalty."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_teachers", "n_students", "rounds", "teacher_group_size", "student_group_size",
+                     "students_per_task", "buffer_capacity", "n_slots"):  # fmt: skip
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        for name in ("n_references", "n_seed_tasks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        types = tuple(self.task_types) if not isinstance(self.task_types, str) else (self.task_types,)
+        object.__setattr__(self, "task_types", types)
+        if not types or any(t not in TASK_TYPES for t in types) or len(set(types)) != len(types):
+            raise ValueError(
+                f"task_types must be a non-empty subset of {TASK_TYPES}, got {self.task_types!r}"
+            )
+        if self.mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {self.mode!r}")
+        if self.matching not in _MATCHING:
+            raise ValueError(f"matching must be one of {_MATCHING}, got {self.matching!r}")
+        if not callable(self.reward_scheme) and self.reward_scheme not in _SCHEMES:
+            raise ValueError(
+                f"reward_scheme must be one of {_SCHEMES} or a callable, got {self.reward_scheme!r}"
+            )
+        if self.illegal_action not in ("raise", "penalize"):
+            raise ValueError(f"illegal_action must be 'raise' or 'penalize', got {self.illegal_action!r}")
+        if not 1 <= self.induction_min_inputs <= self.induction_max_inputs or self.induction_max_inputs < 2:
+            raise ValueError(
+                "induction_min_inputs and induction_max_inputs must satisfy 1 <= min <= max and max >= 2, "
+                f"got {self.induction_min_inputs}, {self.induction_max_inputs}"
+            )
+        if self.n_candidates < 2:
+            raise ValueError(f"n_candidates must be >= 2, got {self.n_candidates}")
+        for name in ("max_action_chars", "max_prompt_chars"):
+            if getattr(self, name) < 256:
+                raise ValueError(f"{name} must be >= 256, got {getattr(self, name)}")
+        if self.mode == "structured" and self.seed_tasks_path is not None:
+            raise ValueError(
+                "seed_tasks_path is only allowed with mode='text' (structured mode needs DSL tasks)"
+            )
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        """All agent names: teachers first, then students."""
+        return tuple(f"teacher_{i}" for i in range(self.n_teachers)) + tuple(
+            f"student_{i}" for i in range(self.n_students)
+        )
+
+
+def teacher_reward(solve_rate: float | None, config: TeacherStudentConfig) -> float:
+    """A valid proposal's reward from its solve rate under the configured scheme.
+
+    ``learnability`` is AZR's proposer reward (arXiv 2505.03335, eq. 4): ``1 - s`` if ``0 < s < 1``;
+    for ``s`` in {0, 1} this env pays ``teacher_extreme_reward`` (default -0.5; AZR's value is 0).
+    ``adversarial`` pays ``1 - s``. A callable scheme gets ``s`` and returns the reward. An unmatched task
+    (no attempts) earns 0.
+    """
+    if solve_rate is None:
+        return 0.0
+    scheme = config.reward_scheme
+    if callable(scheme):
+        return float(scheme(solve_rate))
+    if scheme == "adversarial":
+        return 1.0 - solve_rate
+    if 0.0 < solve_rate < 1.0:
+        return 1.0 - solve_rate
+    return config.teacher_extreme_reward
+
+
+class Game:
+    """The game state machine.
+
+    Args:
+        config: validated game config.
+        verifier: anything with the verifier's ``run``/``run_many``/``check_*`` methods.
+        matchmaker: assigns students to tasks.
+        seed_tasks: verified tasks that fill a fresh buffer.
+    """
+
+    def __init__(
+        self,
+        config: TeacherStudentConfig,
+        verifier: Any,
+        matchmaker: Matchmaker,
+        seed_tasks: Sequence[Task],
+    ) -> None:
+        self.config = config
+        self.verifier = verifier
+        self.matchmaker = matchmaker
+        self.seed_tasks = tuple(seed_tasks)
+        self.teachers = tuple(f"teacher_{i}" for i in range(config.n_teachers))
+        self.students = tuple(f"student_{i}" for i in range(config.n_students))
+        self.buffer = TaskBuffer(config.buffer_capacity)
+        self.queue: deque[Turn] = deque()
+        self.round = 0
+        self.done = True
+        self.history: list[ResolvedProposal] = []
+        self.attempt_log: list[tuple[str, str, bool]] = []  # (student, task_id, correct)
+        self._proposals: list[tuple[Turn, Task | None, TeacherVerdict, str]] = []
+        self._attempts: dict[str, list[tuple[str, bool]]] = {}
+        self._rng = np.random.default_rng(0)
+        self._phase: Phase = "propose"
+        self._fresh_buffer = True
+
+    # ----- episode control ---------------------------------------------------------------------
+    def reset(self, rng: np.random.Generator) -> None:
+        """Starts a new episode drawing every random choice from ``rng``."""
+        self._rng = rng
+        if self._fresh_buffer or not self.config.persist_buffer:
+            self.buffer = TaskBuffer(self.config.buffer_capacity)
+            for task in self.seed_tasks:
+                self.buffer.add(task)
+            self._fresh_buffer = False
+        self.queue.clear()
+        self.round = 0
+        self.done = False
+        self.history = []
+        self.attempt_log = []
+        self._start_round()
+
+    def metrics(self) -> EpisodeMetrics:
+        """Arms-race metrics of the episode so far (resolved rounds only)."""
+        proposals = [
+            (r.teacher, r.verdict, r.task.program if r.task else "", r.solve_rate) for r in self.history
+        ]
+        attempts = [(student, ok) for student, _, ok in self.attempt_log]
+        return summarize_episode(proposals, attempts, self.teachers, self.students)
+
+    @property
+    def current(self) -> Turn | None:
+        """The turn to be played next (``None`` once the episode is over)."""
+        return self.queue[0] if self.queue else None
+
+    def next_turn_for(self, agent: str) -> Turn | None:
+        """The next pending turn of ``agent`` in this round, if any."""
+        for turn in self.queue:
+            if turn.agent == agent:
+                return turn
+        return None
+
+    def _start_round(self) -> None:
+        cfg = self.config
+        self._proposals = []
+        self._attempts = {}
+        self._phase = "propose"
+        for i, teacher in enumerate(self.teachers):
+            task_type = cfg.task_types[(self.round * len(self.teachers) + i) % len(cfg.task_types)]
+            refs = self.buffer.sample(task_type, cfg.n_references, self._rng)
+            for g in range(cfg.teacher_group_size):
+                self.queue.append(Turn(teacher, "propose", task_type, g, self.round, references=refs))
+
+    # ----- stepping ----------------------------------------------------------------------------
+    def step(self, action: Proposal | Answer | FormatError | dsl.DslProgram | int) -> StepOutcome:
+        """Plays the current turn with an already parsed/decoded action.
+
+        Teachers take a ``Proposal`` (text), a ``DslProgram`` (structured) or a ``FormatError``;
+        students take an ``Answer`` (text), a candidate index (structured) or a ``FormatError``.
+        """
+        if not self.queue:
+            raise RuntimeError("the episode is over; call reset()")
+        turn = self.queue.popleft()
+        outcome = self._propose(turn, action) if turn.phase == "propose" else self._solve(turn, action)
+        if not self.queue:
+            outcome = self._after_phase(outcome)
+        return outcome
+
+    def _propose(self, turn: Turn, action: Any) -> StepOutcome:
+        task, verdict, status = self._validate(turn, action)
+        self._proposals.append((turn, task, verdict, status))
+        info = self._base_info(turn)
+        info.update(task_id=task.task_id if task else "", verdict=verdict, status=status)
+        return StepOutcome({}, {turn.agent: info}, False)
+
+    def _validate(self, turn: Turn, action: Any) -> tuple[Task | None, TeacherVerdict, str]:
+        cfg = self.config
+        program_dsl = None
+        if isinstance(action, FormatError):
+            return None, "format_error", action.reason
+        if isinstance(action, dsl.DslProgram):
+            program_dsl = action
+            source, args = dsl.render(action)
+            n_inputs = cfg.induction_max_inputs if turn.task_type == "induction" else 1
+            inputs = dsl.induction_inputs(action, n_inputs) if turn.task_type == "induction" else (args,)
+            action = Proposal(source, inputs, "")
+        if not isinstance(action, Proposal):
+            return None, "format_error", "wrong_action_kind"
+        runs = self.verifier.run_many([(action.program, args) for args in action.inputs])
+        bad = next((r for r in runs if r.status != "ok" or r.output is None), None)
+        if bad is not None:
+            return None, "invalid", str(bad.status)
+        n_shown = max(1, len(runs) // 2) if turn.task_type == "induction" else 1
+        task = Task(
+            task_id_for(turn.task_type, action.program, action.inputs),
+            turn.task_type,
+            action.program,
+            action.inputs,
+            tuple(str(r.output) for r in runs),
+            message=action.message,
+            n_shown=n_shown,
+            source=turn.agent,
+            program_dsl=program_dsl,
+        )
+        if cfg.mode == "structured":
+            task = with_candidates(task, self.verifier, self._rng, cfg.n_candidates)
+        return task, "valid", "ok"
+
+    def _solve(self, turn: Turn, action: Any) -> StepOutcome:
+        cfg = self.config
+        task = turn.task
+        assert task is not None
+        score = 0.0
+        if isinstance(action, FormatError):
+            verdict, status, reward = "format_error", action.reason, cfg.student_format_penalty
+        else:
+            score = self._score(task, action)
+            correct = score == 1.0
+            verdict = "correct" if correct else "wrong"
+            status, reward = "ok", cfg.student_correct_reward if correct else cfg.student_wrong_reward
+        solved = verdict == "correct"
+        self._attempts.setdefault(task.task_id, []).append((turn.agent, solved))
+        self.attempt_log.append((turn.agent, task.task_id, solved))
+        info = self._base_info(turn)
+        info.update(task_id=task.task_id, verdict=verdict, status=status, score=score, gold=task.gold)
+        return StepOutcome({turn.agent: reward}, {turn.agent: info}, False)
+
+    def _score(self, task: Task, action: Any) -> float:
+        """1.0/0.0 for deduction and abduction, the fraction of hidden pairs matched for induction."""
+        if isinstance(action, int | np.integer) and not isinstance(action, bool):
+            return 1.0 if task.candidates[int(action)].correct else 0.0
+        if not isinstance(action, Answer):
+            return 0.0
+        if task.task_type == "deduction":
+            return float(bool(self.verifier.check_deduction(task.program, task.inputs[0], action.text)))
+        if task.task_type == "abduction":
+            return float(bool(self.verifier.check_abduction(task.program, task.outputs[0], action.text)))
+        return float(self.verifier.check_induction(action.text, list(task.hidden_pairs)))
+
+    def _after_phase(self, outcome: StepOutcome) -> StepOutcome:
+        """Called when the queue empties: start the solve phase, or resolve the round."""
+        if self._phase == "propose":
+            valid = [(turn, task) for turn, task, _, _ in self._proposals if task is not None]
+            self._schedule_solves(valid)
+            self._phase = "solve"
+            if self.queue:
+                return outcome
+        return self._resolve(outcome)
+
+    def _schedule_solves(self, valid: list[tuple[Turn, Task]]) -> None:
+        if not valid:
+            return
+        matches = self.matchmaker.assign([turn.agent for turn, _ in valid], self.students, self._rng)
+        per_student: dict[str, list[Task]] = {s: [] for s in self.students}
+        for (_, task), students in zip(valid, matches, strict=True):
+            for student in students:
+                per_student[student].append(task)
+        for student in self.students:
+            for task in per_student[student]:
+                for g in range(self.config.student_group_size):
+                    self.queue.append(Turn(student, "solve", task.task_type, g, self.round, task=task))
+
+    def _resolve(self, outcome: StepOutcome) -> StepOutcome:
+        rewards = dict(outcome.rewards)
+        infos = dict(outcome.infos)
+        resolved: dict[str, list[ResolvedProposal]] = {t: [] for t in self.teachers}
+        results: list[tuple[str, str, bool]] = []
+        for turn, task, verdict, status in self._proposals:
+            record = self._resolve_one(turn, task, verdict, status)
+            resolved[turn.agent].append(record)
+            rewards[turn.agent] = rewards.get(turn.agent, 0.0) + record.reward
+            if task is not None:
+                results += [(turn.agent, s, ok) for s, ok in self._attempts.get(task.task_id, [])]
+                self.buffer.add(task)
+        self.matchmaker.update(results)
+        for teacher, records in resolved.items():
+            self.history += records
+            listed = [_record_info(r) for r in records]
+            # A teacher whose own step closed the round keeps its step info next to the resolution.
+            base = infos.get(teacher, {"round": self.round, "phase": "resolve"})
+            infos[teacher] = {**base, "resolved": listed}
+        self.round += 1
+        self.done = self.round >= self.config.rounds
+        if not self.done:
+            self._start_round()
+        return StepOutcome(rewards, infos, self.done)
+
+    def _resolve_one(
+        self, turn: Turn, task: Task | None, verdict: TeacherVerdict, status: str
+    ) -> ResolvedProposal:
+        cfg = self.config
+        if task is None:
+            penalty = cfg.teacher_format_penalty if verdict == "format_error" else cfg.teacher_invalid_penalty
+            return ResolvedProposal(
+                turn.agent,
+                turn.round,
+                turn.attempt,
+                turn.task_type,
+                "",
+                verdict,
+                status,
+                None,
+                0,
+                penalty,
+                "",
+            )
+        attempts = self._attempts.get(task.task_id, [])
+        rate = sum(ok for _, ok in attempts) / len(attempts) if attempts else None
+        return ResolvedProposal(
+            turn.agent,
+            turn.round,
+            turn.attempt,
+            turn.task_type,
+            task.task_id,
+            "valid",
+            status,
+            rate,
+            len(attempts),
+            teacher_reward(rate, cfg),
+            task.gold,
+            task,
+        )
+
+    @staticmethod
+    def _base_info(turn: Turn) -> dict[str, Any]:
+        return {
+            "round": turn.round,
+            "phase": turn.phase,
+            "task_type": turn.task_type,
+            "attempt": turn.attempt,
+        }
+
+
+def _record_info(record: ResolvedProposal) -> dict[str, Any]:
+    return {
+        "task_id": record.task_id,
+        "task_type": record.task_type,
+        "attempt": record.attempt,
+        "verdict": record.verdict,
+        "status": record.status,
+        "solve_rate": record.solve_rate,
+        "n_attempts": record.n_attempts,
+        "reward": record.reward,
+        "gold": record.gold,
+    }

@@ -1,0 +1,171 @@
+"""Static difficulty measures of proposed programs: AST depth, cyclomatic complexity, lines, AST shape.
+
+All functions parse with ``ast.parse`` only (nothing is executed) and return neutral values on source that
+does not parse, so they are safe on adversarial text.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MAX_SOURCE_CHARS = 20_000
+# Decision points counted by McCabe's cyclomatic complexity (McCabe 1976, "A Complexity Measure",
+# IEEE TSE; the per-node counting follows the common radon/mccabe convention: +1 per branch point,
+# +1 per extra operand of a boolean operator, +1 per comprehension ``if``).
+_BRANCH_NODES = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.IfExp, ast.ExceptHandler, ast.With, ast.Assert)
+
+
+@dataclass(frozen=True)
+class ProgramStats:
+    """Difficulty measures of one program.
+
+    Attributes:
+        depth: maximum depth of the AST (module = 1).
+        cyclomatic: McCabe cyclomatic complexity of the whole source.
+        lines: non-blank source lines.
+        shape: hash of the AST node-type structure with names and constants erased.
+    """
+
+    depth: int
+    cyclomatic: int
+    lines: int
+    shape: str
+
+
+def _parse(source: str) -> ast.AST | None:
+    if len(source) > MAX_SOURCE_CHARS:
+        return None
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def ast_depth(tree: ast.AST) -> int:
+    """Maximum nesting depth of an AST (context markers excluded), iteratively (no recursion limit on deep trees)."""
+    best = 0
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        best = max(best, depth)
+        # Load/Store context markers are bookkeeping, not structure.
+        stack.extend(
+            (child, depth + 1)
+            for child in ast.iter_child_nodes(node)
+            if not isinstance(child, ast.expr_context)
+        )
+    return best
+
+
+def cyclomatic_complexity(tree: ast.AST) -> int:
+    """McCabe complexity: 1 + decision points (branches, boolean operands, comprehension guards)."""
+    total = 1
+    for node in ast.walk(tree):
+        if isinstance(node, _BRANCH_NODES):
+            total += 1
+        elif isinstance(node, ast.BoolOp):
+            total += len(node.values) - 1
+        elif isinstance(node, ast.comprehension):
+            total += 1 + len(node.ifs)
+        elif isinstance(node, ast.match_case):
+            total += 1
+    return total
+
+
+def ast_shape(tree: ast.AST) -> str:
+    """A 12-hex-digit hash of the node-type skeleton (identifier names and constant values erased).
+
+    Two programs with the same shape differ only in names and constants; the number of distinct shapes
+    is the coverage measure of the problem space.
+    """
+    tokens: list[str] = []
+    stack: list[ast.AST | str] = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            tokens.append(item)
+            continue
+        tokens.append(type(item).__name__)
+        stack.append(")")
+        stack.extend(reversed(list(ast.iter_child_nodes(item))))
+    return hashlib.sha1(" ".join(tokens).encode()).hexdigest()[:12]
+
+
+def program_stats(source: str) -> ProgramStats:
+    """All difficulty measures of a source text (zeros and an empty shape if it does not parse)."""
+    tree = _parse(source)
+    lines = sum(1 for line in source[:MAX_SOURCE_CHARS].splitlines() if line.strip())
+    if tree is None:
+        return ProgramStats(0, 0, lines, "")
+    return ProgramStats(ast_depth(tree), cyclomatic_complexity(tree), lines, ast_shape(tree))
+
+
+@dataclass(frozen=True)
+class EpisodeMetrics:
+    """Arms-race measures of one episode.
+
+    Attributes:
+        n_proposals: proposals made.
+        invalid_rate: fraction of proposals the verifier rejected or that were malformed.
+        format_error_rate: fraction of proposals that were malformed.
+        mean_depth: mean AST depth of valid proposals (0 if none).
+        mean_cyclomatic: mean cyclomatic complexity of valid proposals.
+        mean_lines: mean non-blank lines of valid proposals.
+        coverage: distinct AST shapes among valid proposals.
+        solve_rate: fraction of correct student attempts overall (``None`` without attempts).
+        teacher_solve_rate: per teacher, mean solve rate of its matched valid tasks.
+        student_solve_rate: per student, fraction of its attempts that were correct.
+    """
+
+    n_proposals: int
+    invalid_rate: float
+    format_error_rate: float
+    mean_depth: float
+    mean_cyclomatic: float
+    mean_lines: float
+    coverage: int
+    solve_rate: float | None
+    teacher_solve_rate: dict[str, float | None]
+    student_solve_rate: dict[str, float | None]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize_episode(
+    proposals: Sequence[tuple[str, str, str, float | None]],
+    attempts: Sequence[tuple[str, bool]],
+    teachers: Sequence[str],
+    students: Sequence[str],
+) -> EpisodeMetrics:
+    """Computes episode metrics from plain records.
+
+    Args:
+        proposals: ``(teacher, verdict, program, solve_rate)`` per proposal (program "" unless valid).
+        attempts: ``(student, correct)`` per attempt.
+        teachers: all teacher names (so idle teachers appear with ``None``).
+        students: all student names.
+    """
+    stats = [program_stats(program) for _, verdict, program, _ in proposals if verdict == "valid"]
+    n = len(proposals)
+    teacher_rates = {
+        t: _mean([r for who, v, _, r in proposals if who == t and v == "valid" and r is not None])
+        for t in teachers
+    }
+    student_rates = {s: _mean([float(ok) for who, ok in attempts if who == s]) for s in students}
+    return EpisodeMetrics(
+        n_proposals=n,
+        invalid_rate=sum(v != "valid" for _, v, _, _ in proposals) / n if n else 0.0,
+        format_error_rate=sum(v == "format_error" for _, v, _, _ in proposals) / n if n else 0.0,
+        mean_depth=_mean([float(s.depth) for s in stats]) or 0.0,
+        mean_cyclomatic=_mean([float(s.cyclomatic) for s in stats]) or 0.0,
+        mean_lines=_mean([float(s.lines) for s in stats]) or 0.0,
+        coverage=len({s.shape for s in stats if s.shape}),
+        solve_rate=_mean([float(ok) for _, ok in attempts]),
+        teacher_solve_rate=teacher_rates,
+        student_solve_rate=student_rates,
+    )

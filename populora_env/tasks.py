@@ -1,0 +1,246 @@
+"""Task records, the per-type task buffer, the built-in seed set and a CRUXEval/AZR JSONL loader."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from populora_env import dsl
+
+TaskType = Literal["deduction", "abduction", "induction"]
+TASK_TYPES: tuple[TaskType, ...] = ("deduction", "abduction", "induction")
+MAX_JSONL_FIELD_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One answer a structured-mode student may pick.
+
+    Attributes:
+        text: the answer text (an output literal, an argument list, or a program source).
+        correct: whether the verifier accepted it for the task.
+        program: the DSL program behind a program candidate (induction), else ``None``.
+    """
+
+    text: str
+    correct: bool
+    program: dsl.DslProgram | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    """A verified task: a program with input/output pairs computed by the verifier.
+
+    Attributes:
+        task_id: stable short hash of type, program and inputs (also the dedup key).
+        task_type: deduction, abduction or induction.
+        program: Python source defining ``def f``.
+        inputs: argument-list texts; one for deduction/abduction, several for induction.
+        outputs: the verifier's canonical output literal for each input.
+        message: the teacher's hint (induction only).
+        n_shown: induction only: pairs ``[:n_shown]`` are shown to students, the rest are hidden tests.
+        source: ``"seed"``, ``"jsonl"`` or the proposing agent's name.
+        program_dsl: the DSL program in structured mode, else ``None``.
+        candidates: structured-mode answer choices (shuffled), else empty.
+    """
+
+    task_id: str
+    task_type: TaskType
+    program: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    message: str = ""
+    n_shown: int = 1
+    source: str = "seed"
+    program_dsl: dsl.DslProgram | None = field(default=None, compare=False)
+    candidates: tuple[Candidate, ...] = field(default=(), compare=False)
+
+    @property
+    def shown_pairs(self) -> tuple[tuple[str, str], ...]:
+        """Input/output pairs visible to students."""
+        return tuple(zip(self.inputs[: self.n_shown], self.outputs[: self.n_shown], strict=True))
+
+    @property
+    def hidden_pairs(self) -> tuple[tuple[str, str], ...]:
+        """Input/output pairs an induction answer is scored on."""
+        return tuple(zip(self.inputs[self.n_shown :], self.outputs[self.n_shown :], strict=True))
+
+    @property
+    def gold(self) -> str:
+        """The reference answer: the output (deduction), the input (abduction), the program (induction)."""
+        if self.task_type == "deduction":
+            return self.outputs[0]
+        if self.task_type == "abduction":
+            return self.inputs[0]
+        return self.program
+
+
+def task_id_for(task_type: str, program: str, inputs: Sequence[str]) -> str:
+    """Stable identifier of a task (sha1 of its defining text, 12 hex digits)."""
+    digest = hashlib.sha1("\x00".join([task_type, program, *inputs]).encode("utf-8", "replace"))
+    return digest.hexdigest()[:12]
+
+
+class TaskBuffer:
+    """Per-type FIFO buffer of valid tasks, deduplicated by ``task_id`` and capped.
+
+    Args:
+        capacity: maximum tasks kept per type; the oldest non-seed task is dropped first.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._tasks: dict[str, list[Task]] = {t: [] for t in TASK_TYPES}
+        self._ids: set[str] = set()
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._tasks.values())
+
+    def tasks(self, task_type: TaskType) -> tuple[Task, ...]:
+        """All tasks of one type, oldest first."""
+        return tuple(self._tasks[task_type])
+
+    def add(self, task: Task) -> bool:
+        """Adds a task unless an identical one is present; returns whether it was added."""
+        if task.task_id in self._ids:
+            return False
+        bucket = self._tasks[task.task_type]
+        if len(bucket) >= self.capacity:
+            victim = next((i for i, t in enumerate(bucket) if t.source != "seed"), 0)
+            self._ids.discard(bucket.pop(victim).task_id)
+        bucket.append(task)
+        self._ids.add(task.task_id)
+        return True
+
+    def sample(self, task_type: TaskType, k: int, rng: np.random.Generator) -> tuple[Task, ...]:
+        """Up to ``k`` distinct tasks of a type, drawn uniformly without replacement."""
+        bucket = self._tasks[task_type]
+        if not bucket or k <= 0:
+            return ()
+        picks = rng.choice(len(bucket), size=min(k, len(bucket)), replace=False)
+        return tuple(bucket[int(i)] for i in picks)
+
+
+@dataclass(frozen=True)
+class SeedSpec:
+    """An unverified seed: a program and its argument lists (outputs come from the verifier).
+
+    Attributes:
+        task_type: the buffer this seed goes to.
+        program: Python source defining ``def f``.
+        inputs: argument-list texts.
+        program_dsl: the DSL program it was rendered from, if any.
+        message: induction hint.
+        source: provenance tag.
+    """
+
+    task_type: TaskType
+    program: str
+    inputs: tuple[str, ...]
+    program_dsl: dsl.DslProgram | None = None
+    message: str = ""
+    source: str = "seed"
+
+
+def builtin_seed_specs(n_per_type: int, n_slots: int, seed: int = 0) -> list[SeedSpec]:
+    """The built-in seed set: DSL programs of mixed difficulty, generated deterministically.
+
+    Args:
+        n_per_type: seeds per task type.
+        n_slots: op slots of the DSL programs (structured mode needs the env's value).
+        seed: base seed; item ``i`` uses ``random.Random(seed * 100_003 + i)`` (reasoning-gym style).
+    """
+    specs: list[SeedSpec] = []
+    for t_index, task_type in enumerate(TASK_TYPES):
+        for i in range(n_per_type):
+            rng = random.Random(seed * 100_003 + t_index * 10_007 + i)
+            program = dsl.random_program(rng, n_slots, difficulty=(i % 4) / 4)
+            if task_type == "induction":
+                indices = rng.sample(range(dsl.N_INPUTS), 4)
+                variants = [dsl.DslProgram(program.input_type, j, program.slots) for j in indices]
+                rendered = [dsl.render(v) for v in variants]
+                specs.append(
+                    SeedSpec(
+                        task_type,
+                        rendered[0][0],
+                        tuple(a for _, a in rendered),
+                        program,
+                        message=f"f takes a {dsl.VALUE_TYPES[program.input_type]}.",
+                    )
+                )
+            else:
+                source, args = dsl.render(program)
+                specs.append(SeedSpec(task_type, source, (args,), program))
+    return specs
+
+
+def load_jsonl_specs(path: str | Path, limit: int | None = None) -> list[SeedSpec]:
+    """Reads CRUXEval/AZR-format records ``{"code", "input", "output"}`` as deduction and abduction seeds.
+
+    The given outputs are not trusted: the env re-runs every seed through the verifier and keeps only
+    those whose output matches. Malformed lines and over-long fields are skipped.
+
+    Args:
+        path: a JSONL file given by the user.
+        limit: read at most this many records.
+    """
+    specs: list[SeedSpec] = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if limit is not None and len(specs) >= 2 * limit:
+                break
+            try:
+                record = json.loads(line)
+                code, args = str(record["code"]), str(record["input"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+            if len(code) > MAX_JSONL_FIELD_CHARS or len(args) > MAX_JSONL_FIELD_CHARS:
+                continue
+            expected = str(record.get("output", ""))
+            for task_type in ("deduction", "abduction"):
+                specs.append(SeedSpec(task_type, code, (args,), message=expected, source="jsonl"))
+    return specs
+
+
+def verify_specs(specs: Iterable[SeedSpec], verifier: object) -> list[Task]:
+    """Runs seed specs through the verifier and returns the valid ones as tasks.
+
+    For JSONL seeds (``source == "jsonl"``) the record's expected output travels in ``message``; a seed
+    whose verified output differs from it is dropped.
+    """
+    specs = list(specs)
+    calls = [(s.program, a) for s in specs for a in s.inputs]
+    results = iter(verifier.run_many(calls))  # type: ignore[attr-defined]
+    tasks: list[Task] = []
+    for spec in specs:
+        runs = [next(results) for _ in spec.inputs]
+        if any(r.status != "ok" or r.output is None for r in runs):
+            continue
+        outputs = tuple(str(r.output) for r in runs)
+        message = spec.message
+        if spec.source == "jsonl":
+            if not verifier.check_deduction(spec.program, spec.inputs[0], spec.message):  # type: ignore[attr-defined]
+                continue
+            message = ""
+        n_shown = max(1, len(outputs) // 2) if spec.task_type == "induction" else 1
+        tasks.append(
+            Task(
+                task_id_for(spec.task_type, spec.program, spec.inputs),
+                spec.task_type,
+                spec.program,
+                spec.inputs,
+                outputs,
+                message=message,
+                n_shown=n_shown,
+                source=spec.source,
+                program_dsl=spec.program_dsl,
+            )
+        )
+    return tasks

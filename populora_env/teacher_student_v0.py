@@ -1,0 +1,447 @@
+"""TeacherStudent-v0: PopuLoRA's asymmetric teacher/student self-play game as a PettingZoo AEC env.
+
+Agents
+    ``teacher_0..teacher_{T-1}`` then ``student_0..student_{S-1}`` (``n_teachers``, ``n_students`` >= 1).
+
+A round (AEC order)
+    1. Propose: each teacher, ``teacher_group_size`` times in a row, proposes a task of its type for the
+       round (``task_types[(round * T + i) % len(task_types)]``) after seeing ``n_references`` buffer tasks.
+       The verifier validates it (runs in isolation, checks determinism, computes the gold output).
+    2. Solve: the matchmaker (all-pairs, random, OpenSkill PFSP, or any ``Matchmaker``) assigns students to
+       the valid tasks; each student attempts each assigned task ``student_group_size`` times in a row,
+       one AEC step each, with an immediate verified reward.
+    3. Resolve: teachers are paid from the solve rates; valid tasks join the buffer (deduplicated, capped).
+    The episode ends after ``rounds`` rounds (all agents terminate; no truncation).
+
+Task types (Absolute Zero Reasoner, arXiv 2505.03335)
+    deduction: program + input -> predict the output. abduction: program + output -> give an input that
+    produces it (any such input counts). induction: message + half of the input/output pairs -> write
+    ``f``, scored on the other, hidden pairs.
+
+Spaces, ``mode="text"`` (LLMs)
+    Observation ``Dict(prompt=Text(max_prompt_chars, min_length=0, charset=tab+newline+printable ASCII),
+    phase=Discrete(3) [0 idle, 1 propose, 2 solve], task_type=Discrete(3), attempt=Discrete(G))``.
+    Action ``Text(max_action_chars, min_length=0)`` in AZR's format: ``<think>..</think><answer>`` with
+    fenced ```python / ```input (/ ```message for induction) blocks for teachers, and an ```output,
+    ```input or ```python block for students. Any string is accepted: malformed is a format error.
+
+Spaces, ``mode="structured"`` (classic RL)
+    Teacher action ``MultiDiscrete`` over the DSL in ``populora_env.dsl`` (input type, input, then
+    ``n_slots`` (op, arg) pairs); observation ``Dict(phase, task_type, attempt, references=Box)``.
+    Student action ``Discrete(n_candidates)``; observation adds ``program`` (the task's DSL vector; zeros
+    for induction, input index zeroed for abduction), ``pairs`` (encoded input/output or shown pairs),
+    ``candidates`` (encoded answers: the gold one and distractors from perturbed programs, deduplicated,
+    each marked right or wrong by execution) and ``action_mask``. An action outside its space raises
+    ``ValueError`` (or pays the format penalty when ``illegal_action="penalize"``).
+
+Rewards
+    Student: ``student_correct_reward`` 1 / ``student_wrong_reward`` -0.5 / ``student_format_penalty`` -1
+    at its step. Teacher, per proposal, paid when the round resolves: invalid -1, malformed -1, valid:
+    ``learnability`` (AZR: ``1 - s`` for ``0 < s < 1``, else ``teacher_extreme_reward`` -0.5), or
+    ``adversarial`` ``1 - s``, or a callable of the solve rate ``s``.
+
+Info
+    A step's info holds round, phase, task_type, attempt, task_id, verdict, status (students also score and
+    gold); when a round resolves each teacher's info holds ``resolved``: one dict per proposal with
+    verdict, status, solve_rate, n_attempts, reward and gold.
+
+Usage
+    ``env(**fields)`` (OrderEnforcingWrapper), ``raw_env(**fields)``, ``parallel_env(**fields)``, or
+    ``pettingzoo.make("aec", "populora/TeacherStudent-v0", **fields)``; fields are those of
+    ``TeacherStudentConfig``, plus ``render_mode`` (``"ansi"``/``"human"``), ``verifier=`` (any object with
+    the verifier's methods; default: one shared ``Verifier`` per process) and ``matchmaker=``. AZR's
+    single-agent self-play baseline is one policy mapped to both agents of a 1x1 game.
+
+Version history
+    v0: initial release.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+from typing import Any, ClassVar
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import AECEnv
+from pettingzoo.utils import wrappers
+from pettingzoo.utils.conversions import turn_based_aec_to_parallel
+
+from populora_env import dsl
+from populora_env.game import Game, TeacherStudentConfig, Turn
+from populora_env.matchmaking import Matchmaker, make_matchmaker
+from populora_env.metrics import EpisodeMetrics
+from populora_env.tasks import TASK_TYPES, Task, builtin_seed_specs, load_jsonl_specs, verify_specs
+from populora_env.text_format import (
+    CHARSET,
+    FormatError,
+    parse_answer,
+    parse_proposal,
+    sanitize,
+    student_prompt,
+    teacher_prompt,
+)
+
+__all__ = ["TeacherStudentConfig", "env", "parallel_env", "raw_env", "shared_verifier"]
+
+PHASES = {"idle": 0, "propose": 1, "solve": 2}
+_SHARED: list[Any] = []
+
+
+def shared_verifier() -> Any:
+    """The process-wide default verifier, created on first use and closed at interpreter exit."""
+    if not _SHARED:
+        from populora_env.verifier import Verifier, VerifierConfig
+
+        verifier = Verifier(VerifierConfig())
+        _SHARED.append(verifier)
+        atexit.register(verifier.close)
+    return _SHARED[0]
+
+
+def env(**kwargs: Any) -> AECEnv:
+    """The AEC env wrapped in PettingZoo's ``OrderEnforcingWrapper``; kwargs as ``raw_env``."""
+    return wrappers.OrderEnforcingWrapper(raw_env(**kwargs))
+
+
+def parallel_env(**kwargs: Any) -> Any:
+    """A ``ParallelEnv`` through PettingZoo's turn-based conversion (one agent acts per step)."""
+    return turn_based_aec_to_parallel(raw_env(**kwargs))
+
+
+class raw_env(AECEnv):
+    """The unwrapped AEC env.
+
+    Args:
+        config: a ready ``TeacherStudentConfig`` (other config kwargs are then not allowed).
+        render_mode: ``None``, ``"ansi"`` (``render()`` returns text) or ``"human"`` (prints it).
+        verifier: any object with the verifier's methods; default: ``shared_verifier()``.
+        matchmaker: overrides ``config.matching`` with any ``Matchmaker``.
+        **kwargs: fields of ``TeacherStudentConfig``.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "render_modes": ["ansi", "human"],
+        "name": "TeacherStudent-v0",
+        "is_parallelizable": False,
+    }
+
+    def __init__(
+        self,
+        config: TeacherStudentConfig | None = None,
+        render_mode: str | None = None,
+        verifier: Any = None,
+        matchmaker: Matchmaker | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if config is not None and kwargs:
+            raise ValueError(f"pass either config or config fields, not both (got {sorted(kwargs)})")
+        if unknown := sorted(set(kwargs) - set(config_fields())):
+            raise ValueError(f"unknown config field(s) {unknown}; allowed: {', '.join(config_fields())}")
+        self.config = config if config is not None else TeacherStudentConfig(**kwargs)
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
+            )
+        self.render_mode = render_mode
+        self._verifier = verifier
+        cfg = self.config
+        self._matchmaker = matchmaker or make_matchmaker(cfg.matching, cfg.students_per_task)
+        self.possible_agents = list(cfg.agents)
+        self._game: Game | None = None
+        self._rng: np.random.Generator | None = None
+        self._log: list[str] = []
+        self._prompt_cache: dict[tuple[Any, ...], str] = {}
+        self._candidate_width = max(dsl.program_width(self.config.n_slots), dsl.VALUE_WIDTH)
+        self._array_cache: dict[str, tuple[Task | None, dict[str, np.ndarray]]] = {}
+        self._build_spaces()
+
+    # ----- spaces -----------------------------------------------------------------------------
+    def _build_spaces(self) -> None:
+        cfg = self.config
+        group = max(cfg.teacher_group_size, cfg.student_group_size)
+        common = {
+            "phase": spaces.Discrete(3),
+            "task_type": spaces.Discrete(3),
+            "attempt": spaces.Discrete(group),
+        }
+        self._obs_spaces: dict[str, spaces.Space] = {}
+        self._act_spaces: dict[str, spaces.Space] = {}
+        if cfg.mode == "text":
+            prompt = spaces.Text(cfg.max_prompt_chars, min_length=0, charset=CHARSET)
+            action = spaces.Text(cfg.max_action_chars, min_length=0, charset=CHARSET)
+            for agent in self.possible_agents:
+                self._obs_spaces[agent] = spaces.Dict({"prompt": prompt, **common})
+                self._act_spaces[agent] = action
+            return
+        width = dsl.program_width(cfg.n_slots)
+        cand_width = self._candidate_width
+        n_pairs = cfg.induction_max_inputs
+        lim = dsl.VALUE_CLIP
+        program_nvec = dsl.action_nvec(cfg.n_slots)
+        teacher_obs = spaces.Dict(
+            {**common, "references": spaces.Box(-lim, lim, (cfg.n_references, width), np.float32)}
+        )
+        student_obs = spaces.Dict(
+            {
+                **common,
+                "program": spaces.MultiDiscrete(program_nvec),
+                "pairs": spaces.Box(-lim, lim, (n_pairs, 2, dsl.VALUE_WIDTH), np.float32),
+                "candidates": spaces.Box(-lim, lim, (cfg.n_candidates, cand_width), np.float32),
+                "action_mask": spaces.Box(0, 1, (cfg.n_candidates,), np.int8),
+            }
+        )
+        teacher_act = spaces.MultiDiscrete(program_nvec)
+        student_act = spaces.Discrete(cfg.n_candidates)
+        for agent in self.possible_agents:
+            is_teacher = agent.startswith("teacher")
+            self._obs_spaces[agent] = teacher_obs if is_teacher else student_obs
+            self._act_spaces[agent] = teacher_act if is_teacher else student_act
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        """The agent's observation space (the same object on every call)."""
+        return self._obs_spaces[agent]
+
+    def action_space(self, agent: str) -> spaces.Space:
+        """The agent's action space (the same object on every call)."""
+        return self._act_spaces[agent]
+
+    # ----- lifecycle --------------------------------------------------------------------------
+    @property
+    def verifier(self) -> Any:
+        """The verifier in use (the shared default is created on first access)."""
+        if self._verifier is None:
+            self._verifier = shared_verifier()
+        return self._verifier
+
+    def _seed_tasks(self) -> list[Task]:
+        cfg = self.config
+        specs = builtin_seed_specs(cfg.n_seed_tasks, cfg.n_slots)
+        if cfg.seed_tasks_path is not None:
+            specs = [s for s in specs if s.task_type == "induction"] + load_jsonl_specs(cfg.seed_tasks_path)
+        return [t for t in verify_specs(specs, self.verifier) if t.task_type in cfg.task_types]
+
+    @property
+    def current_turn(self) -> Turn | None:
+        """The pending turn (agent, phase, task type, the task or the references): privileged information
+        for scripted reference policies and tools, not part of any agent's observation."""
+        return self._game.current if self._game is not None else None
+
+    def episode_metrics(self) -> EpisodeMetrics:
+        """Arms-race metrics of the current episode's resolved rounds."""
+        if self._game is None:
+            raise RuntimeError("call reset() first")
+        return self._game.metrics()
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        """Starts an episode; ``seed`` re-seeds the env's own generator (``options`` is unused)."""
+        if seed is not None or self._rng is None:
+            self._rng = np.random.default_rng(seed)
+        if self._game is None:
+            self._game = Game(self.config, self.verifier, self._matchmaker, self._seed_tasks())
+        self._game.reset(self._rng)
+        self.agents = self.possible_agents[:]
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.infos: dict[str, dict[str, Any]] = {agent: {} for agent in self.agents}
+        self._log = [f"== round 0 (buffer: {len(self._game.buffer)} tasks)"]
+        current = self._game.current
+        assert current is not None
+        self.agent_selection = current.agent
+
+    def step(self, action: Any) -> None:
+        """Plays ``action`` for ``agent_selection`` (``None`` for an agent that is done)."""
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        game = self._game
+        assert game is not None
+        turn = game.current
+        assert turn is not None and turn.agent == agent
+        outcome = game.step(self._parse(turn, action))
+        self._cumulative_rewards[agent] = 0.0
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        for name, reward in outcome.rewards.items():
+            self.rewards[name] += reward
+        for name, info in outcome.infos.items():
+            self.infos[name] = info
+        if self.render_mode is not None:
+            self._log_step(agent, outcome)
+        if outcome.done:
+            self.terminations = dict.fromkeys(self.agents, True)
+            self.agent_selection = self.agents[0]
+        else:
+            nxt = game.current
+            assert nxt is not None
+            self.agent_selection = nxt.agent
+        self._accumulate_rewards()
+        if self.render_mode == "human":
+            self.render()
+
+    def _parse(self, turn: Turn, action: Any) -> Any:
+        cfg = self.config
+        if cfg.mode == "text":
+            if not isinstance(action, str):
+                return FormatError("not_a_string")
+            if turn.phase == "propose":
+                return parse_proposal(
+                    action,
+                    turn.task_type,
+                    max_chars=cfg.max_action_chars,
+                    min_inputs=cfg.induction_min_inputs,
+                    max_inputs=cfg.induction_max_inputs,
+                )
+            return parse_answer(action, turn.task_type, max_chars=cfg.max_action_chars)
+        try:
+            if turn.phase == "propose":
+                return dsl.decode(action, cfg.n_slots)
+            return self._candidate_index(turn, action)
+        except ValueError:
+            if cfg.illegal_action == "raise":
+                raise
+            return FormatError("illegal_action")
+
+    def _candidate_index(self, turn: Turn, action: Any) -> int:
+        assert turn.task is not None
+        arr = np.asarray(action)
+        if arr.shape != () or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"a student's structured action must be an integer, got {action!r}")
+        index = int(arr)
+        if not 0 <= index < len(turn.task.candidates):
+            raise ValueError(
+                f"candidate {index} is not available: the action mask allows 0..{len(turn.task.candidates) - 1}"
+            )
+        return index
+
+    # ----- observations -----------------------------------------------------------------------
+    def observe(self, agent: str) -> dict[str, Any]:
+        """The agent's view of its next pending turn (an idle view if it has none this round)."""
+        game = self._game
+        assert game is not None
+        turn = game.next_turn_for(agent) if not self.terminations.get(agent, True) else None
+        if self.config.mode == "text":
+            return self._text_obs(turn)
+        return self._structured_obs(agent, turn)
+
+    def _head(self, turn: Turn | None) -> dict[str, Any]:
+        if turn is None:
+            return {"phase": 0, "task_type": 0, "attempt": 0}
+        return {
+            "phase": PHASES[turn.phase],
+            "task_type": TASK_TYPES.index(turn.task_type),
+            "attempt": turn.attempt,
+        }
+
+    def _text_obs(self, turn: Turn | None) -> dict[str, Any]:
+        if turn is None:
+            return {"prompt": "", **self._head(None)}
+        if turn.task is not None:
+            key: tuple[Any, ...] = ("solve", turn.task.task_id, turn.task.message)
+        else:
+            key = ("propose", turn.task_type, *(r.task_id for r in turn.references))
+        prompt = self._prompt_cache.get(key)
+        if prompt is None:  # prompts are pure functions of the key: cache them across agents and attempts
+            raw = student_prompt(turn.task) if turn.task else teacher_prompt(turn.task_type, turn.references)
+            prompt = sanitize(raw, self.config.max_prompt_chars)
+            if len(self._prompt_cache) >= 512:
+                self._prompt_cache.clear()
+            self._prompt_cache[key] = prompt
+        return {"prompt": prompt, **self._head(turn)}
+
+    def _structured_obs(self, agent: str, turn: Turn | None) -> dict[str, Any]:
+        cfg = self.config
+        head = self._head(turn)
+        if agent.startswith("teacher"):
+            refs = np.zeros((cfg.n_references, dsl.program_width(cfg.n_slots)), dtype=np.float32)
+            for i, ref in enumerate(turn.references if turn else ()):
+                if ref.program_dsl is not None:
+                    refs[i] = ref.program_dsl.encode()
+            return {**head, "references": refs}
+        arrays = self._task_arrays(turn.task if turn else None)
+        # fresh copies: Gymnasium's checker rejects observations that share mutable objects
+        return {**head, **{key: value.copy() for key, value in arrays.items()}}
+
+    def _task_arrays(self, task: Task | None) -> dict[str, np.ndarray]:
+        """A student's task encoding, computed once per task and cached for its attempts."""
+        key = task.task_id if task is not None else ""
+        hit = self._array_cache.get(key)
+        if hit is not None and hit[0] is task:  # identity: a re-proposed task gets new candidates
+            return hit[1]
+        if len(self._array_cache) > 256:
+            self._array_cache.clear()
+        cfg = self.config
+        program = np.zeros(dsl.program_width(cfg.n_slots), dtype=np.int64)
+        values = np.zeros((cfg.induction_max_inputs, 2, dsl.VALUE_WIDTH), dtype=np.float32)
+        candidates = np.zeros((cfg.n_candidates, self._candidate_width), dtype=np.float32)
+        mask = np.zeros(cfg.n_candidates, dtype=np.int8)
+        if task is not None:
+            if task.program_dsl is not None and task.task_type != "induction":
+                program[:] = task.program_dsl.encode()
+                if task.task_type == "abduction":
+                    program[1] = 0  # the input index is the abduction answer: hide it
+            pairs = (
+                task.shown_pairs if task.task_type == "induction" else ((task.inputs[0], task.outputs[0]),)
+            )
+            for i, (args, out) in enumerate(pairs[: values.shape[0]]):
+                if task.task_type != "abduction":
+                    values[i, 0] = dsl.encode_value(args)
+                if task.task_type != "deduction":
+                    values[i, 1] = dsl.encode_value(out)
+            for i, cand in enumerate(task.candidates):
+                row = cand.program.encode() if cand.program is not None else dsl.encode_value(cand.text)
+                candidates[i, : row.shape[0]] = row
+                mask[i] = 1
+        arrays: dict[str, np.ndarray] = {
+            "program": program,
+            "pairs": values,
+            "candidates": candidates,
+            "action_mask": mask,
+        }
+        self._array_cache[key] = (task, arrays)
+        return arrays
+
+    # ----- rendering --------------------------------------------------------------------------
+    def _log_step(self, agent: str, outcome: Any) -> None:
+        info = outcome.infos.get(agent, {})
+        if "verdict" in info:
+            reward = f" reward={outcome.rewards.get(agent, 0.0):+.2f}" if info["phase"] == "solve" else ""
+            self._log.append(
+                f"{agent:>11} {info['phase']:<7} {info['task_type']:<9} #{info['attempt']} "
+                f"{info['verdict']:<12} {info['status']:<22} task={info['task_id'] or '-'}{reward}"
+            )
+        resolved = {a: i["resolved"] for a, i in outcome.infos.items() if "resolved" in i}
+        for teacher, records in resolved.items():
+            for r in records:
+                rate = "-" if r["solve_rate"] is None else f"{r['solve_rate']:.2f}"
+                self._log.append(
+                    f"{teacher:>11} resolve {r['task_type']:<9} #{r['attempt']} {r['verdict']:<12} "
+                    f"solve_rate={rate} reward={r['reward']:+.2f}"
+                )
+        game = self._game
+        if resolved and game is not None and not game.done:
+            self._log = [*self._log[-200:], f"== round {game.round} (buffer: {len(game.buffer)} tasks)"]
+
+    def render(self) -> str | None:
+        """The current and previous rounds as text (``ansi``), or printed (``human``)."""
+        if self.render_mode is None:
+            gymnasium.logger.warn("render() called without a render_mode; pass render_mode='ansi' or 'human'")
+            return None
+        text = "\n".join(self._log[-60:])
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    def close(self) -> None:
+        """Releases nothing of its own: the verifier is shared or owned by the caller."""
+
+
+def config_fields() -> tuple[str, ...]:
+    """Names of the config fields ``env(**kwargs)`` accepts."""
+    return tuple(f.name for f in dataclasses.fields(TeacherStudentConfig))

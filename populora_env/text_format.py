@@ -1,0 +1,214 @@
+"""Text mode: AZR-style prompts (reasoning tags, fenced blocks) and tolerant, never-raising answer parsing.
+
+Answer format (after Absolute Zero Reasoner, arXiv 2505.03335, their prompt templates): optional
+``<think>...</think>``, then ``<answer>...</answer>`` holding fenced blocks whose info string names the
+field: ```` ```python ````, ```` ```input ````, ```` ```output ````, ```` ```message ````. Parsing is tolerant
+about whitespace, case of the tags and text around the blocks, and strict about what counts: the last
+``<answer>`` element must be closed and hold the required blocks, or the action is a format error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from populora_env.tasks import Task, TaskType
+
+# The deliberate printable charset of every Text space: tab, newline and printable ASCII.
+CHARSET = frozenset("\t\n" + "".join(chr(c) for c in range(32, 127)))
+MAX_PROGRAM_CHARS = 4000
+MAX_LITERAL_CHARS = 1000
+MAX_MESSAGE_CHARS = 500
+_NON_CHARSET = re.compile(r"[^\t\n\x20-\x7e]")
+_OPEN = re.compile(r"<answer>", re.IGNORECASE)
+_CLOSE = re.compile(r"</answer>", re.IGNORECASE)
+_BLOCK = re.compile(r"```[ \t]*([A-Za-z]+)[ \t]*\r?\n(.*?)```", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class FormatError:
+    """A malformed action.
+
+    Attributes:
+        reason: a short machine-readable reason (``too_long``, ``no_answer``, ``missing_python``, ...).
+    """
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A parsed teacher proposal (not yet verified).
+
+    Attributes:
+        program: Python source expected to define ``def f``.
+        inputs: argument-list texts (one for deduction/abduction, several for induction).
+        message: the induction hint, else empty.
+    """
+
+    program: str
+    inputs: tuple[str, ...]
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A parsed student answer: an output literal, an argument list, or a program source."""
+
+    text: str
+
+
+def sanitize(text: str, max_chars: int) -> str:
+    """Maps a string into ``CHARSET`` (others become ``?``) and truncates it to ``max_chars``."""
+    if len(text) > max_chars:
+        marker = "\n[...truncated]"
+        text = text[: max(0, max_chars - len(marker))] + marker
+        text = text[:max_chars]
+    return _NON_CHARSET.sub("?", text)
+
+
+def _blocks(text: str, max_chars: int) -> dict[str, list[str]] | FormatError:
+    if not isinstance(text, str):
+        return FormatError("not_a_string")
+    if len(text) > max_chars:
+        return FormatError("too_long")
+    # The last closed <answer> element, found in linear time (no backtracking regex on hostile text).
+    # (str.lower() may change lengths on non-ASCII text, so the tags are matched case-insensitively.)
+    if text.isascii():  # lower() keeps ASCII lengths, so indices carry over
+        lowered = text.lower()
+        end = lowered.rfind("</answer>")
+        start = lowered.rfind("<answer>", 0, max(end, 0))
+        start = start + len("<answer>") if start >= 0 else -1
+    else:
+        end = max((m.start() for m in _CLOSE.finditer(text)), default=-1)
+        start = max((m.end() for m in _OPEN.finditer(text, 0, max(end, 0))), default=-1)
+    if end < 0 or start < 0:
+        return FormatError("no_answer")
+    found: dict[str, list[str]] = {}
+    for tag, body in _BLOCK.findall(text, start, end):
+        found.setdefault(tag.lower(), []).append(body.strip("\n"))
+    return found
+
+
+def parse_proposal(
+    text: str, task_type: TaskType, *, max_chars: int, min_inputs: int = 2, max_inputs: int = 6
+) -> Proposal | FormatError:
+    """Parses a teacher's raw output; any string is accepted and never raises.
+
+    Args:
+        text: the raw action.
+        task_type: deduction/abduction want one python and one input block; induction wants a python
+            block, ``min_inputs..max_inputs`` distinct input blocks and a message block.
+        max_chars: longer actions are a format error.
+        min_inputs: induction's minimum number of inputs.
+        max_inputs: induction's maximum number of inputs (extra blocks are a format error).
+    """
+    found = _blocks(text, max_chars)
+    if isinstance(found, FormatError):
+        return found
+    programs = found.get("python", [])
+    inputs = [s.strip() for s in found.get("input", [])]
+    if not programs:
+        return FormatError("missing_python")
+    program = programs[0]
+    if not program.strip() or len(program) > MAX_PROGRAM_CHARS:
+        return FormatError("bad_python_length")
+    if not inputs or any(not s or len(s) > MAX_LITERAL_CHARS for s in inputs):
+        return FormatError("missing_or_bad_input")
+    if task_type != "induction":
+        return Proposal(program, (inputs[0],))
+    distinct = tuple(dict.fromkeys(inputs))
+    if not min_inputs <= len(distinct) <= max_inputs:
+        return FormatError("wrong_number_of_inputs")
+    messages = found.get("message", [])
+    if not messages or len(messages[0]) > MAX_MESSAGE_CHARS:
+        return FormatError("missing_or_bad_message")
+    return Proposal(program, distinct, messages[0].strip())
+
+
+def parse_answer(text: str, task_type: TaskType, *, max_chars: int) -> Answer | FormatError:
+    """Parses a student's raw output: an ```output (deduction), ```input (abduction) or ```python
+    (induction) block inside ``<answer>``; any string is accepted and never raises."""
+    found = _blocks(text, max_chars)
+    if isinstance(found, FormatError):
+        return found
+    tag, cap = {
+        "deduction": ("output", MAX_LITERAL_CHARS),
+        "abduction": ("input", MAX_LITERAL_CHARS),
+        "induction": ("python", MAX_PROGRAM_CHARS),
+    }[task_type]
+    bodies = found.get(tag, [])
+    if not bodies:
+        return FormatError(f"missing_{tag}")
+    body = bodies[0] if tag == "python" else bodies[0].strip()
+    if not body.strip() or len(body) > cap:
+        return FormatError(f"bad_{tag}_length")
+    return Answer(body)
+
+
+def format_proposal(program: str, inputs: Sequence[str], message: str = "", reasoning: str = "") -> str:
+    """Writes a proposal in the answer format (used by scripted policies and the tiny base's corpus)."""
+    parts = [f"<think>{reasoning}</think>", "<answer>", f"```python\n{program}\n```"]
+    parts += [f"```input\n{args}\n```" for args in inputs]
+    if message:
+        parts.append(f"```message\n{message}\n```")
+    parts.append("</answer>")
+    return "\n".join(parts)
+
+
+def format_answer(task_type: TaskType, body: str, reasoning: str = "") -> str:
+    """Writes a student answer in the answer format."""
+    tag = {"deduction": "output", "abduction": "input", "induction": "python"}[task_type]
+    return f"<think>{reasoning}</think>\n<answer>\n```{tag}\n{body}\n```\n</answer>"
+
+
+def _task_block(task: Task, show_hidden: bool = False) -> str:
+    if task.task_type == "induction":
+        pairs = task.shown_pairs + (task.hidden_pairs if show_hidden else ())
+        lines = [f"```message\n{task.message}\n```"] if task.message else []
+        lines += [f"```input\n{a}\n```\n```output\n{o}\n```" for a, o in pairs]
+        return "\n".join(lines)
+    return (
+        f"```python\n{task.program}\n```\n```input\n{task.inputs[0]}\n```\n```output\n{task.outputs[0]}\n```"
+    )
+
+
+_PROPOSE_GOAL = {
+    "deduction": "Write a Python function `f` and one input. Students will predict the output.",
+    "abduction": "Write a Python function `f` and one input. Students will see the output and must find "
+    "an input that produces it.",
+    "induction": "Write a Python function `f`, several distinct inputs and a short message. Students see "
+    "the message and half of the input/output pairs and must write `f`; the other pairs test it.",
+}
+
+
+def teacher_prompt(task_type: TaskType, references: Sequence[Task]) -> str:
+    """The prompt a teacher sees: the goal, reference tasks from the buffer and the answer format."""
+    parts = [f"## Propose a {task_type} task", _PROPOSE_GOAL[task_type]]
+    parts.append("The function must be deterministic, take plain literals and return a plain literal.")
+    for i, ref in enumerate(references):
+        if task_type == "induction":
+            parts.append(f"### Reference {i + 1}\n```python\n{ref.program}\n```\n{_task_block(ref, True)}")
+        else:
+            parts.append(f"### Reference {i + 1}\n{_task_block(ref)}")
+    fmt = "```python\ndef f(...):\n    ...\n```\n```input\narguments\n```"
+    if task_type == "induction":
+        fmt += "\n```input\nother arguments\n```\n```message\nhint\n```"
+    parts.append(f"## Answer format\n<think>reasoning</think>\n<answer>\n{fmt}\n</answer>")
+    return "\n\n".join(parts)
+
+
+def student_prompt(task: Task) -> str:
+    """The prompt a student sees for one task, with the answer format it must use."""
+    if task.task_type == "deduction":
+        body = f"```python\n{task.program}\n```\n```input\n{task.inputs[0]}\n```"
+        ask, tag = "Predict the output of `f` on this input.", "output"
+    elif task.task_type == "abduction":
+        body = f"```python\n{task.program}\n```\n```output\n{task.outputs[0]}\n```"
+        ask, tag = "Give arguments for `f` that produce this output.", "input"
+    else:
+        body = _task_block(task)
+        ask, tag = "Write the function `f` that maps these inputs to these outputs.", "python"
+    fmt = f"<think>reasoning</think>\n<answer>\n```{tag}\n...\n```\n</answer>"
+    return f"## Solve a {task.task_type} task\n{ask}\n\n{body}\n\n## Answer format\n{fmt}"

@@ -1,0 +1,137 @@
+"""PettingZoo's own conformance tests on TeacherStudent-v0 with the real verifier, over several configs."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pettingzoo
+import pytest
+from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, render_test, seed_test
+
+from populora_env import teacher_student_v0
+from populora_env.registry import ENV_ID, register_envs
+
+CONFIGS = [
+    pytest.param({"n_teachers": 1, "n_students": 1}, id="1x1-all-types"),
+    pytest.param({"n_teachers": 2, "n_students": 3, "matching": "random"}, id="2x3-random"),
+    pytest.param({"task_types": ("deduction",)}, id="deduction"),
+    pytest.param({"task_types": ("abduction",), "matching": "pfsp"}, id="abduction-pfsp"),
+    pytest.param({"task_types": ("induction",), "teacher_group_size": 2}, id="induction-groups"),
+]
+MODES = ["text", "structured"]
+
+
+def _kwargs(verifier, mode, extra):
+    return {"verifier": verifier, "mode": mode, "rounds": 2, "n_seed_tasks": 4, **extra}
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # api_test's advice on Dict/Text spaces
+        yield
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("extra", CONFIGS)
+def test_api_and_seed(verifier, mode, extra):
+    kwargs = _kwargs(verifier, mode, extra)
+    api_test(teacher_student_v0.env(**kwargs), num_cycles=40)
+    seed_test(lambda: teacher_student_v0.env(**kwargs), num_cycles=40)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("extra", [CONFIGS[0], CONFIGS[1]])
+def test_parallel_api(verifier, mode, extra):
+    parallel_api_test(teacher_student_v0.parallel_env(**_kwargs(verifier, mode, extra)), num_cycles=40)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_render(verifier, mode):
+    def make(render_mode=None):
+        return teacher_student_v0.env(render_mode=render_mode, **_kwargs(verifier, mode, {}))
+
+    render_test(make, custom_tests={"ansi": lambda text: "== round 0" in text})
+
+
+def test_structured_game_reaches_students(verifier):
+    """Random structured teachers produce valid tasks, so api_test above really exercised students."""
+    env = teacher_student_v0.env(**_kwargs(verifier, "structured", {"rounds": 3}))
+    env.reset(seed=3)
+    phases = []
+    for agent in env.agent_iter():
+        obs, _, term, trunc, info = env.last()
+        phases.append(info.get("phase"))
+        env.step(None if term or trunc else env.action_space(agent).sample(obs.get("action_mask")))
+    assert "solve" in phases
+
+
+def test_registry_make(verifier):
+    register_envs()
+    register_envs()  # idempotent
+    env = pettingzoo.make("aec", ENV_ID, n_teachers=2, n_students=2, verifier=verifier)
+    assert isinstance(env.unwrapped, teacher_student_v0.raw_env)
+    assert env.unwrapped.possible_agents == ["teacher_0", "teacher_1", "student_0", "student_1"]
+    par = pettingzoo.make("parallel", ENV_ID, verifier=verifier)
+    obs, _infos = par.reset(seed=0)
+    assert list(obs) == par.agents
+
+
+def test_spaces_are_stable_and_text_is_printable(verifier):
+    env = teacher_student_v0.raw_env(verifier=verifier)
+    space = env.observation_space("teacher_0")["prompt"]
+    assert env.observation_space("teacher_0") is env.observation_space("teacher_0")
+    assert env.action_space("student_0") is env.action_space("student_0")
+    assert space.min_length == 0 and "\n" in space.character_set and "{" in space.character_set
+    env.reset(seed=0)
+    obs = env.observe("teacher_0")
+    assert obs["prompt"].startswith("## Propose a deduction task")
+    assert env.observation_space("teacher_0").contains(obs)
+
+
+def test_wrong_agent_and_after_end_errors(verifier):
+    env = teacher_student_v0.env(verifier=verifier, n_teachers=1, n_students=1, rounds=1)
+    with pytest.raises(AssertionError, match="reset"):
+        env.step("x")  # before reset: PettingZoo's order enforcing
+    env.reset(seed=0)
+    for _agent in env.agent_iter():
+        _, _, term, trunc, _ = env.last()
+        env.step(None if term or trunc else "junk")
+    assert env.agents == []
+    raw = teacher_student_v0.raw_env(verifier=verifier, n_teachers=1, n_students=1, rounds=1)
+    raw.reset(seed=0)
+    raw.step("junk")  # teacher's malformed proposal ends the 1-round game
+    with pytest.raises(ValueError, match="only valid action is None"):
+        raw.step("more junk")
+
+
+def test_structured_illegal_actions(verifier):
+    env = teacher_student_v0.raw_env(verifier=verifier, mode="structured", n_teachers=1, n_students=1)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="outside MultiDiscrete"):
+        env.step(np.full(env.action_space("teacher_0").shape, 99))
+    with pytest.raises(ValueError, match="integer vector"):
+        env.step("text")
+    pen = teacher_student_v0.raw_env(
+        verifier=verifier, mode="structured", n_teachers=1, n_students=1, illegal_action="penalize", rounds=1
+    )
+    pen.reset(seed=0)
+    pen.step(np.full(pen.action_space("teacher_0").shape, 99))
+    assert pen.infos["teacher_0"]["verdict"] == "format_error"
+    assert pen.infos["teacher_0"]["status"] == "illegal_action"
+    assert pen.rewards["teacher_0"] == -1.0
+
+
+def test_bad_config_kwargs_name_the_field(verifier):
+    with pytest.raises(ValueError, match=r"unknown config field\(s\) \['n_teacher'\]; allowed: n_teachers"):
+        teacher_student_v0.env(verifier=verifier, n_teacher=2)
+    with pytest.raises(ValueError, match="n_students must be an int >= 1"):
+        teacher_student_v0.env(verifier=verifier, n_students=0)
+    with pytest.raises(ValueError, match="render_mode"):
+        teacher_student_v0.env(verifier=verifier, render_mode="rgb_array")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_parallel_seed(verifier, mode):
+    parallel_seed_test(lambda: teacher_student_v0.parallel_env(**_kwargs(verifier, mode, {})), num_cycles=40)

@@ -1,0 +1,151 @@
+"""Env features: JSONL seeds, GRPO groups, buffer growth, structured candidates, matchmakers, example."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from populora_env import teacher_student_v0
+from populora_env.matchmaking import RatingPFSP
+from populora_env.play import play
+from populora_env.policies import ExecutingStudent, ReferenceStudent, ScriptedTeacher
+from populora_env.verifier.literals import outputs_equal
+
+from .conftest import CRUXEVAL
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_jsonl_seeds_are_verified(verifier, tmp_path):
+    lines = CRUXEVAL.read_text().splitlines()[:6]
+    bad = json.loads(lines[0]) | {"output": "'not the output'"}
+    path = tmp_path / "seeds.jsonl"
+    path.write_text("\n".join([*lines, json.dumps(bad), "not json", '{"code": 1}']) + "\n")
+    env = teacher_student_v0.raw_env(
+        verifier=verifier, seed_tasks_path=str(path), task_types=("deduction", "abduction"), n_seed_tasks=0
+    )
+    env.reset(seed=0)
+    deduction = env._game.buffer.tasks("deduction")
+    assert len(deduction) == 6 and {t.source for t in deduction} == {"jsonl"}
+    for task, line in zip(deduction, lines, strict=True):
+        assert outputs_equal(task.outputs[0], json.loads(line)["output"])
+    assert "```python\ndef f(" in env.observe("teacher_0")["prompt"]
+
+
+def test_group_sizes_repeat_the_same_observation(verifier):
+    env = teacher_student_v0.raw_env(
+        verifier=verifier, n_teachers=1, n_students=2, rounds=1, teacher_group_size=3, student_group_size=2,
+        task_types=("deduction",),
+    )  # fmt: skip
+    teacher = ScriptedTeacher(env, 0.2, seed=0)
+    student = ReferenceStudent(env, 1.0)
+    env.reset(seed=0)
+    seen = []
+    while env.agents and not env.terminations[env.agent_selection]:
+        agent = env.agent_selection
+        obs = env.observe(agent)
+        seen.append((agent, int(obs["attempt"]), obs["prompt"]))
+        env.step((teacher if agent.startswith("teacher") else student).act(obs, agent))
+    assert [a for a, _, _ in seen[:3]] == ["teacher_0"] * 3
+    assert [k for _, k, _ in seen[:3]] == [0, 1, 2] and len({p for _, _, p in seen[:3]}) == 1
+    students = seen[3:]
+    assert len(students) == 2 * 3 * 2  # each student: 3 tasks x 2 attempts, in a row
+    assert [a for a, _, _ in students] == ["student_0"] * 6 + ["student_1"] * 6
+    assert [k for _, k, _ in students[:2]] == [0, 1] and students[0][2] == students[1][2]
+    assert [r["n_attempts"] for r in env.infos["teacher_0"]["resolved"]] == [4, 4, 4]
+
+
+def test_valid_proposals_join_the_buffer_and_persist(verifier):
+    kwargs = {"verifier": verifier, "n_teachers": 1, "n_students": 1, "rounds": 2, "n_seed_tasks": 2}
+    for persist, expected_growth in ((False, 2), (True, 4)):
+        env = teacher_student_v0.env(persist_buffer=persist, **kwargs)
+        policies = {"teacher_0": ScriptedTeacher(env, 0.7, seed=3), "student_0": ReferenceStudent(env, 0.5)}
+        play(env, policies, episodes=2, seed=0)
+        assert len(env.unwrapped._game.buffer) == 6 + expected_growth
+
+
+def test_structured_candidates_are_verified(verifier):
+    env = teacher_student_v0.raw_env(
+        verifier=verifier, mode="structured", n_teachers=3, n_students=1, rounds=1
+    )
+    teachers = [ScriptedTeacher(env, d, seed=i) for i, d in enumerate((0.3, 0.6, 0.9))]
+    env.reset(seed=1)
+    for t in teachers:
+        env.step(t.act(env.observe(env.agent_selection), env.agent_selection))
+    seen = 0
+    while env.agent_selection == "student_0" and not env.terminations["student_0"]:
+        task = env.current_turn.task
+        texts = [c.text for c in task.candidates]
+        assert len(texts) == len(set(texts)) and task.gold in texts
+        for c in task.candidates:  # every flag agrees with the verifier's own check
+            if task.task_type == "deduction":
+                assert c.correct == verifier.check_deduction(task.program, task.inputs[0], c.text)
+            elif task.task_type == "abduction":
+                assert c.correct == verifier.check_abduction(task.program, task.outputs[0], c.text)
+            else:
+                assert c.correct == (verifier.check_induction(c.text, list(task.hidden_pairs)) == 1.0)
+        obs = env.observe("student_0")
+        assert obs["action_mask"].sum() == len(texts)
+        if task.task_type == "abduction":  # the answer (the input index) is not leaked
+            assert obs["program"][1] == 0
+        elif task.task_type == "induction":
+            assert not obs["program"].any()
+        env.step(ExecutingStudent(env, 1.0).act(obs, "student_0"))
+        assert env.infos["student_0"]["verdict"] == "correct"
+        seen += 1
+    assert seen == 3
+
+
+def test_pfsp_matchmaker_learns_ratings_in_the_env(verifier):
+    mm = RatingPFSP(per_task=1)
+    env = teacher_student_v0.env(verifier=verifier, n_teachers=1, n_students=2, rounds=6, matchmaker=mm)
+    policies = {
+        "teacher_0": ScriptedTeacher(env, 0.5, seed=0),
+        "student_0": ReferenceStudent(env, 1.0),
+        "student_1": ReferenceStudent(env, 0.0),
+    }
+    play(env, policies, seed=0)
+    mu = {name: r.mu for name, r in mm.ratings.items()}
+    assert set(mu) == {"teacher_0", "student_0", "student_1"}  # both students were drawn (seeded)
+    assert mu["student_0"] > mu["student_1"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["text", "structured"])
+def test_example_01_runs(mode):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples/01_play.py"), "--mode", mode, "--rounds", "1"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    assert "== round 0" in out.stdout and "episode 1: returns" in out.stdout
+
+
+def test_reset_is_reproducible(verifier):
+    env = teacher_student_v0.env(verifier=verifier, mode="structured", rounds=2)
+    runs = []
+    for _ in range(2):
+        policies = {a: ScriptedTeacher(env, 0.5, seed=i) for i, a in enumerate(env.possible_agents[:2])}
+        policies |= {a: ExecutingStudent(env, 0.5, seed=i) for i, a in enumerate(env.possible_agents[2:])}
+        runs.append(play(env, policies, episodes=1, seed=11))
+    assert runs[0] == runs[1]
+    assert np.isfinite(runs[0][0].metrics.mean_depth)
+
+
+def test_scripted_teacher_difficulty_shows_in_metrics(verifier):
+    depth, cyclomatic = [], []
+    for difficulty in (0.0, 1.0):
+        env = teacher_student_v0.env(verifier=verifier, n_teachers=2, n_students=1, rounds=6, n_seed_tasks=1)
+        policies = {
+            "teacher_0": ScriptedTeacher(env, difficulty, seed=0),
+            "teacher_1": ScriptedTeacher(env, difficulty, seed=1),
+            "student_0": ReferenceStudent(env, 0.5),
+        }
+        (record,) = play(env, policies, seed=0)
+        depth.append(record.metrics.mean_depth)
+        cyclomatic.append(record.metrics.mean_cyclomatic)
+    assert depth[1] > depth[0] + 1 and cyclomatic[1] > cyclomatic[0]

@@ -1,0 +1,239 @@
+"""Game rules by move tables: rewards, config validation, answer parsing, DSL rendering, buffer, metrics."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from populora_env import dsl
+from populora_env.game import TeacherStudentConfig, teacher_reward
+from populora_env.matchmaking import AllPairs, RandomMatch, RatingPFSP, make_matchmaker
+from populora_env.metrics import program_stats
+from populora_env.tasks import Task, TaskBuffer, task_id_for
+from populora_env.text_format import (
+    CHARSET,
+    Answer,
+    FormatError,
+    Proposal,
+    format_answer,
+    format_proposal,
+    parse_answer,
+    parse_proposal,
+    sanitize,
+)
+
+LEARN = TeacherStudentConfig()
+ADV = TeacherStudentConfig(reward_scheme="adversarial")
+AZR = TeacherStudentConfig(teacher_extreme_reward=0.0)
+USER = TeacherStudentConfig(reward_scheme=lambda s: 2.0 * s - 1.0)
+
+
+@pytest.mark.parametrize(
+    ("config", "solve_rate", "reward"),
+    [
+        (LEARN, 0.0, -0.5),
+        (LEARN, 1.0, -0.5),
+        (LEARN, 0.25, 0.75),
+        (LEARN, 0.5, 0.5),
+        (LEARN, None, 0.0),
+        (AZR, 0.0, 0.0),
+        (AZR, 2 / 3, 1 / 3),
+        (ADV, 0.0, 1.0),
+        (ADV, 1.0, 0.0),
+        (ADV, 0.25, 0.75),
+        (USER, 0.75, 0.5),
+    ],
+)
+def test_teacher_reward_table(config, solve_rate, reward):
+    assert teacher_reward(solve_rate, config) == pytest.approx(reward)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"n_teachers": 0}, "n_teachers"),
+        ({"n_students": 1.5}, "n_students"),
+        ({"rounds": True}, "rounds"),
+        ({"task_types": ("deduction", "proof")}, "task_types"),
+        ({"task_types": ()}, "task_types"),
+        ({"task_types": ("deduction", "deduction")}, "task_types"),
+        ({"mode": "pixels"}, "mode"),
+        ({"matching": "elo"}, "matching"),
+        ({"reward_scheme": "zero_sum"}, "reward_scheme"),
+        ({"illegal_action": "ignore"}, "illegal_action"),
+        ({"n_candidates": 1}, "n_candidates"),
+        ({"induction_min_inputs": 5, "induction_max_inputs": 3}, "induction_min_inputs"),
+        ({"max_action_chars": 10}, "max_action_chars"),
+        ({"n_references": -1}, "n_references"),
+        ({"mode": "structured", "seed_tasks_path": "x.jsonl"}, "seed_tasks_path"),
+    ],
+)
+def test_config_validation_names_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        TeacherStudentConfig(**kwargs)
+
+
+def test_config_accepts_single_type_string():
+    assert TeacherStudentConfig(task_types="abduction").task_types == ("abduction",)
+
+
+PROGRAM = "def f(x):\n    return x + 1"
+GOOD = f"<think>easy</think>\n<answer>\n```python\n{PROGRAM}\n```\n```input\n3\n```\n</answer>"
+
+
+@pytest.mark.parametrize(
+    ("text", "task_type", "expected"),
+    [
+        (GOOD, "deduction", Proposal(PROGRAM, ("3",))),
+        (GOOD.replace("<think>easy</think>\n", ""), "abduction", Proposal(PROGRAM, ("3",))),
+        (GOOD.upper().replace("```PYTHON", "```python").replace("```INPUT", "```input"), "deduction", None),
+        ("<answer>```python\nx\n```</answer>", "deduction", FormatError("missing_or_bad_input")),
+        (GOOD.replace("</answer>", ""), "deduction", FormatError("no_answer")),
+        ("", "deduction", FormatError("no_answer")),
+        ("<answer></answer>", "deduction", FormatError("missing_python")),
+        (GOOD + "<answer>\n```input\n3\n```\n</answer>", "deduction", FormatError("missing_python")),
+        (GOOD, "induction", FormatError("wrong_number_of_inputs")),
+        (
+            format_proposal(PROGRAM, ["1", "2", "1"], message="adds one"),
+            "induction",
+            Proposal(PROGRAM, ("1", "2"), "adds one"),
+        ),
+        (format_proposal(PROGRAM, ["1", "2"]), "induction", FormatError("missing_or_bad_message")),
+        (
+            format_proposal(PROGRAM, [str(i) for i in range(7)], "m"),
+            "induction",
+            FormatError("wrong_number_of_inputs"),
+        ),
+        ("x" * 9000, "deduction", FormatError("too_long")),
+        (format_proposal("y" * 5000, ["1"]), "deduction", FormatError("bad_python_length")),
+    ],
+)
+def test_parse_proposal_table(text, task_type, expected):
+    result = parse_proposal(text, task_type, max_chars=8192)
+    if expected is None:  # upper-cased tags still count; the program text is then upper case
+        assert isinstance(result, Proposal) and result.inputs == ("3",)
+    else:
+        assert result == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "task_type", "expected"),
+    [
+        (format_answer("deduction", "4"), "deduction", Answer("4")),
+        (format_answer("abduction", "[1, 2], 3"), "abduction", Answer("[1, 2], 3")),
+        (format_answer("induction", PROGRAM), "induction", Answer(PROGRAM)),
+        (format_answer("deduction", "4"), "abduction", FormatError("missing_input")),
+        ("<answer>\n```output\n   \n```\n</answer>", "deduction", FormatError("bad_output_length")),
+        ("4", "deduction", FormatError("no_answer")),
+        ("\udcff<answer>```output\n\u00e9\n```</answer>", "deduction", Answer("\u00e9")),
+    ],
+)
+def test_parse_answer_table(text, task_type, expected):
+    assert parse_answer(text, task_type, max_chars=8192) == expected
+
+
+def test_parse_never_raises_on_non_strings():
+    for junk in (None, 3, b"<answer>", ["x"]):
+        assert parse_answer(junk, "deduction", max_chars=100) == FormatError("not_a_string")  # type: ignore[arg-type]
+
+
+def test_sanitize_maps_into_charset_and_caps():
+    out = sanitize("a\u00e9\x00b\r" + "z" * 500, 300)
+    assert set(out) <= CHARSET and len(out) == 300 and out.startswith("a??b?")
+
+
+@pytest.mark.parametrize(
+    ("program", "source", "args"),
+    [
+        (dsl.DslProgram(0, 5, ((1, 2), (0, 0))), "def f(x):\n    x = x + 3\n    return x", "2"),
+        (dsl.DslProgram(1, 0, ((17, 0),)), "def f(x):\n    x = x[::-1]\n    return x", "[-2]"),
+        # a list op on an int is skipped; a loop wraps the next type-preserving op
+        (
+            dsl.DslProgram(0, 3, ((17, 0), (39, 1), (3, 4))),
+            "def f(x):\n    for _ in range(2):\n        x = x * 2\n    return x",
+            "0",
+        ),
+        # a guard before a type-changing op is dropped
+        (dsl.DslProgram(2, 0, ((40, 0), (34, 0))), "def f(x):\n    x = len(x)\n    return x", "'apple'"),
+        (dsl.DslProgram(2, 12, ()), "def f(x):\n    return x", "''"),
+    ],
+)
+def test_dsl_render_table(program, source, args):
+    assert dsl.render(program) == (source, args)
+    assert dsl.decode(program.encode(), len(program.slots)) == program
+
+
+def test_dsl_decode_rejects_out_of_space():
+    nvec = dsl.action_nvec(2)
+    with pytest.raises(ValueError, match="outside"):
+        dsl.decode(nvec.copy(), 2)
+    with pytest.raises(ValueError, match="shape"):
+        dsl.decode(np.zeros(3, dtype=np.int64), 2)
+
+
+def test_dsl_difficulty_grows():
+    rng = random.Random(0)
+    easy = [program_stats(dsl.render(dsl.random_program(rng, 6, 0.0))[0]) for _ in range(40)]
+    hard = [program_stats(dsl.render(dsl.random_program(rng, 6, 1.0))[0]) for _ in range(40)]
+    assert np.mean([s.depth for s in hard]) > np.mean([s.depth for s in easy]) + 1
+    assert np.mean([s.cyclomatic for s in hard]) > np.mean([s.cyclomatic for s in easy])
+    assert len({s.shape for s in hard}) > len({s.shape for s in easy})
+
+
+@pytest.mark.parametrize(
+    ("source", "depth", "cyclomatic", "lines"),
+    [
+        ("def f(x):\n    return x", 4, 1, 2),
+        ("def f(x):\n    if x > 1 and x < 5:\n        return 1\n    return [v for v in x if v]", 6, 5, 4),
+        ("not python (", 0, 0, 1),
+    ],
+)
+def test_program_stats_table(source, depth, cyclomatic, lines):
+    stats = program_stats(source)
+    assert (stats.depth, stats.cyclomatic, stats.lines) == (depth, cyclomatic, lines)
+
+
+def test_ast_shape_ignores_names_and_constants():
+    a = program_stats("def f(x):\n    return x + 1").shape
+    assert a == program_stats("def g(y):\n    return y + 7").shape
+    assert a != program_stats("def f(x):\n    return x * 1").shape
+
+
+def _task(i: int, task_type: str = "deduction", source: str = "agent") -> Task:
+    program = f"def f(x):\n    return x + {i}"
+    return Task(
+        task_id_for(task_type, program, ("1",)), task_type, program, ("1",), (str(1 + i),), source=source
+    )  # type: ignore[arg-type]
+
+
+def test_buffer_dedups_caps_and_keeps_seeds():
+    buf = TaskBuffer(capacity=3)
+    assert buf.add(_task(0, source="seed"))
+    assert not buf.add(_task(0, source="seed"))
+    for i in range(1, 5):
+        assert buf.add(_task(i))
+    kept = [t.program[-1] for t in buf.tasks("deduction")]
+    assert kept == ["0", "3", "4"] and len(buf) == 3
+    picks = buf.sample("deduction", 2, np.random.default_rng(0))
+    assert len(set(picks)) == 2 and buf.sample("induction", 2, np.random.default_rng(0)) == ()
+
+
+def test_matchmakers():
+    rng = np.random.default_rng(0)
+    students = ("student_0", "student_1", "student_2")
+    assert AllPairs().assign(["teacher_0", "teacher_1"], students, rng) == [students, students]
+    picks = RandomMatch(2).assign(["teacher_0"] * 20, students, rng)
+    assert all(len(p) == 2 and len(set(p)) == 2 for p in picks)
+    assert len({p for p in picks}) > 1
+    pfsp = RatingPFSP(per_task=1)
+    # student_0 always solves teacher_0's tasks, student_1 never: after rating, the weaker matchup
+    # (student_0 vs a teacher it beats) is less balanced than student_2 (unrated, even) ...
+    pfsp.update([("teacher_0", "student_0", True)] * 8 + [("teacher_0", "student_1", False)] * 8)
+    counts = {s: 0 for s in students}
+    for p in pfsp.assign(["teacher_0"] * 300, students, rng):
+        counts[p[0]] += 1
+    assert counts["student_2"] > counts["student_0"] and counts["student_2"] > counts["student_1"]
+    with pytest.raises(ValueError, match="matching"):
+        make_matchmaker("elo", 1)
