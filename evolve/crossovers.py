@@ -1,0 +1,294 @@
+"""Crossover operators: pure functions ``(parents, *, rng, fitness=None) -> genome``.
+
+``fitness`` holds one value per parent, higher is better. Each operator says the space it works in:
+*factor space* combines ``A`` and ``B`` (or plain parameters) entry-wise, which for LoRA is **not** a
+combination of the adapters' ``ΔW`` (``B A = (B M)(M⁻¹ A)``: factors of unrelated parents live in
+unrelated gauges, and products of averaged factors carry cross terms ``B_i A_j``); *module space* picks
+whole modules; *ΔW space* combines the products ``ΔW_i = B_i A_i`` exactly and re-projects to the parents'
+rank with ``evolve.lowrank`` (best rank-r approximation, returned in the balanced gauge). On a plain genome
+the ΔW-space operators combine the parameters themselves.
+
+Every operator checks that parents share keys, shapes and dtypes (``ValueError`` naming the key), returns
+a new genome with those keys (in order), shapes and dtypes, computes in float32 (float64 stays float64),
+never modifies its inputs, and takes all randomness from ``rng``. Tensors an operator does not mix
+(integer buffers; non-LoRA entries of a LoRA genome) are copied from the first parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from evolve.genome import (
+    Genome,
+    LoraPair,
+    PairBatch,
+    check_fitness,
+    check_parents,
+    check_strength,
+    compute_dtype,
+    copy_others,
+    lora_keys,
+    lora_pairs,
+    module_groups,
+    ordered_like,
+    pair_batches,
+    require_lora,
+    stack_factors,
+    store_factors,
+)
+from evolve.lowrank import adapter_svd, reproject_concatenated, row_scale, to_factors
+
+Fitness = Sequence[float] | torch.Tensor | None
+
+
+def _mixed_keys(genome: Genome, pairs: Sequence[LoraPair]) -> set[str]:
+    """Keys a crossover mixes: the LoRA factors of a LoRA genome, else every floating tensor."""
+    return lora_keys(pairs) if pairs else {k for k, t in genome.items() if t.is_floating_point()}
+
+
+def _best_first(count: int, fitness: list[float] | None) -> list[int]:
+    """Parent indices ordered by descending fitness (stable); input order when there is no fitness."""
+    if fitness is None:
+        return list(range(count))
+    return sorted(range(count), key=lambda i: -fitness[i])
+
+
+def _concatenate(terms: list[tuple[float, Genome]], batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(b_cat_t (G, R, m), a_cat (G, R, n))`` of ``Σ c_i B_i A_i`` for a batch, written straight from the
+    genomes (the weight fused into ``B``'s transposing copy; see ``lowrank.reproject_concatenated``)."""
+    (out_features, rank), in_features = batch.b_shape, batch.a_shape[1]
+    device = terms[0][1][batch.pairs[0].a_key].device
+    width = len(terms) * rank
+    b_cat_t = torch.empty(len(batch.pairs), width, out_features, dtype=batch.dtype, device=device)
+    a_cat = torch.empty(len(batch.pairs), width, in_features, dtype=batch.dtype, device=device)
+    for j, pair in enumerate(batch.pairs):
+        for i, (c, parent) in enumerate(terms):
+            torch.mul(parent[pair.b_key].mT.to(batch.dtype), c, out=b_cat_t[j, i * rank : (i + 1) * rank])
+            a_cat[j, i * rank : (i + 1) * rank] = parent[pair.a_key]
+    return b_cat_t, a_cat
+
+
+def linear_combination(parents: Sequence[Genome], coeffs: Sequence[float]) -> Genome:
+    """``Σ_i coeffs[i] * parent_i`` in ΔW space (LoRA, re-projected to rank r) or parameter space (plain).
+
+    The building block of ``extrapolate``, ``es`` and ``interpolate``; ``check_parents`` must have passed.
+    """
+    first = parents[0]
+    pairs = lora_pairs(first)
+    mixed = _mixed_keys(first, pairs)
+    child = copy_others(first, mixed)
+    if pairs:
+        terms = [(c, p) for c, p in zip(coeffs, parents, strict=True) if c != 0] or [(0.0, first)]
+        for batch in pair_batches(first, pairs):
+            b, a = reproject_concatenated(*_concatenate(terms, batch), batch.a_shape[0])
+            store_factors(child, batch, b, a, like=first)
+    else:
+        for key in mixed:
+            dtype = compute_dtype(first[key].dtype)
+            total = sum(c * p[key].to(dtype) for c, p in zip(coeffs, parents, strict=True))
+            child[key] = torch.as_tensor(total, dtype=dtype).to(first[key].dtype)
+    return ordered_like(child, first)
+
+
+def dare(
+    parents: Sequence[Genome],
+    *,
+    rng: torch.Generator,
+    fitness: Fitness = None,
+    drop: float = 0.5,
+    base: Genome | None = None,
+) -> Genome:
+    """DARE-style drop-and-rescale, then average (factor / parameter space; LoRA or plain).
+
+    DARE (Yu et al. 2023, arXiv 2311.03099, Eq. 2) treats each model as ``base + δ_i``, drops each entry
+    of ``δ_i`` with probability ``drop`` and rescales the survivors by ``1 / (1 - drop)``; the merge here
+    averages the sparsified deltas: ``child = base + mean_i(m_i ⊙ δ_i) / (1 - drop)``. ``base`` defaults to
+    the parents' entry-wise mean (no common ancestor is known to a pure operator); pass the common
+    ancestor when there is one. For LoRA this acts on ``A`` and ``B`` separately: meaningful for parents
+    that share a gauge (e.g. descendants of one adapter), not a ΔW merge.
+
+    Args:
+        parents: One or more genomes.
+        rng: Source of all randomness.
+        fitness: Unused (accepted for the common signature).
+        drop: Drop probability in ``[0, 1)``.
+        base: Optional reference genome with the parents' keys, shapes and dtypes.
+
+    Raises:
+        ValueError: Mismatched parents or base, or ``drop`` outside ``[0, 1)``.
+    """
+    check_parents(parents if base is None else [*parents, base])
+    check_fitness(fitness, len(parents))
+    if not 0 <= drop < 1:
+        raise ValueError(f"drop: must be in [0, 1), got {drop}")
+    first = parents[0]
+    mixed = _mixed_keys(first, lora_pairs(first))
+    child = copy_others(first, mixed)
+    for key in first:
+        if key not in mixed:
+            continue
+        dtype = compute_dtype(first[key].dtype)
+        stack = torch.stack([p[key].to(dtype) for p in parents])  # (n, ...)
+        centre = stack.mean(dim=0) if base is None else base[key].to(dtype)
+        keep = torch.rand(stack.shape, generator=rng, device=rng.device, dtype=dtype).to(stack.device) >= drop
+        child[key] = (centre + ((stack - centre) * keep).mean(dim=0) / (1 - drop)).to(first[key].dtype)
+    return ordered_like(child, first)
+
+
+def uniform(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None) -> Genome:
+    """Module-wise uniform crossover (module space; LoRA or plain).
+
+    Each module comes whole from one parent drawn uniformly: a LoRA module's ``A`` and ``B`` together (so
+    its ``ΔW`` is exactly that parent's), a plain module's ``weight`` and ``bias`` together.
+
+    Raises:
+        ValueError: Mismatched parents.
+    """
+    check_parents(parents)
+    check_fitness(fitness, len(parents))
+    first = parents[0]
+    pairs = lora_pairs(first)
+    groups = module_groups(first, pairs)
+    child = copy_others(first, {key for group in groups for key in group})
+    choice = torch.randint(len(parents), (len(groups),), generator=rng, device=rng.device).tolist()
+    for group, index in zip(groups, choice, strict=True):
+        for key in group:
+            child[key] = parents[index][key].clone()
+    return ordered_like(child, first)
+
+
+def svd_splice(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None) -> Genome:
+    """SVD-subspace splice (ΔW space, LoRA only; exactly two parents).
+
+    Per module, with ``ΔW_1 = Σ_j s_j u_j v_jᵀ`` the SVD of the better parent (the first one without
+    fitness) and ``k`` uniform in ``[1, r - 1]``: ``ΔW = P_k(ΔW_1) + (ΔW_2 - P_k(ΔW_2))``, the top ``k``
+    components of parent 1 and components ``k+1..r`` of parent 2, where ``P_k`` is the best rank-k
+    approximation. The result has rank ``<= r`` and needs no re-projection; a parent spliced with itself
+    gives that parent's ``ΔW``.
+
+    Raises:
+        ValueError: A plain genome, not exactly two parents, or mismatched parents.
+    """
+    check_parents(parents, count=2)
+    ranked = _best_first(2, check_fitness(fitness, 2))
+    top, rest = parents[ranked[0]], parents[ranked[1]]
+    first = parents[0]
+    pairs = require_lora(first, "svd_splice")
+    child = copy_others(first, lora_keys(pairs))
+    for batch in pair_batches(first, pairs):
+        (b_top, a_top), (b_rest, a_rest) = stack_factors(top, batch), stack_factors(rest, batch)
+        count, rank = b_top.shape[0], batch.a_shape[0]
+        a = torch.cat([a_top, a_rest])  # (2G, r, in): one batched SVD for both parents
+        svd, u, s, v = adapter_svd(torch.cat([b_top, b_rest]), a)
+        b, a = to_factors(svd, u, s, v, row_scale(a))
+        low, high = (1, rank) if rank > 1 else (0, 2)
+        k = torch.randint(low, high, (count, 1), generator=rng, device=rng.device).to(b.device)
+        from_top = torch.arange(rank, device=b.device) < k  # (G, r)
+        b_child = torch.where(from_top.unsqueeze(-2), b[:count], b[count:])
+        a_child = torch.where(from_top.unsqueeze(-1), a[:count], a[count:])
+        store_factors(child, batch, b_child, a_child, like=first)
+    return ordered_like(child, first)
+
+
+def extrapolate(
+    parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None, max_step: float = 0.5
+) -> Genome:
+    """Extrapolation past the better parent (ΔW space for LoRA; parameter space for plain).
+
+    ``child = better + η (better - worse)`` with ``η ~ U(0, max_step)``, one draw per child; for LoRA on
+    ``ΔW`` (rank up to 2r), re-projected to rank r. Without fitness the first parent counts as better.
+
+    Raises:
+        ValueError: Not exactly two parents, mismatched parents, or a negative ``max_step``.
+    """
+    check_parents(parents, count=2)
+    ranked = _best_first(2, check_fitness(fitness, 2))
+    max_step = check_strength(max_step, "max_step")
+    eta = max_step * float(torch.rand((), generator=rng, device=rng.device))
+    return linear_combination([parents[ranked[0]], parents[ranked[1]]], [1 + eta, -eta])
+
+
+def centred_ranks(fitness: Sequence[float]) -> list[float]:
+    """Fitness shaping by centred ranks in ``[-0.5, 0.5]`` (Salimans et al. 2017, arXiv 1703.03864, §2.2).
+
+    Tied values share their average rank; a single value gets 0.
+    """
+    count = len(fitness)
+    if count == 1:
+        return [0.0]
+    ranks = [sum(g < f for g in fitness) + (sum(g == f for g in fitness) - 1) / 2 for f in fitness]
+    return [r / (count - 1) - 0.5 for r in ranks]
+
+
+def es(
+    parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None, step: float = 0.5
+) -> Genome:
+    """Fitness-weighted ES-style combination (ΔW space for LoRA; parameter space for plain).
+
+    An evolution-strategies step from the parents' mean along the rank-weighted fitness direction:
+    ``child = mean + step * Σ_i w_i (θ_i - mean)`` with centred ranks ``w_i`` (OpenAI-ES fitness shaping),
+    i.e. weights ``1/n + step * w_i`` that sum to one. With two parents and the default step the child is
+    ``0.75 * better + 0.25 * worse``. For LoRA on ``ΔW``, re-projected to rank r. ``rng`` is unused: the
+    operator is deterministic given fitness.
+
+    Raises:
+        ValueError: Missing fitness, mismatched parents, or a negative step.
+    """
+    check_parents(parents)
+    values = check_fitness(fitness, len(parents))
+    if values is None:
+        raise ValueError("fitness: the es crossover needs one fitness value per parent")
+    step = check_strength(step, "step")
+    coeffs = [1 / len(parents) + step * w for w in centred_ranks(values)]
+    return linear_combination(parents, coeffs)
+
+
+def interpolate(
+    parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None, weight: float | None = None
+) -> Genome:
+    """Interpolation in ΔW space re-projected to rank r (LoRA); parameter-space interpolation (plain).
+
+    ``ΔW = (1 - t) ΔW_1 + t ΔW_2`` with ``t = weight`` or, when ``weight`` is None, ``t ~ U(0, 1)``. At
+    ``t = 0`` (``1``) the child's ΔW is parent 1's (parent 2's), up to rounding.
+
+    Raises:
+        ValueError: Not exactly two parents, mismatched parents, or ``weight`` outside ``[0, 1]``.
+    """
+    check_parents(parents, count=2)
+    check_fitness(fitness, 2)
+    if weight is not None and not 0 <= weight <= 1:
+        raise ValueError(f"weight: must be in [0, 1], got {weight}")
+    t = float(torch.rand((), generator=rng, device=rng.device)) if weight is None else float(weight)
+    return linear_combination(parents, [1 - t, t])
+
+
+def clone_mutate(
+    parents: Sequence[Genome],
+    *,
+    rng: torch.Generator,
+    fitness: Fitness = None,
+    mutation: str = "gaussian",
+    strength: float = 0.05,
+) -> Genome:
+    """Clone the best parent (the first without fitness) and mutate it (the mutation's space).
+
+    Args:
+        parents: One or more genomes.
+        rng: Source of all randomness.
+        fitness: Optional, picks the parent to clone.
+        mutation: Name in ``evolve.operators.MUTATIONS``.
+        strength: The mutation's strength.
+
+    Raises:
+        ValueError: Mismatched parents, or what the mutation raises.
+        KeyError: An unknown mutation name.
+    """
+    # Imported here because the registry module imports this one; looking the name up at call time
+    # also lets mutations registered by users be used.
+    from evolve.operators import MUTATIONS
+
+    check_parents(parents)
+    best = _best_first(len(parents), check_fitness(fitness, len(parents)))[0]
+    return MUTATIONS[mutation](parents[best], rng=rng, strength=strength)

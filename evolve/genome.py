@@ -1,0 +1,236 @@
+"""Genomes: parameter dicts, LoRA pair discovery in PEFT's key format, parent validation, helpers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+Genome = dict[str, torch.Tensor]
+"""A genome is a flat parameter dict: a PEFT LoRA state dict (``get_peft_model_state_dict``) or a plain
+one (``module.state_dict()``, an SB3 policy's ``state_dict()``). Operators act on every floating tensor of
+a plain genome, buffers included: to keep e.g. BatchNorm running statistics out of mutation and
+extrapolation (noise can make a running variance negative), pass ``dict(module.named_parameters())``."""
+
+# PEFT names the factors `<module>.lora_A.weight` (r x in) and `<module>.lora_B.weight` (out x r) in
+# `get_peft_model_state_dict`; a raw `model.state_dict()` carries the adapter name in between
+# (`<module>.lora_A.default.weight`). Both spellings are recognised.
+_A_TAG = ".lora_A."
+_B_TAG = ".lora_B."
+
+
+@dataclass(frozen=True)
+class LoraPair:
+    """One adapted module: the keys of its two factors, ``ΔW = B @ A``."""
+
+    module: str
+    """The module's name (the key up to ``.lora_A``)."""
+    a_key: str
+    """Key of ``A``, shape ``(rank, in_features)``."""
+    b_key: str
+    """Key of ``B``, shape ``(out_features, rank)``."""
+
+
+@dataclass(frozen=True)
+class PairBatch:
+    """LoRA pairs whose factors share shapes and dtype, so operators can stack them into one batch."""
+
+    pairs: tuple[LoraPair, ...]
+    a_shape: tuple[int, int]
+    """``(rank, in_features)``."""
+    b_shape: tuple[int, int]
+    """``(out_features, rank)``."""
+    dtype: torch.dtype
+    """The dtype the batch is computed in (float32, or float64 for float64 factors)."""
+
+
+def _is_a_key(key: str) -> bool:
+    return _A_TAG in key and key.endswith(".weight")
+
+
+def lora_pairs(genome: Genome) -> tuple[LoraPair, ...]:
+    """Find the LoRA factor pairs of a genome, in the genome's key order.
+
+    Args:
+        genome: A parameter dict.
+
+    Returns:
+        One ``LoraPair`` per adapted module; empty for a plain (non-LoRA) genome.
+
+    Raises:
+        ValueError: A factor without its partner, a factor that is not 2-D, or ``A``/``B`` ranks that
+            disagree; the message names the key.
+    """
+    pairs = []
+    b_keys = {key for key in genome if _B_TAG in key and key.endswith(".weight")}
+    for key in genome:
+        if not _is_a_key(key):
+            continue
+        head, _, tail = key.rpartition(_A_TAG)
+        b_key = head + _B_TAG + tail
+        if b_key not in genome:
+            raise ValueError(f"LoRA factor {key!r} has no partner {b_key!r}")
+        b_keys.discard(b_key)
+        a, b = genome[key], genome[b_key]
+        if a.ndim != 2 or b.ndim != 2:
+            raise ValueError(f"LoRA factors of {head!r} must be 2-D (got {tuple(a.shape)}, {tuple(b.shape)})")
+        if a.shape[0] != b.shape[1]:
+            raise ValueError(
+                f"LoRA factors of {head!r} disagree on rank: A {tuple(a.shape)}, B {tuple(b.shape)}"
+            )
+        pairs.append(LoraPair(module=head, a_key=key, b_key=b_key))
+    if b_keys:
+        raise ValueError(f"LoRA factor {sorted(b_keys)[0]!r} has no lora_A partner")
+    return tuple(pairs)
+
+
+def require_lora(genome: Genome, operator: str) -> tuple[LoraPair, ...]:
+    """Return the genome's LoRA pairs, or raise for a plain genome.
+
+    Raises:
+        ValueError: The genome has no ``...lora_A.weight`` / ``...lora_B.weight`` keys.
+    """
+    pairs = lora_pairs(genome)
+    if not pairs:
+        raise ValueError(
+            f"operator {operator!r} needs a LoRA genome (PEFT keys '...lora_A.weight' / '...lora_B.weight'); "
+            "got a plain genome"
+        )
+    return pairs
+
+
+def check_parents(parents: Sequence[Genome], *, count: int | None = None) -> None:
+    """Check that parents can be combined: same keys, shapes, dtypes (hence the same LoRA ranks).
+
+    Args:
+        parents: The parent genomes.
+        count: The exact number of parents the operator needs, if it needs one.
+
+    Raises:
+        ValueError: No parents, the wrong number of them, or a key that is missing or differs in shape
+            or dtype; the message names the key and the parent.
+    """
+    if len(parents) == 0:
+        raise ValueError("parents: need at least one parent genome")
+    if count is not None and len(parents) != count:
+        raise ValueError(f"parents: this operator needs exactly {count} parents, got {len(parents)}")
+    first = parents[0]
+    for index, other in enumerate(parents[1:], start=1):
+        if other.keys() != first.keys():
+            missing = sorted(set(first) - set(other))
+            extra = sorted(set(other) - set(first))
+            key, where = (missing[0], "missing from") if missing else (extra[0], "only in")
+            raise ValueError(f"parents differ at key {key!r}: {where} parent {index}")
+        for key, tensor in first.items():
+            theirs = other[key]
+            if theirs.shape != tensor.shape:
+                rank = " (LoRA rank differs)" if ".lora_" in key else ""
+                raise ValueError(
+                    f"parents differ at key {key!r}: shape {tuple(tensor.shape)} in parent 0, "
+                    f"{tuple(theirs.shape)} in parent {index}{rank}"
+                )
+            if theirs.dtype != tensor.dtype:
+                raise ValueError(
+                    f"parents differ at key {key!r}: dtype {tensor.dtype} in parent 0, {theirs.dtype} in parent {index}"
+                )
+
+
+def check_fitness(fitness: Sequence[float] | torch.Tensor | None, count: int) -> list[float] | None:
+    """Validate a per-parent fitness (higher is better) and return it as a list of floats.
+
+    Raises:
+        ValueError: Wrong length or a non-finite value.
+    """
+    if fitness is None:
+        return None
+    values = [float(f) for f in (fitness.tolist() if isinstance(fitness, torch.Tensor) else fitness)]
+    if len(values) != count:
+        raise ValueError(f"fitness: need one value per parent ({count}), got {len(values)}")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"fitness: values must be finite, got {values}")
+    return values
+
+
+def check_strength(strength: float, name: str = "strength") -> float:
+    """Validate a non-negative finite operator strength.
+
+    Raises:
+        ValueError: Negative or non-finite; the message names the argument.
+    """
+    if not (math.isfinite(strength) and strength >= 0):
+        raise ValueError(f"{name}: must be a finite number >= 0, got {strength}")
+    return float(strength)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype operators compute in: float64 stays float64, everything else is done in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def pair_batches(genome: Genome, pairs: Sequence[LoraPair]) -> list[PairBatch]:
+    """Group pairs whose factors share shapes and dtypes (first-appearance order, so deterministic)."""
+    groups: dict[tuple, list[LoraPair]] = {}
+    for pair in pairs:
+        a, b = genome[pair.a_key], genome[pair.b_key]
+        dtype = compute_dtype(torch.promote_types(a.dtype, b.dtype))
+        groups.setdefault((tuple(a.shape), tuple(b.shape), a.dtype, b.dtype, dtype), []).append(pair)
+    return [
+        PairBatch(pairs=tuple(group), a_shape=sig[0], b_shape=sig[1], dtype=sig[4])
+        for sig, group in groups.items()
+    ]
+
+
+def stack_factors(genome: Genome, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack a batch's factors in the compute dtype.
+
+    Returns:
+        ``(b, a)`` with shapes ``(G, out, r)`` and ``(G, r, in)``; always fresh tensors, never views.
+    """
+    b = torch.stack([genome[p.b_key] for p in batch.pairs]).to(batch.dtype)  # (G, out, r)
+    a = torch.stack([genome[p.a_key] for p in batch.pairs]).to(batch.dtype)  # (G, r, in)
+    return b, a
+
+
+def store_factors(child: Genome, batch: PairBatch, b: torch.Tensor, a: torch.Tensor, like: Genome) -> None:
+    """Write stacked factors ``b (G, out, r)`` and ``a (G, r, in)`` into ``child``, cast to ``like``'s dtypes."""
+    for index, pair in enumerate(batch.pairs):
+        # copy=True: each module gets its own storage (safetensors refuses tensors that share one).
+        child[pair.b_key] = b[index].to(
+            like[pair.b_key].dtype, memory_format=torch.contiguous_format, copy=True
+        )
+        child[pair.a_key] = a[index].to(
+            like[pair.a_key].dtype, memory_format=torch.contiguous_format, copy=True
+        )
+
+
+def lora_keys(pairs: Sequence[LoraPair]) -> set[str]:
+    """All factor keys of the given pairs."""
+    return {key for pair in pairs for key in (pair.a_key, pair.b_key)}
+
+
+def copy_others(genome: Genome, skip: set[str]) -> Genome:
+    """A new genome holding clones of every tensor of ``genome`` whose key is not in ``skip``."""
+    return {key: tensor.clone() for key, tensor in genome.items() if key not in skip}
+
+
+def ordered_like(child: Genome, template: Genome) -> Genome:
+    """Return ``child`` with its keys in ``template``'s order (state-dict order is part of the contract)."""
+    return {key: child[key] for key in template}
+
+
+def module_groups(genome: Genome, pairs: Sequence[LoraPair]) -> list[list[str]]:
+    """Group keys into modules that operators treat as units.
+
+    In a LoRA genome each pair is one module (its two factors always travel together) and other keys are
+    not grouped (they pass through). In a plain genome floating-point keys group by their parent prefix:
+    ``"0.weight"`` and ``"0.bias"`` form one module. Integer buffers are never grouped.
+    """
+    if pairs:
+        return [[pair.a_key, pair.b_key] for pair in pairs]
+    groups: dict[str, list[str]] = {}
+    for key, tensor in genome.items():
+        if tensor.is_floating_point():
+            groups.setdefault(key.rpartition(".")[0] or key, []).append(key)
+    return list(groups.values())

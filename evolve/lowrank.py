@@ -1,0 +1,216 @@
+"""Low-rank linear algebra for LoRA factors: the SVD of ``B @ A`` and same-rank re-projection, never dense.
+
+``ΔW = B_cat @ A_cat`` with ``B_cat (m, R)`` and ``A_cat (R, n)`` (``R`` = rank times number of terms) is
+factored as ``B_cat = Q_b R_b`` and ``A_catᵀ = Q_a R_a`` (Householder QR), so
+``ΔW = Q_b (R_b R_aᵀ) Q_aᵀ`` and the SVD of ``ΔW`` is ``(Q_b U_c) S (Q_a V_c)ᵀ`` from the SVD of the small
+``R x R`` core ``U_c S V_cᵀ = R_b R_aᵀ``. Cost O((m + n) R²) instead of O(m n min(m, n)) for a dense SVD.
+This is the textbook route to the SVD of a matrix given as a product of thin factors (orthogonalise
+each factor, decompose the small core; Golub & Van Loan, *Matrix Computations*, 4th ed., chapters on the
+QR factorisation and the SVD) and the one DESIGN.md measured against PEFT's dense ``svd`` merge.
+
+The orthonormal ``Q`` factors are never formed: ``torch.geqrf`` keeps them as Householder reflectors and
+``torch.ormqr`` applies them to the small ``R x r`` result: measured here about 1.8x faster on CPU than
+``torch.linalg.qr`` followed by a matmul, on Qwen2.5-0.5B-shaped factors.
+
+Gauge. ``B A = (B M)(M⁻¹ A)`` for any invertible ``M``, so a factorisation needs a rule. Operators return
+the balanced one, ``B = U √S`` and ``A = √S Vᵀ``, except for (near-)null components: with ``√s`` below
+``NULL_TOL`` times the parents' typical ``A`` row norm the row of ``A`` keeps that typical norm and the
+column of ``B`` becomes ``u s / ‖a‖`` (zero for ``s = 0``). ``ΔW`` is the same either way; the point is
+trainability: a component with a zero row in ``A`` *and* a zero column in ``B`` gets zero gradient in
+both and could never be learned again (a fresh adapter has ``B = 0``, so ``√S`` everywhere would kill it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+NULL_TOL = 1e-3
+"""Components with ``√s < NULL_TOL * a_scale`` keep ``A`` rows of norm ``a_scale`` (see the module doc)."""
+
+
+@dataclass(frozen=True)
+class LowRankSVD:
+    """The SVD of ``b @ a`` in implicit form: ``U = Q_b u``, ``V = Q_a v``, singular values ``s``.
+
+    All tensors carry the same leading batch dims ``...`` as the inputs.
+    """
+
+    b_reflectors: torch.Tensor
+    """``geqrf`` output for ``b``: ``(..., m, R)``."""
+    b_tau: torch.Tensor
+    a_reflectors: torch.Tensor
+    """``geqrf`` output for ``aᵀ``: ``(..., n, R)``."""
+    a_tau: torch.Tensor
+    u: torch.Tensor
+    """Left singular vectors of the core, ``(..., k_b, k)`` with ``k_b = min(m, R)``."""
+    s: torch.Tensor
+    """Singular values, descending, ``(..., k)`` with ``k = min(k_b, k_a)``."""
+    v: torch.Tensor
+    """Right singular vectors of the core, ``(..., k_a, k)`` with ``k_a = min(n, R)``."""
+
+
+def lowrank_svd(b: torch.Tensor, a: torch.Tensor) -> LowRankSVD:
+    """SVD of ``b @ a`` without forming the product.
+
+    Args:
+        b: ``(..., m, R)``.
+        a: ``(..., R, n)``.
+
+    Returns:
+        The implicit SVD; expand it with ``apply_q``.
+    """
+    m, rank_in = b.shape[-2:]
+    n = a.shape[-1]
+    b_reflectors, b_tau = torch.geqrf(b)  # b = Q_b R_b
+    # aᵀ of a row-major ``a`` is already column-major, LAPACK's layout; ``b`` may come in either layout.
+    a_reflectors, a_tau = torch.geqrf(a.mT)  # aᵀ = Q_a R_a
+    r_b = b_reflectors[..., : min(m, rank_in), :].triu()  # (..., k_b, R)
+    r_a = a_reflectors[..., : min(n, rank_in), :].triu()  # (..., k_a, R)
+    u, s, vh = torch.linalg.svd(r_b @ r_a.mT, full_matrices=False)  # core (..., k_b, k_a)
+    return LowRankSVD(b_reflectors, b_tau, a_reflectors, a_tau, u, s, vh.mT)
+
+
+def _padded(small: torch.Tensor, rows: int) -> torch.Tensor:
+    """``small (..., k, c)`` stacked on zeros to ``(..., rows, c)``, row-major."""
+    padded = small.new_zeros(*small.shape[:-2], rows, small.shape[-1])
+    padded[..., : small.shape[-2], :] = small
+    return padded
+
+
+def apply_q(reflectors: torch.Tensor, tau: torch.Tensor, small: torch.Tensor) -> torch.Tensor:
+    """``Q @ small`` for the thin ``Q`` stored as Householder reflectors by ``torch.geqrf``.
+
+    Computed as ``(smallᵀ Qᵀ)ᵀ`` with ``ormqr``'s right-hand form so that LAPACK's column-major output is
+    already the row-major layout PEFT stores ``B`` in (no transposing copy afterwards).
+
+    Args:
+        reflectors: ``(..., m, R)`` from ``geqrf``.
+        tau: ``(..., min(m, R))`` from ``geqrf``.
+        small: ``(..., k, c)`` with ``k <= m``: coordinates in the basis of ``Q``'s first ``k`` columns.
+
+    Returns:
+        ``(..., m, c)``, row-major.
+    """
+    other = _padded(small, reflectors.shape[-2]).mT  # (..., c, m), column-major: plain copy in LAPACK
+    return torch.ormqr(reflectors, tau, other, left=False, transpose=True).mT
+
+
+def apply_q_transposed(reflectors: torch.Tensor, tau: torch.Tensor, small: torch.Tensor) -> torch.Tensor:
+    """``(Q @ small)ᵀ``, row-major ``(..., c, m)``: the layout PEFT stores ``A`` in (see ``apply_q``)."""
+    rows = reflectors.shape[-2]
+    padded_t = small.new_zeros(*small.shape[:-2], small.shape[-1], rows)  # (..., c, m)
+    padded_t[..., : small.shape[-2]] = small.mT
+    return torch.ormqr(reflectors, tau, padded_t.mT).mT
+
+
+def take_columns(x: torch.Tensor, rank: int) -> torch.Tensor:
+    """The first ``rank`` columns (last dim) of ``x``, zero-padded when there are fewer."""
+    if x.shape[-1] >= rank:
+        return x[..., :rank]
+    return torch.nn.functional.pad(x, (0, rank - x.shape[-1]))
+
+
+def row_scale(a: torch.Tensor) -> torch.Tensor:
+    """RMS row norm of ``a (..., R, n)``: ``(..., 1)``, the typical norm of one row of ``A``."""
+    return torch.linalg.vector_norm(a, dim=(-2, -1)).div(a.shape[-2] ** 0.5).unsqueeze(-1)
+
+
+def gauge(s: torch.Tensor, a_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-component scales ``(d_b, d_a)`` with ``d_b * d_a = s``: balanced, with the null rule of the module doc.
+
+    Args:
+        s: ``(..., r)`` non-negative singular values.
+        a_scale: ``(..., 1)`` typical ``A`` row norm.
+    """
+    root = s.clamp(min=0).sqrt()
+    d_a = torch.where((root >= NULL_TOL * a_scale) & (root > 0), root, a_scale.expand_as(root))
+    d_b = torch.where(d_a > 0, s / d_a.clamp(min=torch.finfo(s.dtype).tiny), torch.zeros_like(s))
+    return d_b, d_a
+
+
+def to_factors(
+    svd: LowRankSVD,
+    u: torch.Tensor,
+    s: torch.Tensor,
+    v: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_keep: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expand core-basis components into LoRA factors ``B (..., m, r)`` and ``A (..., r, n)``.
+
+    Args:
+        svd: Supplies the ``Q`` bases.
+        u: ``(..., k_b, r)`` left vectors in ``Q_b``'s basis (orthonormal columns).
+        s: ``(..., r)`` component magnitudes.
+        v: ``(..., k_a, r)`` right vectors in ``Q_a``'s basis.
+        a_scale: ``(..., 1)`` typical ``A`` row norm (see ``gauge``).
+        b_keep: Optional ``(..., r)`` 0/1 mask applied to ``B``'s columns only: a dropped component
+            contributes nothing to ``ΔW`` while its ``A`` row stays, so training can revive it.
+    """
+    d_b, d_a = gauge(s, a_scale)
+    if b_keep is not None:
+        d_b = d_b * b_keep
+    b = apply_q(svd.b_reflectors, svd.b_tau, u * d_b.unsqueeze(-2))
+    a = apply_q_transposed(svd.a_reflectors, svd.a_tau, v * d_a.unsqueeze(-2))
+    return b, a
+
+
+def reproject(
+    bs: Sequence[torch.Tensor], as_: Sequence[torch.Tensor], coeffs: Sequence[float], rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Best rank-``rank`` factors of ``Σ_i coeffs[i] * bs[i] @ as_[i]`` (Eckart–Young), computed low-rank.
+
+    Exact (up to rounding) when the sum has rank ``<= rank``. Terms with a zero coefficient are skipped.
+
+    Args:
+        bs: ``(..., m, r_i)`` each.
+        as_: ``(..., r_i, n)`` each.
+        coeffs: One real weight per term.
+        rank: Output rank ``r``.
+
+    Returns:
+        ``(B (..., m, r), A (..., r, n))`` in the balanced gauge, both row-major; ``A``'s typical row
+        norm for null components is the RMS row norm over the non-skipped terms' ``A``.
+    """
+    terms = [(c, b, a) for c, b, a in zip(coeffs, bs, as_, strict=True) if c != 0] or [(0.0, bs[0], as_[0])]
+    m, n = bs[0].shape[-2], as_[0].shape[-1]
+    widths = [b.shape[-1] for _, b, _ in terms]
+    b_cat_t = bs[0].new_empty(*bs[0].shape[:-2], sum(widths), m)  # (..., R, m)
+    a_cat = as_[0].new_empty(*as_[0].shape[:-2], sum(widths), n)  # (..., R, n)
+    start = 0
+    for (c, b, a), width in zip(terms, widths, strict=True):
+        torch.mul(b.mT, c, out=b_cat_t[..., start : start + width, :])
+        a_cat[..., start : start + width, :] = a
+        start += width
+    return reproject_concatenated(b_cat_t, a_cat, rank)
+
+
+def reproject_concatenated(
+    b_cat_t: torch.Tensor, a_cat: torch.Tensor, rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reproject`` for terms already concatenated: ``ΔW = b_cat_tᵀ @ a_cat``.
+
+    ``B_cat`` comes transposed, ``b_cat_t (..., R, m)`` row-major, i.e. ``B_cat`` column-major: the layout
+    geqrf works in, so callers fuse their one unavoidable transposing copy of PEFT's row-major ``B`` with
+    the term weights. ``a_cat (..., R, n)`` row-major (its transpose is column-major for free).
+    """
+    svd = lowrank_svd(b_cat_t.mT, a_cat)
+    u, s, v = take_columns(svd.u, rank), take_columns(svd.s, rank), take_columns(svd.v, rank)
+    return to_factors(svd, u, s, v, row_scale(a_cat))
+
+
+def adapter_svd(
+    b: torch.Tensor, a: torch.Tensor
+) -> tuple[LowRankSVD, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SVD of one adapter ``b (..., m, r) @ a (..., r, n)``, truncated or zero-padded to its rank ``r``.
+
+    Returns:
+        ``(svd, u (..., k_b, r), s (..., r), v (..., k_a, r))``: the implicit SVD and its components in
+        the core basis, ready for spectrum edits and ``to_factors``.
+    """
+    rank = a.shape[-2]
+    svd = lowrank_svd(b, a)
+    return svd, take_columns(svd.u, rank), take_columns(svd.s, rank), take_columns(svd.v, rank)

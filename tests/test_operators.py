@@ -1,0 +1,420 @@
+"""Weight-space operators: structure, purity, determinism, the space each works in, PEFT round trips."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from evolve import crossovers, lowrank, operators
+from evolve.genome import check_parents, lora_pairs
+
+# (in_features, out_features) per module: square, wide-out, narrow-out (k/v-like), and rank r = 4.
+SHAPES = {"q_proj": (24, 24), "up_proj": (24, 40), "k_proj": (24, 8), "down_proj": (40, 24)}
+RANK = 4
+PAIRED = sorted(operators.CROSSOVERS)
+# Crossovers whose definition makes a parent crossed with itself that parent (in the space named).
+SELF_IDENTITY = ["dare", "uniform", "svd_splice", "extrapolate", "es", "interpolate"]
+DENSE_MUTATIONS = sorted(set(operators.MUTATIONS) - operators.LORA_ONLY)
+DENSE_CROSSOVERS = sorted(set(operators.CROSSOVERS) - operators.LORA_ONLY)
+
+
+def lora_genome(seed: int, dtype: torch.dtype = torch.float32, layers: int = 2) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    genome = {}
+    for layer in range(layers):
+        for name, (fin, fout) in SHAPES.items():
+            prefix = f"base_model.model.layers.{layer}.{name}"
+            genome[f"{prefix}.lora_A.weight"] = (torch.randn(RANK, fin, generator=g) / fin**0.5).to(dtype)
+            genome[f"{prefix}.lora_B.weight"] = (torch.randn(fout, RANK, generator=g) * 0.1).to(dtype)
+    return genome
+
+
+def delta_w(genome: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {p.module: genome[p.b_key].double() @ genome[p.a_key].double() for p in lora_pairs(genome)}
+
+
+def assert_same_delta(child, parent, atol=1e-5) -> None:
+    ours, theirs = delta_w(child), delta_w(parent)
+    for module in theirs:
+        torch.testing.assert_close(ours[module], theirs[module], atol=atol, rtol=1e-4)
+
+
+def assert_same_structure(child, parent) -> None:
+    assert list(child) == list(parent)
+    storages = [t.untyped_storage().data_ptr() for t in child.values()]
+    assert len(set(storages)) == len(storages), "child tensors share storage (safetensors would refuse them)"
+    for key, tensor in parent.items():
+        assert child[key].shape == tensor.shape, key
+        assert child[key].dtype == tensor.dtype, key
+        assert child[key].data_ptr() != tensor.data_ptr(), f"{key} aliases its parent"
+        if child[key].is_floating_point():
+            assert torch.isfinite(child[key]).all(), key
+
+
+def mutate(name, genome, seed=0, **kwargs):
+    return operators.MUTATIONS[name](genome, rng=torch.Generator().manual_seed(seed), **kwargs)
+
+
+def cross(name, parents, seed=0, fitness=(1.0, 0.0), **kwargs):
+    return operators.CROSSOVERS[name](
+        parents, rng=torch.Generator().manual_seed(seed), fitness=fitness, **kwargs
+    )
+
+
+def plain_net(seed: int) -> nn.Module:
+    torch.manual_seed(seed)  # test-local model construction only
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 3))
+
+
+# --- every operator: structure, purity, determinism ----------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("name", sorted(operators.MUTATIONS))
+def test_mutation_preserves_structure_and_inputs(name, dtype):
+    parent = lora_genome(1, dtype)
+    before = copy.deepcopy(parent)
+    child = mutate(name, parent, strength=0.2)
+    assert_same_structure(child, parent)
+    assert all(torch.equal(parent[k], before[k]) for k in before)
+    assert not all(torch.equal(child[k], parent[k]) for k in parent), "mutation changed nothing"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("name", PAIRED)
+def test_crossover_preserves_structure_and_inputs(name, dtype):
+    parents = [lora_genome(1, dtype), lora_genome(2, dtype)]
+    before = copy.deepcopy(parents)
+    child = cross(name, parents)
+    assert_same_structure(child, parents[0])
+    for parent, saved in zip(parents, before, strict=True):
+        assert all(torch.equal(parent[k], saved[k]) for k in saved)
+
+
+@pytest.mark.parametrize("name", sorted(operators.MUTATIONS))
+def test_mutation_deterministic_for_a_seed(name):
+    parent = lora_genome(1)
+    first, again, other = mutate(name, parent, 5), mutate(name, parent, 5), mutate(name, parent, 6)
+    assert all(torch.equal(first[k], again[k]) for k in parent)
+    assert not all(torch.equal(first[k], other[k]) for k in parent)
+
+
+@pytest.mark.parametrize("name", PAIRED)
+def test_crossover_deterministic_for_a_seed(name):
+    parents = [lora_genome(1), lora_genome(2)]
+    first, again = cross(name, parents, seed=5), cross(name, parents, seed=5)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    if name != "es":  # es is deterministic given fitness by definition
+        others = [cross(name, parents, seed=s) for s in range(6, 9)]
+        assert any(not torch.equal(first[k], o[k]) for o in others for k in first)
+
+
+@pytest.mark.parametrize("name", SELF_IDENTITY)
+def test_crossover_with_itself_returns_the_parent(name):
+    parent = lora_genome(3)
+    child = cross(name, [parent, copy.deepcopy(parent)])
+    assert_same_delta(child, parent)
+    if name in ("dare", "uniform"):  # factor / module space: the factors themselves come back
+        assert all(torch.equal(child[k], parent[k]) for k in parent)
+
+
+@pytest.mark.parametrize("name", sorted(operators.MUTATIONS) + PAIRED)
+def test_non_lora_tensors_of_a_lora_genome_pass_through_from_the_first_parent(name):
+    parents = [lora_genome(1), lora_genome(2)]
+    for seed, parent in enumerate(parents):
+        parent["base_model.model.head.weight"] = torch.full((3, 5), float(seed))
+        parent["base_model.model.steps"] = torch.tensor(seed)
+    child = mutate(name, parents[0]) if name in operators.MUTATIONS else cross(name, parents)
+    assert_same_structure(child, parents[0])
+    for key in ("base_model.model.head.weight", "base_model.model.steps"):
+        assert torch.equal(child[key], parents[0][key]), key
+
+
+def test_unknown_name_lists_the_registry():
+    with pytest.raises(KeyError, match="registered: component_mask, gaussian"):
+        operators.MUTATIONS["nope"]
+    with pytest.raises(KeyError) as info:
+        operators.CROSSOVERS["nope"]
+    assert all(name in str(info.value) for name in operators.CROSSOVERS)
+
+
+@pytest.mark.parametrize("name", PAIRED)
+def test_mismatched_parents_name_the_key(name):
+    parent = lora_genome(1)
+    key = "base_model.model.layers.1.up_proj.lora_A.weight"
+    other_rank = {k: t for k, t in lora_genome(2).items()}
+    other_rank[key] = torch.randn(RANK + 2, 24)
+    other_rank[key.replace("lora_A", "lora_B")] = torch.randn(40, RANK + 2)
+    with pytest.raises(ValueError, match=r"layers\.1\.up_proj\.lora_A\.weight.*rank"):
+        cross(name, [parent, other_rank])
+    missing = {k: t for k, t in lora_genome(2).items() if "layers.0.k_proj" not in k}
+    with pytest.raises(ValueError, match=r"layers\.0\.k_proj"):
+        cross(name, [parent, missing])
+    wrong_dtype = {k: t.double() if "down_proj" in k else t for k, t in lora_genome(2).items()}
+    with pytest.raises(ValueError, match=r"down_proj.*dtype"):
+        cross(name, [parent, wrong_dtype])
+
+
+@pytest.mark.parametrize("name", sorted(operators.LORA_ONLY))
+def test_lora_only_operators_reject_a_plain_genome(name):
+    genome = plain_net(0).state_dict()
+    with pytest.raises(ValueError, match="needs a LoRA genome"):
+        if name in operators.MUTATIONS:
+            mutate(name, genome)
+        else:
+            cross(name, [genome, plain_net(1).state_dict()])
+
+
+def test_pair_discovery_accepts_adapter_names_and_rejects_orphans():
+    genome = {"m.q.lora_A.default.weight": torch.zeros(2, 5), "m.q.lora_B.default.weight": torch.zeros(7, 2)}
+    (pair,) = lora_pairs(genome)
+    assert (pair.module, pair.b_key) == ("m.q", "m.q.lora_B.default.weight")
+    with pytest.raises(ValueError, match=r"m\.q\.lora_A\.weight"):
+        lora_pairs({"m.q.lora_A.weight": torch.zeros(2, 5)})
+    with pytest.raises(ValueError, match="disagree on rank"):
+        lora_pairs({"m.q.lora_A.weight": torch.zeros(2, 5), "m.q.lora_B.weight": torch.zeros(7, 3)})
+    with pytest.raises(ValueError, match="exactly 2 parents"):
+        check_parents([genome], count=2)
+
+
+# --- low-rank algebra --------------------------------------------------------------------------
+
+
+def test_lowrank_svd_matches_dense_singular_values():
+    g = torch.Generator().manual_seed(0)
+    b, a = torch.randn(3, 50, 6, generator=g), torch.randn(3, 6, 30, generator=g)
+    svd = lowrank.lowrank_svd(b, a)
+    torch.testing.assert_close(svd.s, torch.linalg.svdvals(b @ a)[:, :6], rtol=1e-4, atol=1e-4)
+
+
+def test_reprojection_is_exact_when_the_rank_fits_and_optimal_otherwise():
+    g = torch.Generator().manual_seed(0)
+    bs = [torch.randn(2, 40, 3, generator=g) for _ in range(2)]
+    as_ = [torch.randn(2, 3, 30, generator=g) for _ in range(2)]
+    dense = 0.3 * bs[0] @ as_[0] - 1.2 * bs[1] @ as_[1]  # rank 6
+    b, a = lowrank.reproject(bs, as_, [0.3, -1.2], rank=6)
+    torch.testing.assert_close(b @ a, dense, atol=1e-4, rtol=1e-4)
+    b, a = lowrank.reproject(bs, as_, [0.3, -1.2], rank=4)  # truncated: Eckart-Young optimum
+    u, s, vh = torch.linalg.svd(dense)
+    torch.testing.assert_close(b @ a, u[..., :4] * s[:, None, :4] @ vh[..., :4, :], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(b.norm(dim=-2), a.norm(dim=-1))  # balanced gauge: √S on both sides
+
+
+def test_null_components_keep_a_trainable_a_row():
+    """A fresh adapter (B = 0) through a ΔW-space operator must not come back with A = 0 too."""
+    parents = [lora_genome(1), lora_genome(2)]
+    for parent in parents:
+        for key in parent:
+            if "lora_B" in key:
+                parent[key].zero_()
+    for child in (cross("interpolate", parents), mutate("svd_spectrum", parents[0])):
+        for pair in lora_pairs(child):
+            assert torch.count_nonzero(child[pair.b_key]) == 0
+            assert (child[pair.a_key].norm(dim=-1) > 0.5).all()  # rows keep the parents' typical norm
+
+
+# --- each operator does what its definition says --------------------------------------------------
+
+
+def test_interpolation_endpoints_reproduce_a_parents_delta_w():
+    parents = [lora_genome(1), lora_genome(2)]
+    assert_same_delta(cross("interpolate", parents, weight=0.0), parents[0])
+    assert_same_delta(cross("interpolate", parents, weight=1.0), parents[1])
+    child, dense = delta_w(cross("interpolate", parents, weight=0.3)), delta_w(parents[0])
+    for module, dw in delta_w(parents[1]).items():
+        target = 0.7 * dense[module] + 0.3 * dw
+        u, s, vh = torch.linalg.svd(target)
+        best = u[:, :RANK] * s[:RANK] @ vh[:RANK]
+        torch.testing.assert_close(child[module], best, atol=1e-5, rtol=1e-4)
+
+
+def test_svd_splice_takes_top_components_of_the_better_parent():
+    parents = [lora_genome(1), lora_genome(2)]
+    child = delta_w(cross("svd_splice", parents, fitness=(0.0, 1.0)))  # parent 1 is better
+    top, rest = delta_w(parents[1]), delta_w(parents[0])
+    for module, dw in child.items():
+
+        def head(m, k):
+            u, s, vh = torch.linalg.svd(m)
+            return u[:, :k] * s[:k] @ vh[:k]
+
+        errors = [
+            (dw - head(top[module], k) - rest[module] + head(rest[module], k)).abs().max()
+            for k in range(1, RANK)
+        ]
+        assert min(errors) < 1e-5, module
+
+
+def test_svd_spectrum_at_zero_strength_keeps_delta_w_and_changes_it_otherwise():
+    parent = lora_genome(1)
+    assert_same_delta(mutate("svd_spectrum", parent, strength=0.0), parent)
+    moved = delta_w(mutate("svd_spectrum", parent, strength=0.3))
+    original = delta_w(parent)
+    for module, dw in original.items():
+        ratio = float((moved[module] - dw).norm() / dw.norm())
+        assert 0.02 < ratio < 1.5, module
+
+
+def test_component_mask_drops_components_but_keeps_a_rows():
+    parent = lora_genome(1)
+    assert_same_delta(mutate("component_mask", parent, strength=0.0), parent)
+    empty = mutate("component_mask", parent, strength=1.0)
+    for pair in lora_pairs(empty):
+        assert torch.count_nonzero(empty[pair.b_key]) == 0
+        assert (empty[pair.a_key].norm(dim=-1) > 0).all()
+    half = mutate("component_mask", lora_genome(1, layers=8), strength=0.5)
+    ranks = [int(torch.linalg.matrix_rank(dw.float())) for dw in delta_w(half).values()]
+    assert min(ranks) < RANK and 0 < sum(ranks) < RANK * len(ranks)
+
+
+def test_gaussian_noise_is_scaled_to_each_tensors_spread():
+    parent = {"big.weight": torch.randn(400, 300) * 5.0, "small.weight": torch.randn(400, 300) * 0.01}
+    parent["zero.bias"] = torch.zeros(10)
+    child = mutate("gaussian", parent, strength=0.1)
+    for key in ("big.weight", "small.weight"):
+        relative = float((child[key] - parent[key]).std() / parent[key].std())
+        assert abs(relative - 0.1) < 0.005, key
+    assert torch.equal(child["zero.bias"], parent["zero.bias"])
+
+
+def test_layer_gaussian_changes_whole_chosen_modules_only():
+    parent = lora_genome(1, layers=4)  # 16 modules, fraction 0.25 -> 4
+    child = mutate("layer_gaussian", parent, strength=0.1, fraction=0.25)
+    changed = {
+        p.module: (
+            not torch.equal(child[p.a_key], parent[p.a_key]),
+            not torch.equal(child[p.b_key], parent[p.b_key]),
+        )
+        for p in lora_pairs(parent)
+    }
+    assert sum(a for a, _ in changed.values()) == 4
+    assert all(a == b for a, b in changed.values())
+
+
+def test_neftune_noise_touches_a_only_within_its_bound():
+    parent = lora_genome(1)
+    child = mutate("neftune_a", parent, strength=0.1)
+    for pair in lora_pairs(parent):
+        a = parent[pair.a_key]
+        assert torch.equal(child[pair.b_key], parent[pair.b_key])
+        bound = 3**0.5 * 0.1 * float(a.square().mean().sqrt())
+        assert 0 < float((child[pair.a_key] - a).abs().max()) <= bound * (1 + 1e-5)
+
+
+def test_uniform_takes_each_lora_module_whole_from_one_parent():
+    parents = [lora_genome(1, layers=4), lora_genome(2, layers=4)]
+    child = cross("uniform", parents)
+    sources = []
+    for pair in lora_pairs(child):
+        source = [i for i, p in enumerate(parents) if torch.equal(child[pair.a_key], p[pair.a_key])]
+        assert len(source) == 1 and torch.equal(child[pair.b_key], parents[source[0]][pair.b_key])
+        sources.append(source[0])
+    assert 0 < sum(sources) < len(sources)
+
+
+def test_dare_without_dropping_is_the_mean_and_with_a_base_rescales_deltas():
+    parents = [lora_genome(1), lora_genome(2)]
+    mean = cross("dare", parents, drop=0.0)
+    for key in mean:
+        torch.testing.assert_close(mean[key], (parents[0][key] + parents[1][key]) / 2)
+    base = {k: torch.zeros_like(t) for k, t in parents[0].items()}
+    child = cross("dare", [parents[0]], fitness=None, drop=0.75, base=base)
+    key = next(iter(child))
+    kept = child[key] != 0
+    assert 0.1 < float(kept.float().mean()) < 0.45
+    torch.testing.assert_close(child[key][kept], 4 * parents[0][key][kept])
+
+
+def test_fitness_orders_extrapolate_es_and_clone_mutate_on_plain_genomes():
+    better, worse = plain_net(0).state_dict(), plain_net(1).state_dict()
+    key = "0.weight"
+    child = cross("extrapolate", [worse, better], fitness=(0.0, 1.0))
+    step = (child[key] - better[key]) / (better[key] - worse[key])
+    assert 0 <= float(step.mean()) <= 0.5 and float(step.std()) < 1e-4
+    es = cross("es", [worse, better], fitness=(0.0, 1.0))
+    torch.testing.assert_close(es[key], 0.75 * better[key] + 0.25 * worse[key])
+    with pytest.raises(ValueError, match="fitness"):
+        cross("es", [worse, better], fitness=None)
+    clone = cross("clone_mutate", [worse, better], fitness=(0.0, 1.0), strength=0.01)
+    assert (clone[key] - better[key]).norm() < 0.1 * (clone[key] - worse[key]).norm()
+    assert crossovers.centred_ranks([3.0, 1.0, 3.0]) == [0.25, -0.5, 0.25]
+
+
+# --- real modules: plain nets and PEFT --------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", DENSE_MUTATIONS + DENSE_CROSSOVERS)
+def test_plain_genome_loads_into_its_module_and_runs(name):
+    nets = [plain_net(0), plain_net(1)]
+    parents = [net.state_dict() for net in nets]
+    child = mutate(name, parents[0], strength=0.2) if name in operators.MUTATIONS else cross(name, parents)
+    assert_same_structure(child, parents[0])
+    assert torch.equal(child["1.num_batches_tracked"], parents[0]["1.num_batches_tracked"])
+    net = plain_net(2)
+    net.load_state_dict(child)
+    out = net.eval()(torch.randn(5, 6, generator=torch.Generator().manual_seed(0)))
+    assert torch.isfinite(out).all()
+
+
+class Toy(nn.Module):
+    """A tiny transformer-block-shaped net whose Linear names match the LoRA targets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj = nn.Linear(24, 24), nn.Linear(24, 8)
+        self.up_proj, self.down_proj = nn.Linear(24, 40), nn.Linear(40, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.q_proj(x) + self.k_proj(x).repeat(1, 3)
+        return self.down_proj(torch.relu(self.up_proj(h)))
+
+
+@pytest.fixture(scope="module")
+def peft_population():
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    config = LoraConfig(r=RANK, lora_alpha=8, target_modules=list(SHAPES), init_lora_weights=False)
+    models = []
+    for seed in range(2):
+        torch.manual_seed(seed)  # test-local: same base weights for both, different adapters below
+        base = Toy()
+        torch.manual_seed(100 + seed)
+        models.append(get_peft_model(base, config))
+    return models, [get_peft_model_state_dict(m) for m in models]
+
+
+@pytest.mark.parametrize("name", sorted(operators.MUTATIONS) + PAIRED)
+def test_child_loads_into_peft_and_runs(name, peft_population):
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    models, genomes = peft_population
+    assert len(lora_pairs(genomes[0])) == len(SHAPES)
+    child = mutate(name, genomes[0], strength=0.2) if name in operators.MUTATIONS else cross(name, genomes)
+    model = copy.deepcopy(models[0])
+    result = set_peft_model_state_dict(model, child)
+    assert not result.unexpected_keys
+    loaded = get_peft_model_state_dict(model)
+    assert all(torch.equal(loaded[k], child[k]) for k in child)
+    x = torch.randn(3, 24, generator=torch.Generator().manual_seed(0))
+    out = model(x)
+    assert out.shape == (3, 24) and torch.isfinite(out).all()
+    assert not torch.allclose(out, models[0](x)), "the child behaves exactly like its parent"
+
+
+@pytest.mark.parametrize("name", ["interpolate", "svd_splice", "svd_spectrum", "component_mask"])
+def test_fresh_adapters_stay_trainable_after_a_delta_w_operator(name, peft_population):
+    """PEFT starts adapters at B = 0; a ΔW-space child of such adapters must still get a gradient on B."""
+    from peft import set_peft_model_state_dict
+
+    models, genomes = peft_population
+    fresh = [{k: torch.zeros_like(t) if "lora_B" in k else t for k, t in g.items()} for g in genomes]
+    child = mutate(name, fresh[0], strength=1.0) if name in operators.MUTATIONS else cross(name, fresh)
+    model = copy.deepcopy(models[0])
+    set_peft_model_state_dict(model, child)
+    model(torch.randn(3, 24, generator=torch.Generator().manual_seed(0))).square().sum().backward()
+    for module_name, parameter in model.named_parameters():
+        if "lora_B" in module_name:
+            assert parameter.grad is not None and parameter.grad.abs().sum() > 0, module_name
