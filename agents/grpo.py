@@ -1,0 +1,600 @@
+"""The GRPO learner for one LoRA adapter of a population: config, update, and the generate-score-update step.
+
+The maths lives in `agents.grpo_loss` (pure functions); this module batches text into tensors, runs the
+inner epochs with gradient accumulation, keeps one AdamW state per adapter name, and guards against
+non-finite numbers. The schedule follows TRL's `GRPOTrainer` with `steps_per_generation ==
+gradient_accumulation_steps`: one generation batch is one optimizer step, repeated `num_inner_epochs`
+times (TRL's `num_iterations`, μ in the GRPO paper).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import nn
+
+from agents.generation import cache_kwarg
+from agents.grpo_loss import (
+    AGGREGATIONS,
+    AggregationContext,
+    advantages_batch,
+    advantages_group,
+    advantages_task_relative,
+    advantages_unscaled,
+    clip_fractions,
+    clipped_surrogate_loss,
+    k3_kl,
+    masked_mean,
+    probability_ratio,
+    segment_index,
+    token_log_probs,
+)
+
+logger = logging.getLogger(__name__)
+
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+ScaleRewards = Literal["group", "batch", "none", "task_relative"]
+SkipReason = Literal["non_finite_reward", "non_finite_loss", "non_finite_grad_norm"]
+
+LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
+SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none", "task_relative")
+GROUP_ADVANTAGES = {"group": advantages_group, "batch": advantages_batch, "none": advantages_unscaled}
+
+
+class TrainablePopulation(Protocol):
+    """What the learner needs from a population (implemented by `agents.population.LoRAPopulation`)."""
+
+    model: Any
+    tokenizer: Any
+
+    @property
+    def adapter_names(self) -> Sequence[str]: ...
+    @property
+    def device(self) -> torch.device: ...
+
+    def trainable_parameters(self, name: str) -> list[nn.Parameter]: ...
+    def set_active(self, name: str) -> None: ...
+    def reference(self) -> contextlib.AbstractContextManager[Any]: ...
+    def generate(
+        self, prompts: list[str], adapters: list[str], max_new_tokens: int, temperature: float, seed: int
+    ) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Hyper-parameters of the GRPO learner (defaults follow TRL's `GRPOConfig` unless said otherwise)."""
+
+    learning_rate: float = 1e-5
+    """AdamW learning rate for the adapter's parameters (LoRA usually wants more than full fine-tuning)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    loss_type: LossType = "dapo"
+    """Aggregation of per-token losses, TRL's names: "grpo", "bnpo", "dr_grpo" or "dapo" (TRL's default)."""
+    scale_rewards: ScaleRewards = "group"
+    """Advantage normalisation: "group" (std of the prompt's group), "batch" (std of the batch), "none"
+    (centre only, Dr. GRPO) or "task_relative" (AZR's TRR++: mean/std per (role, task type) key; needs
+    `task_keys`)."""
+    epsilon_low: float = 0.2
+    """Lower clip: ratios below 1 - epsilon_low stop the gradient of negative-advantage tokens."""
+    epsilon_high: float = 0.2
+    """Upper clip: ratios above 1 + epsilon_high stop positive-advantage tokens (DAPO recommends 0.28)."""
+    beta: float = 0.0
+    """k3 KL coefficient towards the base model (the adapter switched off); 0 turns the KL term off."""
+    num_inner_epochs: int = 1
+    """Optimizer passes over each generated batch (μ); old log-probs are computed once before them."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; the batch is split into this many near-equal chunks."""
+    max_grad_norm: float = 1.0
+    """Clip the adapter's gradient to this global L2 norm before each optimizer step."""
+    group_size: int = 8
+    """Completions per prompt in `step` (TRL's `num_generations`)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are computed from logits / temperature to match the sampler."""
+    max_new_tokens: int = 64
+    """Completion length cap for generation, and Dr. GRPO's constant normaliser."""
+    seed: int = 0
+    """Base seed: generation in `step` uses seed + the number of earlier `step` calls of this learner."""
+
+    def __post_init__(self) -> None:
+        _check(self.loss_type in LOSS_TYPES, "loss_type", f"one of {LOSS_TYPES}", self.loss_type)
+        _check(
+            self.scale_rewards in SCALE_REWARDS,
+            "scale_rewards",
+            f"one of {SCALE_REWARDS}",
+            self.scale_rewards,
+        )
+        _check(
+            _finite(self.learning_rate) and self.learning_rate > 0, "learning_rate", "> 0", self.learning_rate
+        )
+        _check(
+            _finite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay
+        )
+        _check(
+            _finite(self.epsilon_low) and 0 <= self.epsilon_low < 1,
+            "epsilon_low",
+            "in [0, 1)",
+            self.epsilon_low,
+        )
+        _check(
+            _finite(self.epsilon_high) and self.epsilon_high >= 0, "epsilon_high", ">= 0", self.epsilon_high
+        )
+        _check(_finite(self.beta) and self.beta >= 0, "beta", ">= 0 (0 = no KL)", self.beta)
+        for name in ("num_inner_epochs", "grad_accum_steps", "max_new_tokens"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value >= 1, name, "an int >= 1", value)
+        _check(
+            isinstance(self.group_size, int) and self.group_size >= 2,
+            "group_size",
+            "an int >= 2",
+            self.group_size,
+        )
+        _check(
+            _finite(self.max_grad_norm) and self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm
+        )
+        _check(_finite(self.temperature) and self.temperature > 0, "temperature", "> 0", self.temperature)
+        _check(isinstance(self.seed, int) and self.seed >= 0, "seed", "an int >= 0", self.seed)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _check(ok: bool, name: str, allowed: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"GRPOConfig.{name} must be {allowed}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one `GRPOLearner.update` did."""
+
+    adapter: str
+    """The adapter that was (or would have been) trained."""
+    skipped: bool
+    """True when the update was abandoned; the adapter and its optimizer state are then unchanged."""
+    skip_reason: SkipReason | None
+    """Why it was skipped, or None."""
+    loss: float
+    """Mean over optimizer steps of the summed micro-batch losses (nan when skipped)."""
+    kl: float | None
+    """Mean k3 KL to the base over active tokens (None when beta == 0)."""
+    clip_fraction: float
+    """Mean share of active tokens whose ratio was clipped (TRL's clip_ratio/region_mean)."""
+    grad_norm: float
+    """Mean pre-clipping gradient norm over optimizer steps (nan when skipped before any)."""
+    mean_reward: float
+    """Mean of the rewards given."""
+    num_samples: int
+    """Completions in the batch."""
+    num_tokens: int
+    """Active completion tokens in the batch."""
+    optimizer_steps: int
+    """Optimizer steps taken (num_inner_epochs unless skipped)."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One generate-score-update cycle."""
+
+    completions: tuple[str, ...]
+    """Generated completions, group_size per prompt, prompt-major."""
+    rewards: tuple[float, ...]
+    """reward_fn(prompt, completion) for each completion."""
+    stats: UpdateStats
+    """The update's record."""
+
+
+@dataclass
+class _Batch:
+    """Token tensors: each distinct prompt once (left-padded), completions right-padded, one per row."""
+
+    prompt_ids: torch.Tensor  # (U, P) distinct prompts
+    prompt_mask: torch.Tensor  # (U, P)
+    prompt_index: torch.Tensor  # (N,) row -> distinct prompt
+    completion_ids: torch.Tensor  # (N, C)
+    completion_mask: torch.Tensor  # (N, C) float, 1 on real completion tokens
+
+
+@dataclass
+class _AdapterOptimizer:
+    params: list[nn.Parameter]
+    optimizer: torch.optim.AdamW
+    param_ids: tuple[int, ...] = field(default=())
+
+
+class GRPOLearner:
+    """Trains adapters of one population with GRPO; one AdamW state per adapter name.
+
+    Args:
+        population: the population (see `TrainablePopulation`).
+        config: hyper-parameters.
+    """
+
+    def __init__(self, population: TrainablePopulation, config: GRPOConfig) -> None:
+        self.population = population
+        self.config = config
+        self._optimizers: dict[str, _AdapterOptimizer] = {}
+        self._step_calls = 0
+
+    # -- optimizer state per adapter -----------------------------------------------------------------
+
+    def optimizer_for(self, adapter: str) -> torch.optim.AdamW:
+        """The adapter's AdamW optimizer, created on first use (or anew when its parameters were replaced)."""
+        params = list(self.population.trainable_parameters(adapter))
+        ids = tuple(id(p) for p in params)
+        slot = self._optimizers.get(adapter)
+        if slot is None or slot.param_ids != ids:
+            if slot is not None:
+                logger.info("adapter %r has new parameter tensors: its optimizer state is reset", adapter)
+            opt = torch.optim.AdamW(
+                params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay
+            )
+            slot = _AdapterOptimizer(params=params, optimizer=opt, param_ids=ids)
+            self._optimizers[adapter] = slot
+        return slot.optimizer
+
+    def reset_optimizer(self, adapter: str) -> None:
+        """Forget the adapter's optimizer state (e.g. after evolution replaced its weights)."""
+        self._optimizers.pop(adapter, None)
+
+    # -- one update ----------------------------------------------------------------------------------
+
+    def update(
+        self,
+        adapter: str,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        rewards: Sequence[float],
+        group_ids: Sequence[Hashable],
+        task_keys: Sequence[Hashable] | None = None,
+    ) -> UpdateStats:
+        """One GRPO update of `adapter` on scored completions.
+
+        Args:
+            adapter: adapter name in the population.
+            prompts: the prompt of each completion (N).
+            completions: generated completion texts (N).
+            rewards: one scalar reward per completion (N).
+            group_ids: the GRPO group of each completion (completions of one prompt share one).
+            task_keys: the (role, task type) key of each completion; required for scale_rewards="task_relative".
+
+        Returns:
+            The update's statistics; `skipped=True` (adapter untouched) on a non-finite reward, loss or
+            gradient norm.
+
+        Raises:
+            KeyError: unknown adapter name.
+            ValueError: inputs of different lengths, an empty batch, or missing task_keys.
+        """
+        cfg = self.config
+        self._check_inputs(adapter, prompts, completions, rewards, group_ids, task_keys)
+        reward_t = torch.tensor([float(r) for r in rewards], dtype=torch.float32)
+        mean_reward = float(reward_t.mean())
+        if not torch.isfinite(reward_t).all():
+            bad = int((~torch.isfinite(reward_t)).nonzero()[0])
+            where = f"reward[{bad}] = {reward_t[bad].item()}"
+            return self._skip(adapter, "non_finite_reward", where, len(rewards), mean_reward)
+
+        advantages = self._advantages(reward_t, group_ids, task_keys)  # (N,)
+        batch = self._encode(prompts, completions)
+        chunks = [c for c in torch.arange(len(prompts)).tensor_split(cfg.grad_accum_steps) if c.numel() > 0]
+        ctx = AggregationContext(
+            grad_accum_steps=len(chunks),
+            max_completion_length=cfg.max_new_tokens,
+            num_items_in_batch=float(batch.completion_mask.sum()),
+        )
+        model = self.population.model
+        was_training = model.training
+        model.eval()  # no dropout: old and new log-probs must agree on the first epoch (TRL: disable_dropout)
+        self.population.set_active(adapter)
+        self.optimizer_for(adapter)  # creates the adapter's optimizer slot on first use
+        try:
+            with _only_trainable(model, self._optimizers[adapter].params):
+                ref_logps = self._no_grad_logps(batch, chunks, reference=True) if cfg.beta > 0 else None
+                # With one inner epoch the old policy is the current one: use logps.detach() (TRL does too).
+                old_logps = self._no_grad_logps(batch, chunks) if cfg.num_inner_epochs > 1 else None
+                return self._optimise(
+                    adapter, batch, chunks, ctx, advantages, old_logps, ref_logps, mean_reward
+                )
+        finally:
+            model.train(was_training)
+
+    def _optimise(
+        self,
+        adapter: str,
+        batch: _Batch,
+        chunks: list[torch.Tensor],
+        ctx: AggregationContext,
+        advantages: torch.Tensor,
+        old_logps: list[torch.Tensor] | None,
+        ref_logps: list[torch.Tensor] | None,
+        mean_reward: float,
+    ) -> UpdateStats:
+        cfg = self.config
+        slot = self._optimizers[adapter]
+        # Later epochs step after earlier ones; keep a copy so a non-finite value can be rolled back.
+        snapshot = _Snapshot.take(slot) if cfg.num_inner_epochs > 1 else None
+        losses, norms, kls, clips = [], [], [], []
+        for epoch in range(cfg.num_inner_epochs):
+            slot.optimizer.zero_grad(set_to_none=True)
+            step_loss = 0.0
+            for k, rows in enumerate(chunks):
+                mask = batch.completion_mask[rows]
+                logps = self._logps(batch, rows)  # (b, C)
+                old = old_logps[k] if old_logps is not None else logps.detach()
+                ratio = probability_ratio(logps, old)
+                per_token = clipped_surrogate_loss(ratio, advantages[rows], cfg.epsilon_low, cfg.epsilon_high)
+                if ref_logps is not None:
+                    kl = k3_kl(logps, ref_logps[k])
+                    per_token = per_token + cfg.beta * kl
+                    kls.append(float(masked_mean(kl.detach(), mask)))
+                loss = AGGREGATIONS[cfg.loss_type](per_token, mask, ctx)
+                if not torch.isfinite(loss):
+                    where = f"loss = {loss.item()} at inner epoch {epoch}, micro-batch {k}"
+                    return self._abort(
+                        adapter, slot, snapshot, "non_finite_loss", where, len(advantages), mean_reward
+                    )
+                loss.backward()
+                step_loss += float(loss.detach())
+                clips.append(
+                    clip_fractions(ratio.detach(), advantages[rows], mask, cfg.epsilon_low, cfg.epsilon_high)
+                )
+            norm = float(torch.nn.utils.clip_grad_norm_(slot.params, cfg.max_grad_norm))
+            if not math.isfinite(norm):
+                where = f"gradient norm = {norm} at inner epoch {epoch}"
+                return self._abort(
+                    adapter, slot, snapshot, "non_finite_grad_norm", where, len(advantages), mean_reward
+                )
+            slot.optimizer.step()
+            losses.append(step_loss)
+            norms.append(norm)
+        slot.optimizer.zero_grad(set_to_none=True)
+        return UpdateStats(
+            adapter=adapter,
+            skipped=False,
+            skip_reason=None,
+            loss=sum(losses) / len(losses),
+            kl=sum(kls) / len(kls) if kls else None,
+            clip_fraction=sum(c.region for c in clips) / len(clips),
+            grad_norm=sum(norms) / len(norms),
+            mean_reward=mean_reward,
+            num_samples=len(advantages),
+            num_tokens=int(ctx.num_items_in_batch),
+            optimizer_steps=len(losses),
+        )
+
+    # -- generate, score, update ---------------------------------------------------------------------
+
+    def step(
+        self,
+        adapter: str,
+        prompts: Sequence[str],
+        reward_fn: Callable[[str, str], float],
+        *,
+        task_keys: Sequence[Hashable] | None = None,
+        seed: int | None = None,
+    ) -> StepResult:
+        """Generate `group_size` completions per prompt with the adapter, score them, and update it.
+
+        Args:
+            adapter: adapter name.
+            prompts: distinct prompts; each becomes one GRPO group.
+            reward_fn: reward_fn(prompt, completion) -> float (a verifier, never a model).
+            task_keys: one (role, task type) key per prompt, for scale_rewards="task_relative".
+            seed: generation seed; default config.seed + the number of earlier `step` calls.
+
+        Returns:
+            The completions, their rewards and the update's statistics.
+        """
+        cfg = self.config
+        expanded = [p for p in prompts for _ in range(cfg.group_size)]
+        groups = [i for i in range(len(prompts)) for _ in range(cfg.group_size)]
+        keys = None if task_keys is None else [k for k in task_keys for _ in range(cfg.group_size)]
+        completions = self.population.generate(
+            expanded,
+            adapters=[adapter] * len(expanded),
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            seed=cfg.seed + self._step_calls if seed is None else seed,
+        )
+        self._step_calls += 1
+        rewards = [float(reward_fn(p, c)) for p, c in zip(expanded, completions, strict=True)]
+        stats = self.update(adapter, expanded, completions, rewards, groups, keys)
+        return StepResult(completions=tuple(completions), rewards=tuple(rewards), stats=stats)
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _check_inputs(
+        self,
+        adapter: str,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        rewards: Sequence[float],
+        group_ids: Sequence[Hashable],
+        task_keys: Sequence[Hashable] | None,
+    ) -> None:
+        names = list(self.population.adapter_names)
+        if adapter not in names:
+            raise KeyError(f"unknown adapter {adapter!r}; the population has {names}")
+        lengths = {len(prompts), len(completions), len(rewards), len(group_ids)}
+        if task_keys is not None:
+            lengths.add(len(task_keys))
+        if len(lengths) != 1:
+            raise ValueError(
+                "prompts, completions, rewards, group_ids (and task_keys) must have one entry per "
+                f"completion; got lengths {len(prompts)}, {len(completions)}, {len(rewards)}, {len(group_ids)}"
+            )
+        if not prompts:
+            raise ValueError("update needs at least one completion")
+        if self.config.scale_rewards == "task_relative" and task_keys is None:
+            raise ValueError(
+                'scale_rewards="task_relative" needs task_keys (one (role, task type) per completion)'
+            )
+
+    def _advantages(
+        self, rewards: torch.Tensor, group_ids: Sequence[Hashable], task_keys: Sequence[Hashable] | None
+    ) -> torch.Tensor:
+        if self.config.scale_rewards == "task_relative":
+            assert task_keys is not None  # checked in _check_inputs
+            return advantages_task_relative(rewards, segment_index(task_keys))
+        return GROUP_ADVANTAGES[self.config.scale_rewards](rewards, segment_index(group_ids))
+
+    def _encode(self, prompts: Sequence[str], completions: Sequence[str]) -> _Batch:
+        """Tokenise: prompt with the tokenizer's special tokens, completion without, plus EOS if it ended early.
+
+        The population returns text, so the completion is re-tokenised; a completion shorter than
+        max_new_tokens stopped on EOS, which is then appended so that stopping is trained too.
+        """
+        tok = self.population.tokenizer
+        cap = self.config.max_new_tokens
+        position = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
+        distinct = list(position)
+        prompt_index = torch.tensor([position[p] for p in prompts], dtype=torch.long)
+        encoded = [list(x) for x in tok(distinct, add_special_tokens=True)["input_ids"]]
+        if any(not x for x in encoded):
+            raise ValueError("a prompt encodes to no tokens; the learner needs at least one prompt token")
+        prompt_ids = _pad(encoded, tok.pad_token_id, "left")
+        comp_ids = [list(x)[:cap] for x in tok(list(completions), add_special_tokens=False)["input_ids"]]
+        comp_ids = [[*x, tok.eos_token_id] if len(x) < cap else x for x in comp_ids]
+        completion = _pad(comp_ids, tok.pad_token_id, "right")
+        return _Batch(prompt_ids[0], prompt_ids[1], prompt_index, completion[0], completion[1].float())
+
+    def _logps(self, batch: _Batch, rows: torch.Tensor) -> torch.Tensor:
+        """Per-token log-probs (b, C) of the completion tokens of `rows` under the active model.
+
+        Shared-prefix forward: each distinct prompt runs once, its KV cache is gathered to the rows that
+        share it (a GRPO group shares one prompt), then the completions run on top of it. Gradients flow
+        through the cache, so this equals the forward of every full sequence with G times less prompt work.
+        Positions count real tokens only, so padding shifts nothing (as in generation).
+        """
+        from transformers import DynamicCache
+
+        model, device = self.population.model, self.population.device
+        distinct, inverse = torch.unique(batch.prompt_index[rows], return_inverse=True)
+        inverse = inverse.to(device)
+        p_ids, p_mask = (
+            batch.prompt_ids[distinct].to(device),
+            batch.prompt_mask[distinct].to(device),
+        )  # (u, P)
+        c_ids = batch.completion_ids[rows].to(device)  # (b, C)
+        cache, key = DynamicCache(), cache_kwarg(model)
+        prefix = model(
+            input_ids=p_ids,
+            attention_mask=p_mask,
+            position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=1,
+            **{key: cache},
+        )
+        cache.batch_select_indices(inverse)
+        c_len = c_ids.size(1)
+        out = model(
+            input_ids=c_ids,
+            attention_mask=torch.cat([p_mask[inverse], batch.completion_mask[rows].to(device).long()], dim=1),
+            position_ids=p_mask.sum(-1, keepdim=True)[inverse] + torch.arange(c_len, device=device),
+            use_cache=True,
+            **{key: cache},
+        )
+        # Token t of the completion is predicted by the prompt's last position (t = 0) or completion t - 1.
+        logits = torch.cat(
+            [prefix.logits[:, -1:, :][inverse], out.logits[:, : c_len - 1, :]], dim=1
+        )  # (b, C, V)
+        return token_log_probs(logits.float() / self.config.temperature, c_ids).cpu()
+
+    @torch.no_grad()
+    def _no_grad_logps(
+        self, batch: _Batch, chunks: list[torch.Tensor], reference: bool = False
+    ) -> list[torch.Tensor]:
+        ctx = self.population.reference() if reference else contextlib.nullcontext()
+        with ctx:
+            return [self._logps(batch, rows) for rows in chunks]
+
+    def _abort(
+        self,
+        adapter: str,
+        slot: _AdapterOptimizer,
+        snapshot: _Snapshot | None,
+        reason: SkipReason,
+        where: str,
+        n: int,
+        mean_reward: float,
+    ) -> UpdateStats:
+        slot.optimizer.zero_grad(set_to_none=True)
+        if snapshot is not None:
+            snapshot.restore(slot)
+        return self._skip(adapter, reason, where, n, mean_reward)
+
+    def _skip(self, adapter: str, reason: SkipReason, where: str, n: int, mean_reward: float) -> UpdateStats:
+        logger.warning(
+            "GRPO update of adapter %r skipped (%s: %s); its weights and optimizer state are unchanged",
+            adapter,
+            reason,
+            where,
+        )
+        nan = float("nan")
+        return UpdateStats(
+            adapter=adapter,
+            skipped=True,
+            skip_reason=reason,
+            loss=nan,
+            kl=None,
+            clip_fraction=nan,
+            grad_norm=nan,
+            mean_reward=mean_reward,
+            num_samples=n,
+            num_tokens=0,
+            optimizer_steps=0,
+        )
+
+
+@dataclass
+class _Snapshot:
+    """Copies of an adapter's parameters and optimizer state, for rolling back a failed update."""
+
+    tensors: list[torch.Tensor]
+    optimizer_state: dict[str, Any]
+
+    @classmethod
+    def take(cls, slot: _AdapterOptimizer) -> _Snapshot:
+        return cls([p.detach().clone() for p in slot.params], copy.deepcopy(slot.optimizer.state_dict()))
+
+    def restore(self, slot: _AdapterOptimizer) -> None:
+        with torch.no_grad():
+            for p, saved in zip(slot.params, self.tensors, strict=True):
+                p.copy_(saved)
+        slot.optimizer.load_state_dict(self.optimizer_state)
+
+
+def _pad(
+    rows: list[list[int]], pad_id: int, side: Literal["left", "right"]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad token lists to one length; returns (ids, mask), both (len(rows), max_len) long tensors."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        span = slice(width - len(r), width) if side == "left" else slice(0, len(r))
+        ids[i, span] = torch.tensor(r, dtype=torch.long)
+        mask[i, span] = 1
+    return ids, mask
+
+
+@contextlib.contextmanager
+def _only_trainable(model: nn.Module, params: list[nn.Parameter]) -> Iterator[None]:
+    """Let gradients flow into `params` only (base weights and other adapters frozen), then restore flags."""
+    keep = {id(p) for p in params}
+    before = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in before:
+        p.requires_grad_(id(p) in keep)
+    try:
+        yield
+    finally:
+        for p, flag in before:
+            p.requires_grad_(flag)

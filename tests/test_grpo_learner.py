@@ -1,0 +1,396 @@
+"""GRPOLearner on a tiny offline PeftModel: which weights move, ratio 1 on-policy, NaN handling, learning."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import string
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+from agents.grpo import GRPOConfig, GRPOLearner, LossType, UpdateStats  # noqa: E402
+from tests.agents_fixtures import one_torch_thread, tiny_base_dir  # noqa: E402
+
+__all__ = ["one_torch_thread", "tiny_base_dir"]  # fixtures are used by name
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CHARS = string.ascii_lowercase + " "
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+
+
+def build_char_tokenizer() -> Any:
+    """A character-level tokenizer built offline with `tokenizers` (no hub access)."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(CHARS))}
+    core = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    core.decoder = tokenizers.decoders.Fuse()
+    core.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 1)]
+    )
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+class TinyPopulation:
+    """The population interface the learner needs, over a 2-layer Llama with LoRA adapters "p0" and "p1"."""
+
+    def __init__(self, names: tuple[str, ...] = ("p0", "p1"), seed: int = 0) -> None:
+        self.tokenizer = build_char_tokenizer()
+        self.tokenizer.padding_side = "left"
+        config = transformers.LlamaConfig(
+            vocab_size=len(self.tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=128,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+        lora = peft.LoraConfig(
+            r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]
+        )
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            base = transformers.LlamaForCausalLM(config)
+            # A random init with std 0.02 caps every logit near |h| * |w| ~ 1.3, so no adapter on the
+            # blocks could make one token likely; a trained base has sharper output rows.
+            base.lm_head.weight.data.mul_(10.0)
+            self.model = peft.get_peft_model(base, lora, adapter_name=names[0])
+            for name in names[1:]:
+                self.model.add_adapter(name, lora)
+        self.adapter_names = list(names)
+        self.device = torch.device("cpu")
+
+    def trainable_parameters(self, name: str) -> list[torch.nn.Parameter]:
+        return [p for n, p in self.model.named_parameters() if "lora_" in n and f".{name}." in n]
+
+    def set_active(self, name: str) -> None:
+        self.model.set_adapter(name)
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[None]:
+        with self.model.disable_adapter():
+            yield
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[str], adapters: list[str], max_new_tokens: int, temperature: float, seed: int
+    ) -> list[str]:
+        out = [""] * len(prompts)
+        for name in dict.fromkeys(adapters):
+            rows = [i for i, a in enumerate(adapters) if a == name]
+            self.set_active(name)
+            enc = self.tokenizer([prompts[i] for i in rows], return_tensors="pt", padding=True)
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                ids = self.model.generate(
+                    **enc,
+                    do_sample=True,
+                    temperature=temperature,
+                    top_k=0,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=0,
+                    eos_token_id=2,
+                )
+            texts = self.tokenizer.batch_decode(ids[:, enc["input_ids"].size(1) :], skip_special_tokens=True)
+            for i, text in zip(rows, texts, strict=True):
+                out[i] = text
+        return out
+
+
+def snapshot(pop: TinyPopulation) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in pop.model.named_parameters()}
+
+
+def changed(before: dict[str, torch.Tensor], pop: TinyPopulation) -> set[str]:
+    return {n for n, p in pop.model.named_parameters() if not torch.equal(before[n], p.detach())}
+
+
+PROMPTS = ["abc ", "hello ", "xy "]
+
+
+def count_a(prompt: str, completion: str) -> float:
+    """Verifiable reward: the share of 'a' characters in the completion (0 for an empty one)."""
+    return completion.count("a") / len(completion) if completion else 0.0
+
+
+# -- config ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("loss_type", "ppo"),
+        ("scale_rewards", "std"),
+        ("learning_rate", 0.0),
+        ("epsilon_low", 1.0),
+        ("epsilon_high", -0.1),
+        ("beta", -1.0),
+        ("num_inner_epochs", 0),
+        ("grad_accum_steps", 0),
+        ("max_grad_norm", float("inf")),
+        ("group_size", 1),
+        ("temperature", 0.0),
+        ("max_new_tokens", 0),
+        ("seed", -1),
+    ],
+)
+def test_config_rejects_bad_values_naming_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=field):
+        GRPOConfig(**{field: value})
+
+
+def test_config_is_frozen_and_every_field_documented() -> None:
+    import ast
+    import inspect
+
+    import agents.grpo as module
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        GRPOConfig().beta = 1.0  # type: ignore[misc]
+    body = ast.parse(inspect.getsource(module)).body
+    cls = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == "GRPOConfig")
+    documented = {
+        stmt.target.id
+        for stmt, nxt in zip(cls.body, cls.body[1:], strict=False)
+        if isinstance(stmt, ast.AnnAssign)
+        and isinstance(stmt.target, ast.Name)
+        and isinstance(nxt, ast.Expr)
+        and isinstance(nxt.value, ast.Constant)
+    }
+    assert documented == {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+# -- update --------------------------------------------------------------------------------------------
+
+
+def _batch(
+    pop: TinyPopulation, adapter: str, group_size: int = 4
+) -> tuple[list[str], list[str], list[float], list[int]]:
+    prompts = [p for p in PROMPTS for _ in range(group_size)]
+    completions = pop.generate(prompts, [adapter] * len(prompts), max_new_tokens=6, temperature=1.0, seed=1)
+    rewards = [count_a(p, c) + 0.1 * i for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
+    groups = [i // group_size for i in range(len(prompts))]
+    return prompts, completions, rewards, groups
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_only_the_named_adapter_moves(loss_type: LossType) -> None:
+    pop = TinyPopulation()
+    cfg = GRPOConfig(learning_rate=1e-2, loss_type=loss_type, max_new_tokens=6, beta=0.05, num_inner_epochs=2)
+    learner = GRPOLearner(pop, cfg)
+    before = snapshot(pop)
+    stats = learner.update("p1", *_batch(pop, "p1"))
+    assert not stats.skipped and stats.optimizer_steps == 2
+    moved = changed(before, pop)
+    adapter_b = {n for n, _ in pop.model.named_parameters() if ".p1." in n and "lora_" in n}
+    assert moved, "the adapter did not change"
+    assert moved <= adapter_b, f"parameters outside adapter 'p1' moved: {sorted(moved - adapter_b)[:3]}"
+    # Requires-grad flags are restored after the update.
+    assert all(not p.requires_grad for n, p in pop.model.named_parameters() if "lora_" not in n)
+
+
+def test_first_inner_epoch_is_on_policy() -> None:
+    pop = TinyPopulation()
+    cfg = GRPOConfig(
+        learning_rate=0.5,
+        num_inner_epochs=1,
+        grad_accum_steps=3,
+        max_new_tokens=6,
+        epsilon_low=0.0,
+        epsilon_high=0.0,
+    )
+    learner = GRPOLearner(pop, cfg)
+    batch = _batch(pop, "p0")
+    # mu = 1: the ratio is exactly 1, so even a zero-width clip clips nothing.
+    assert learner.update("p0", *batch).clip_fraction == 0.0
+
+    # mu = 2 with stored old log-probs: the first epoch's ratio is exactly 1 too; the second, after a big
+    # step, is not. Check the stored old log-probs against a fresh forward pass before any step.
+    cfg2 = dataclasses.replace(cfg, num_inner_epochs=2)
+    learner2 = GRPOLearner(pop, cfg2)
+    enc = learner2._encode(batch[0], batch[1])
+    rows = [torch.arange(len(batch[0]))]
+    pop.set_active("p0")
+    old = learner2._no_grad_logps(enc, rows)[0]
+    fresh = learner2._logps(enc, rows[0]).detach()
+    assert torch.equal(torch.exp(fresh - old), torch.ones_like(old))
+    stats = learner2.update("p0", *batch)
+    assert stats.optimizer_steps == 2 and stats.clip_fraction > 0.0
+
+
+def test_log_probs_match_an_unpadded_full_forward() -> None:
+    # The learner pads, shares each prompt's prefix across its group and gathers the KV cache; a plain
+    # forward of each full sequence on its own must give the same per-token log-probs.
+    pop = TinyPopulation()
+    with torch.no_grad():
+        for p in pop.trainable_parameters("p0"):
+            p.normal_(0.0, 0.1)  # a non-trivial adapter, so the LoRA path is exercised
+    learner = GRPOLearner(pop, GRPOConfig(max_new_tokens=6, temperature=0.7))
+    prompts, completions, _, _ = _batch(pop, "p0", group_size=3)
+    completions[0] = ""  # an empty completion still trains its EOS
+    pop.set_active("p0")
+    batch = learner._encode(prompts, completions)
+    with torch.no_grad():
+        got = learner._logps(batch, torch.arange(len(prompts)))
+    tok = pop.tokenizer
+    for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+        p_ids = tok(prompt)["input_ids"]
+        c_ids = tok(completion, add_special_tokens=False)["input_ids"][:6]
+        c_ids = [*c_ids, tok.eos_token_id] if len(c_ids) < 6 else c_ids
+        with torch.no_grad():
+            logits = pop.model(input_ids=torch.tensor([p_ids + c_ids])).logits[0] / 0.7
+        expected = [
+            torch.log_softmax(logits[len(p_ids) - 1 + t], dim=-1)[c].item() for t, c in enumerate(c_ids)
+        ]
+        assert got[i, : len(c_ids)].tolist() == pytest.approx(expected, abs=1e-5)
+        assert batch.completion_mask[i].sum().item() == len(c_ids)
+
+
+def test_kl_to_base_is_zero_for_a_fresh_adapter_then_grows() -> None:
+    # A fresh LoRA adapter has B = 0, so it *is* the base (the reference): k3 KL is exactly 0 until it moves.
+    pop = TinyPopulation()
+    learner = GRPOLearner(pop, GRPOConfig(learning_rate=5e-2, beta=0.1, max_new_tokens=6))
+    batch = _batch(pop, "p0")
+    first = learner.update("p0", *batch)
+    second = learner.update("p0", *batch)
+    assert first.kl == 0.0
+    assert second.kl is not None and second.kl > 0.0
+
+
+def test_adapters_keep_separate_optimizer_state() -> None:
+    pop = TinyPopulation()
+    learner = GRPOLearner(pop, GRPOConfig(learning_rate=1e-2, max_new_tokens=6))
+    learner.update("p0", *_batch(pop, "p0"))
+    learner.update("p1", *_batch(pop, "p1"))
+    opt_a, opt_b = learner.optimizer_for("p0"), learner.optimizer_for("p1")
+    assert opt_a is not opt_b
+    ids_a = {id(p) for g in opt_a.param_groups for p in g["params"]}
+    ids_b = {id(p) for g in opt_b.param_groups for p in g["params"]}
+    assert ids_a.isdisjoint(ids_b) and ids_a == {id(p) for p in pop.trainable_parameters("p0")}
+    assert all(opt_a.state[p]["step"] == 1 for p in pop.trainable_parameters("p0"))
+
+
+def test_task_relative_needs_keys_and_runs_with_them() -> None:
+    pop = TinyPopulation()
+    learner = GRPOLearner(
+        pop, GRPOConfig(learning_rate=1e-2, scale_rewards="task_relative", max_new_tokens=6)
+    )
+    prompts, completions, rewards, groups = _batch(pop, "p0")
+    with pytest.raises(ValueError, match="task_keys"):
+        learner.update("p0", prompts, completions, rewards, groups)
+    keys = [("student", "deduction") if g % 2 else ("teacher", "abduction") for g in groups]
+    assert not learner.update("p0", prompts, completions, rewards, groups, task_keys=keys).skipped
+
+
+def test_bad_inputs() -> None:
+    pop = TinyPopulation()
+    learner = GRPOLearner(pop, GRPOConfig(max_new_tokens=6))
+    with pytest.raises(KeyError, match="'p0', 'p1'"):
+        learner.update("nope", ["x"], ["y"], [1.0], [0])
+    with pytest.raises(ValueError, match="lengths"):
+        learner.update("p0", ["x", "x"], ["y"], [1.0], [0])
+
+
+# -- non-finite values ---------------------------------------------------------------------------------
+
+
+def test_nan_reward_skips_and_leaves_adapter_unchanged(caplog: pytest.LogCaptureFixture) -> None:
+    pop = TinyPopulation()
+    learner = GRPOLearner(pop, GRPOConfig(learning_rate=1e-2, max_new_tokens=6))
+    prompts, completions, rewards, groups = _batch(pop, "p0")
+    rewards[3] = float("nan")
+    before = snapshot(pop)
+    with caplog.at_level(logging.WARNING, logger="agents.grpo"):
+        stats = learner.update("p0", prompts, completions, rewards, groups)
+    assert stats.skipped and stats.skip_reason == "non_finite_reward" and stats.optimizer_steps == 0
+    assert "reward[3]" in caplog.text and "skipped" in caplog.text
+    assert changed(before, pop) == set()
+
+
+def test_nan_logit_in_second_epoch_rolls_back_the_first(caplog: pytest.LogCaptureFixture) -> None:
+    pop = TinyPopulation()
+    learner = GRPOLearner(pop, GRPOConfig(learning_rate=1e-2, num_inner_epochs=3, max_new_tokens=6))
+    batch = _batch(pop, "p0")
+    learner.update("p0", *batch)  # give the optimizer some state worth protecting
+    state_before = {
+        k: v.clone() for k, v in learner.optimizer_for("p0").state[pop.trainable_parameters("p0")[0]].items()
+    }
+    before = snapshot(pop)
+
+    calls = {"n": 0}
+    # The learner runs lm_head twice per log-prob pass (shared prompt prefix, then completions):
+    # calls 1-2 = old log-probs, 3-4 = epoch 0 (then an optimizer step), 5-6 = epoch 1 -> NaN logits.
+    first_poisoned = 5
+
+    def poison(module: torch.nn.Module, args: tuple[object, ...], output: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        return output if calls["n"] < first_poisoned else torch.full_like(output, float("nan"))
+
+    handle = pop.model.get_base_model().lm_head.register_forward_hook(poison)
+    try:
+        with caplog.at_level(logging.WARNING, logger="agents.grpo"):
+            stats = learner.update("p0", *batch)
+    finally:
+        handle.remove()
+    assert stats.skipped and stats.skip_reason == "non_finite_loss"
+    assert "inner epoch 1" in caplog.text
+    assert changed(before, pop) == set()
+    state_after = learner.optimizer_for("p0").state[pop.trainable_parameters("p0")[0]]
+    assert all(torch.equal(state_before[k], state_after[k]) for k in state_before)
+
+
+# -- learning ------------------------------------------------------------------------------------------
+
+
+def _mean_reward(pop: TinyPopulation, adapter: str, seed: int) -> float:
+    prompts = [p for p in PROMPTS for _ in range(16)]
+    texts = pop.generate(prompts, [adapter] * len(prompts), max_new_tokens=8, temperature=1.0, seed=seed)
+    return sum(count_a(p, t) for p, t in zip(prompts, texts, strict=True)) / len(texts)
+
+
+def test_short_run_raises_mean_reward() -> None:
+    pop = TinyPopulation(seed=0)
+    cfg = GRPOConfig(learning_rate=1e-2, group_size=8, max_new_tokens=8, loss_type="dapo", seed=0)
+    learner = GRPOLearner(pop, cfg)
+    base = {n: p.detach().clone() for n, p in pop.model.named_parameters() if "lora_" not in n}
+    start = _mean_reward(pop, "p0", seed=1234)
+    history: list[UpdateStats] = [learner.step("p0", PROMPTS, count_a).stats for _ in range(6)]
+    end = _mean_reward(pop, "p0", seed=1234)
+    assert not any(s.skipped for s in history)
+    assert end >= start + 0.5, f"mean reward {start:.3f} -> {end:.3f}"
+    assert all(torch.equal(p.detach(), base[n]) for n, p in pop.model.named_parameters() if "lora_" not in n)
+    assert _mean_reward(pop, "p1", seed=1234) == pytest.approx(start)  # the other adapter did not move
+
+
+# -- the real population ---------------------------------------------------------------------------------
+
+
+def test_with_lora_population(tiny_base_dir: Any) -> None:
+    # The learner against agents.population.LoRAPopulation on the tiny pretrained base (BPE tokenizer).
+    from agents.population import LoRAPopulation
+
+    pop = LoRAPopulation.from_pretrained(tiny_base_dir, names=["teacher_0", "student_0"], rank=4)
+    learner = GRPOLearner(pop, GRPOConfig(learning_rate=1e-2, group_size=4, max_new_tokens=8, beta=0.01))
+    before = {n: p.detach().clone() for n, p in pop.model.named_parameters()}
+    result = learner.step(
+        "student_0", ["def f(x):\n    return", "```python\n"], lambda p, c: float(len(c) % 3)
+    )
+    assert len(result.completions) == 8 and not result.stats.skipped and result.stats.kl is not None
+    moved = {n for n, p in pop.model.named_parameters() if not torch.equal(before[n], p.detach())}
+    assert moved and all(".student_0." in n for n in moved)
+    # The population's own invariants still hold afterwards: every adapter trainable, base frozen.
+    flags = {n: p.requires_grad for n, p in pop.model.named_parameters()}
+    assert all(flags[n] == ("lora_" in n) for n in flags)
