@@ -1,7 +1,11 @@
 """Population-based training with weight-space operators around any policy.
 
-    from evolve import operators
+    from evolve import operators, PBTConfig, run_pbt
     child = operators.CROSSOVERS["interpolate"]([parent_a, parent_b], rng=torch.Generator().manual_seed(0))
+    run_dir = run_pbt(PBTConfig(...))
+
+``evolve`` sees policies only through protocols (:class:`EvolvablePolicy`, :class:`Learner`); it never
+imports ``agents``.
 """
 
 from __future__ import annotations
@@ -9,5 +13,18 @@ from __future__ import annotations
 from evolve import operators
 from evolve.genome import Genome, LoraPair, lora_pairs
 from evolve.operators import CROSSOVERS, MUTATIONS
+from evolve.pbt import PBTConfig, run_pbt
+from evolve.protocols import EvolvablePolicy, Learner
 
-__all__ = ["CROSSOVERS", "MUTATIONS", "Genome", "LoraPair", "lora_pairs", "operators"]
+__all__ = [
+    "CROSSOVERS",
+    "MUTATIONS",
+    "EvolvablePolicy",
+    "Genome",
+    "Learner",
+    "LoraPair",
+    "PBTConfig",
+    "lora_pairs",
+    "operators",
+    "run_pbt",
+]

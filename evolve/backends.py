@@ -1,0 +1,346 @@
+"""Where matches are played and members learn: in this process (``local``) or on Ray actors (``ray``).
+
+The coordinator (``run_pbt``) keeps rating, selection and operators and draws every seed, so both backends
+give the same run for the same seed. On Ray, one episode actor owns the env and its verifier and plays a
+generation's episodes in order (a member's sampling generator runs through its episodes in sequence, as
+locally); every evolving member slot is a plain Ray actor that runs that member's learner. To use a
+cluster, start Ray there (``ray start --head``) and set ``PBTConfig.ray_address`` to ``"auto"`` or
+``"ray://<head>:10001"``; ``None`` starts a local instance.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from evolve.learners import LEARNERS
+from evolve.members import POLICIES
+from evolve.protocols import Transition
+from evolve.ratings import MatchResult, MemberMatchmaker, RatingTable
+from evolve.runlog import LearnerFailure, finite_or_none
+from populora_env import teacher_student_v0
+from populora_env.game import TeacherStudentConfig
+from populora_env.metrics import EpisodeMetrics
+
+if TYPE_CHECKING:
+    from evolve.pbt import PBTConfig
+    from evolve.population import Member
+
+Losses = dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class PlayOutcome:
+    """One generation of matches.
+
+    Attributes:
+        transitions: each member's decisions, in play order.
+        results: teacher-vs-student attempt outcomes, in play order.
+        metrics: the env's arms-race metrics per episode.
+        returns: each member's summed reward per role over the generation.
+    """
+
+    transitions: dict[int, list[Transition]]
+    results: list[MatchResult]
+    metrics: list[EpisodeMetrics]
+    returns: dict[int, dict[str, float]]
+
+
+class Backend(Protocol):
+    """Plays a generation and runs the members' learners."""
+
+    env: Any
+    """An env instance for building scripted members (they read its config and pending turn)."""
+
+    def play(
+        self,
+        members: Sequence[Member],
+        sampling_seeds: Mapping[int, int],
+        seatings: Sequence[Mapping[str, int]],
+        seeds: Sequence[int],
+    ) -> PlayOutcome:
+        """Reseeds members' samplers, then plays one episode per seating (agent -> member id)."""
+        ...
+
+    def learn(
+        self, members: Sequence[Member], outcome: PlayOutcome, generation: int
+    ) -> tuple[Losses, list[LearnerFailure]]:
+        """Runs each evolving member's learner on its transitions; a raising learner is undone and reported."""
+        ...
+
+    def close(self) -> None:
+        """Releases the backend's resources."""
+        ...
+
+
+def _role(agent: str) -> Any:
+    return "teacher" if agent.startswith("teacher") else "student"
+
+
+def play_episodes(
+    env: Any,
+    matchmaker: MemberMatchmaker,
+    policies: Mapping[int, Any],
+    seatings: Sequence[Mapping[str, int]],
+    seeds: Sequence[int],
+) -> PlayOutcome:
+    """Plays one episode per seating, episode ``i`` reset with ``seeds[i]``, recording every decision."""
+    transitions: dict[int, list[Transition]] = {m: [] for m in policies}
+    returns: dict[int, dict[str, float]] = {m: {} for m in policies}
+    metrics, results = [], []
+    for episode, (seats, seed) in enumerate(zip(seatings, seeds, strict=True)):
+        matchmaker.seat(seats)
+        env.reset(seed=int(seed))
+        pending: dict[str, tuple[Any, Any]] = {}
+        for agent in env.agent_iter():
+            observation, reward, terminated, truncated, _ = env.last()
+            member, role = seats[agent], _role(agent)
+            returns[member][role] = returns[member].get(role, 0.0) + float(reward)
+            if agent in pending:  # the reward since this seat's last decision is that decision's credit
+                obs, action = pending.pop(agent)
+                transitions[member].append(Transition(agent, role, obs, action, float(reward), episode))
+            if terminated or truncated:
+                env.step(None)
+                continue
+            action = policies[member].act(observation, agent)
+            pending[agent] = (observation, action)
+            env.step(action)
+        metrics.append(env.unwrapped.episode_metrics())
+        results += matchmaker.drain()
+    return PlayOutcome(transitions, results, metrics, returns)
+
+
+def learn_locally(
+    members: Sequence[Member], outcome: PlayOutcome, generation: int
+) -> tuple[Losses, list[LearnerFailure]]:
+    """Each evolving member's learner on its own transitions, in member order."""
+    losses: Losses = {}
+    failures = []
+    for member in members:
+        if member.learner is None or not outcome.transitions.get(member.id):
+            continue
+        genome = member.policy.get_genome()
+        learner_state = copy.deepcopy(member.learner.state_dict())
+        try:
+            stats = member.learner.update(member.policy, outcome.transitions[member.id])
+            losses[str(member.id)] = finite_or_none(stats.loss)
+        except Exception as error:  # any learner bug: undo, skip this member for the generation, keep the run
+            member.policy.set_genome(genome)
+            member.learner.reset()
+            member.learner.load_state_dict(learner_state)
+            failures.append(LearnerFailure(member.id, generation, type(error).__name__, str(error)))
+    return losses, failures
+
+
+def _new_env(
+    env_config: TeacherStudentConfig, table: RatingTable, pfsp: bool
+) -> tuple[Any, Any, MemberMatchmaker]:
+    from populora_env.verifier import Verifier, VerifierConfig
+
+    verifier = Verifier(VerifierConfig())
+    matchmaker = MemberMatchmaker(table, env_config.students_per_task, pfsp=pfsp)
+    return (
+        teacher_student_v0.env(config=env_config, verifier=verifier, matchmaker=matchmaker),
+        verifier,
+        matchmaker,
+    )
+
+
+class LocalBackend:
+    """Plays episodes of ``TeacherStudent-v0`` in this process with a verifier it owns.
+
+    Args:
+        env_config: the game's config (seats, rounds, structured or text mode).
+        table: ratings read by the PFSP matchmaker.
+        pfsp: match students to tasks by PFSP on the members' ratings (else all-pairs).
+    """
+
+    def __init__(self, env_config: TeacherStudentConfig, table: RatingTable, pfsp: bool) -> None:
+        self.env, self.verifier, self.matchmaker = _new_env(env_config, table, pfsp)
+
+    def play(
+        self,
+        members: Sequence[Member],
+        sampling_seeds: Mapping[int, int],
+        seatings: Sequence[Mapping[str, int]],
+        seeds: Sequence[int],
+    ) -> PlayOutcome:
+        """Reseeds the members' samplers and plays the episodes here."""
+        for member in members:
+            if member.id in sampling_seeds:
+                member.policy.reseed(sampling_seeds[member.id])
+        return play_episodes(self.env, self.matchmaker, {m.id: m.policy for m in members}, seatings, seeds)
+
+    def learn(
+        self, members: Sequence[Member], outcome: PlayOutcome, generation: int
+    ) -> tuple[Losses, list[LearnerFailure]]:
+        """``learn_locally``."""
+        return learn_locally(members, outcome, generation)
+
+    def close(self) -> None:
+        """Closes the verifier."""
+        self.env.close()
+        self.verifier.close()
+
+
+# ----- Ray ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MemberSpec:
+    """What an episode actor needs to rebuild a member's policy."""
+
+    id: int
+    role: str
+    kind: str
+    genome: dict[str, Any] | None
+    sampling_seed: int | None
+
+
+class EpisodeWorker:
+    """Ray actor body: owns an env and its verifier and plays a generation's episodes."""
+
+    def __init__(self, config: PBTConfig) -> None:
+        self.config = config
+        self.table = RatingTable()
+        self.env, self.verifier, self.matchmaker = _new_env(config.env, self.table, config.pfsp)
+
+    def play(
+        self,
+        specs: Sequence[MemberSpec],
+        ratings: Mapping[int, tuple[float, float]],
+        seatings: Sequence[Mapping[str, int]],
+        seeds: Sequence[int],
+    ) -> PlayOutcome:
+        """Rebuilds the members' policies from their genomes and seeds, then plays."""
+        self.table.ratings = RatingTable.from_state(ratings).ratings
+        policies: dict[int, Any] = {}
+        for spec in specs:
+            seed = spec.sampling_seed if spec.sampling_seed is not None else 0
+            policy = POLICIES[spec.kind](self.env, spec.role, seed, self.config)
+            if spec.genome is not None:
+                policy.set_genome(spec.genome)
+            if spec.sampling_seed is not None:
+                policy.reseed(spec.sampling_seed)
+            policies[spec.id] = policy
+        return play_episodes(self.env, self.matchmaker, policies, seatings, seeds)
+
+    def close(self) -> None:
+        """Closes the verifier."""
+        self.verifier.close()
+
+
+class MemberWorker:
+    """Ray actor body for one evolving member slot: runs the member's learner on its genome."""
+
+    def __init__(self, config: PBTConfig, kind: str, role: str) -> None:
+        self.policy = POLICIES[kind](teacher_student_v0.raw_env(config=config.env), role, 0, config)
+        self.learner = LEARNERS[config.learner](self.policy, config.learner_config)
+
+    def learn(
+        self, genome: dict[str, Any], state: dict[str, Any], experience: Sequence[Transition]
+    ) -> tuple[Any, ...]:
+        """``("ok", genome, learner state, loss)`` or ``("error", type name, message)``."""
+        self.policy.set_genome(genome)
+        self.learner.reset()
+        self.learner.load_state_dict(state)
+        try:
+            stats = self.learner.update(self.policy, experience)
+        except Exception as error:  # reported to the coordinator, which keeps the member unchanged
+            return ("error", type(error).__name__, str(error))
+        return ("ok", self.policy.get_genome(), self.learner.state_dict(), stats.loss)
+
+
+class RayBackend:
+    """Members as plain Ray actors (an episode actor plus one learner actor per evolving slot).
+
+    Args:
+        config: the run's config (``ray_address``: ``None`` starts a local Ray instance).
+        table: the coordinator's ratings (sent to the episode actor each generation for PFSP).
+    """
+
+    def __init__(self, config: PBTConfig, table: RatingTable) -> None:
+        import ray
+
+        self.ray = ray
+        self.started = not ray.is_initialized()
+        if self.started:
+            ray.init(address=config.ray_address, num_cpus=config.ray_num_cpus, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)  # fmt: skip
+        self.config = config
+        self.table = table
+        self.env = teacher_student_v0.raw_env(config=config.env)  # only to build scripted members here
+        # zero-CPU actors: they are scheduled regardless of their number; Ray's OS processes share the CPUs
+        self.episodes: Any = ray.remote(num_cpus=0)(EpisodeWorker).remote(config)
+        self.workers: dict[str, Any] = {}
+
+    def play(
+        self,
+        members: Sequence[Member],
+        sampling_seeds: Mapping[int, int],
+        seatings: Sequence[Mapping[str, int]],
+        seeds: Sequence[int],
+    ) -> PlayOutcome:
+        """Plays the generation on the episode actor."""
+        specs = [
+            MemberSpec(
+                m.id,
+                m.role,
+                m.kind,
+                m.policy.get_genome() if m.evolves else None,
+                sampling_seeds.get(m.id),
+            )
+            for m in members
+        ]
+        return self.ray.get(self.episodes.play.remote(specs, self.table.state(), list(seatings), list(seeds)))
+
+    def _worker(self, member: Member) -> Any:
+        if member.slot not in self.workers:
+            actor = self.ray.remote(num_cpus=0)(MemberWorker)
+            self.workers[member.slot] = actor.remote(self.config, member.kind, member.role)
+        return self.workers[member.slot]
+
+    def learn(
+        self, members: Sequence[Member], outcome: PlayOutcome, generation: int
+    ) -> tuple[Losses, list[LearnerFailure]]:
+        """All learners at once on their actors; results applied in member order."""
+        pending = []
+        for member in members:
+            if member.learner is None or not outcome.transitions.get(member.id):
+                continue
+            state = member.learner.state_dict()
+            ref = self._worker(member).learn.remote(
+                member.policy.get_genome(), state, outcome.transitions[member.id]
+            )
+            pending.append((member, ref))
+        losses: Losses = {}
+        failures = []
+        for member, ref in pending:
+            reply = self.ray.get(ref)
+            if reply[0] == "error":
+                failures.append(LearnerFailure(member.id, generation, reply[1], reply[2]))
+                continue
+            _, genome, state, loss = reply
+            member.policy.set_genome(genome)
+            assert member.learner is not None
+            member.learner.reset()
+            member.learner.load_state_dict(state)
+            losses[str(member.id)] = finite_or_none(loss)
+        return losses, failures
+
+    def close(self) -> None:
+        """Stops the actors (and the Ray instance this backend started)."""
+        self.ray.get(self.episodes.close.remote())
+        for actor in [self.episodes, *self.workers.values()]:
+            self.ray.kill(actor)
+        if self.started:
+            self.ray.shutdown()
+
+
+def make_backend(config: PBTConfig, table: RatingTable) -> Backend:
+    """Builds the backend named in the config (``local`` or ``ray``)."""
+    if config.backend == "local":
+        return LocalBackend(config.env, table, config.pfsp)
+    if config.backend == "ray":
+        return RayBackend(config, table)
+    raise ValueError(f"backend must be 'local' or 'ray', got {config.backend!r}")

@@ -1,0 +1,134 @@
+"""Checkpoint files: atomic writes (temp file, fsync, rename) and SHA-256-checked reads.
+
+File layout: a magic line, a JSON header line (format version, generation, payload length and SHA-256),
+then the payload (``torch.save`` of plain containers, tensors and numbers; read back with
+``weights_only=True``, so a checkpoint cannot run code). A file whose magic, header, length or checksum
+is wrong raises ``CheckpointError`` naming the file: it is never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MAGIC = b"POPULORA-EVOLVE-CHECKPOINT\n"
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^gen_(\d{6})\.ckpt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is corrupt, truncated or of another format (the message names the file)."""
+
+
+def checkpoint_path(directory: Path, generation: int) -> Path:
+    """The file of the checkpoint taken after ``generation`` generations."""
+    return directory / f"gen_{generation:06d}.ckpt"
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Writes ``data`` to ``path`` atomically: a temp file in the same folder, fsync, rename, fsync folder.
+
+    A crash at any point leaves either the old file (or none) or the complete new one, plus at most a
+    stray ``*.tmp`` file that readers ignore.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(directory: Path, generation: int, state: dict[str, Any], keep: int = 2) -> Path:
+    """Writes ``state`` as the checkpoint of ``generation`` and prunes all but the newest ``keep``.
+
+    Returns:
+        The checkpoint's path.
+    """
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    header = {
+        "format": FORMAT_VERSION,
+        "generation": generation,
+        "length": len(payload),
+        "sha256": hashlib.sha256(payload).hexdigest(),
+    }
+    path = checkpoint_path(directory, generation)
+    atomic_write_bytes(path, MAGIC + json.dumps(header).encode() + b"\n" + payload)
+    for old in list_checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Checkpoint files in ``directory``, oldest first (temp files excluded)."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if _NAME.match(p.name)]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def remove_temp_files(directory: Path) -> list[Path]:
+    """Deletes temp files left by a write that was killed; returns them."""
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.iterdir() if p.name.endswith(".tmp")]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Reads and verifies a checkpoint.
+
+    Raises:
+        CheckpointError: wrong magic, unreadable header, wrong length (truncated) or wrong SHA-256.
+    """
+    data = Path(path).read_bytes()
+    if not data.startswith(MAGIC):
+        raise CheckpointError(f"{path}: not a populora evolve checkpoint (bad magic)")
+    end = data.find(b"\n", len(MAGIC))
+    try:
+        header = json.loads(data[len(MAGIC) : end])
+        length, digest = int(header["length"]), str(header["sha256"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{path}: unreadable header ({error})") from error
+    if header.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format {header.get('format')!r}, expected {FORMAT_VERSION}")
+    payload = data[end + 1 :]
+    if len(payload) != length:
+        raise CheckpointError(
+            f"{path}: truncated or padded payload ({len(payload)} bytes, header says {length})"
+        )
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise CheckpointError(
+            f"{path}: checksum mismatch (corrupt payload); delete it to resume from an older one"
+        )
+    return torch.load(io.BytesIO(payload), weights_only=True)
+
+
+def load_latest(directory: Path) -> dict[str, Any] | None:
+    """The newest checkpoint in ``directory`` (verified), or ``None`` if there is none.
+
+    A corrupt newest checkpoint raises ``CheckpointError``; older ones are never silently used instead.
+    """
+    found = list_checkpoints(directory)
+    return load_checkpoint(found[-1]) if found else None

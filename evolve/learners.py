@@ -1,0 +1,127 @@
+"""Members' own learners: REINFORCE with a mean baseline for torch policies, ``none`` for pure evolution.
+
+Add one with ``LEARNERS["mine"] = factory``; a factory takes ``(policy, LearnerConfig)`` and returns a
+``Learner``. Unknown names raise ``KeyError`` listing the registered ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from evolve.operators import Registry
+from evolve.protocols import Learner, LearnStats, Transition
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """Hyper-parameters of a member's learner."""
+
+    lr: float = 0.01
+    """Adam learning rate."""
+    steps: int = 2
+    """Full-batch gradient steps per generation on that generation's experience."""
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps must be an int >= 1, got {self.steps!r}")
+
+
+class NoLearner:
+    """Pure evolution: the weights change only through operators."""
+
+    def update(self, policy: Any, experience: Sequence[Transition]) -> LearnStats:
+        """Does nothing."""
+        return LearnStats(float("nan"), 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """No state."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """No state."""
+
+    def reset(self) -> None:
+        """No state."""
+
+
+def reinforce_loss(log_probs: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    """REINFORCE with a baseline (Williams 1992; Sutton & Barto 2018, eq. 13.11): ``-mean(A * log pi)``.
+
+    The advantage ``A`` is the reward minus the batch mean, divided by the batch standard deviation (a
+    common variance reduction; with constant rewards ``A = 0`` and the gradient vanishes).
+
+    Args:
+        log_probs: ``(N,)`` log-probabilities of the taken actions.
+        rewards: ``(N,)`` rewards credited to them.
+    """
+    advantages = rewards - rewards.mean()
+    if rewards.numel() > 1:
+        advantages = advantages / (rewards.std() + 1e-8)
+    return -(advantages.detach() * log_probs).mean()
+
+
+class ReinforceLearner:
+    """REINFORCE for a policy with ``log_prob(role, observations, actions)`` (e.g. ``TorchPolicy``).
+
+    Teacher and student decisions are separate batches (their rewards are on different scales); their
+    losses are summed.
+
+    Args:
+        policy: the member's policy (an ``nn.Module``).
+        config: learning rate and steps.
+    """
+
+    def __init__(self, policy: torch.nn.Module, config: LearnerConfig) -> None:
+        self.policy = policy
+        self.config = config
+        self.optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
+
+    def update(self, policy: Any, experience: Sequence[Transition]) -> LearnStats:
+        """``config.steps`` Adam steps on the REINFORCE loss of ``experience``."""
+        if policy is not self.policy:
+            raise ValueError("a ReinforceLearner updates only the policy it was built for")
+        module: Any = self.policy
+        by_role: dict[str, list[Transition]] = {}
+        for t in experience:
+            by_role.setdefault(t.role, []).append(t)
+        if not by_role:
+            return LearnStats(float("nan"), 0)
+        loss_value = float("nan")
+        for _ in range(self.config.steps):
+            loss = torch.zeros(())
+            for role, batch in sorted(by_role.items()):
+                log_probs = module.log_prob(role, [t.observation for t in batch], [t.action for t in batch])
+                rewards = torch.as_tensor([t.reward for t in batch], dtype=torch.float32)
+                loss = loss + reinforce_loss(log_probs, rewards)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            loss_value = float(loss.detach())
+        return LearnStats(loss_value, len(experience))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Adam's moments and step counts."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores Adam's state."""
+        self.optimizer.load_state_dict(state)
+
+    def reset(self) -> None:
+        """A fresh Adam (the weights were replaced by an operator's child)."""
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.lr)
+
+
+LearnerFactory = Callable[[Any, LearnerConfig], Learner]
+
+LEARNERS: Registry = Registry(
+    "learner",
+    {"reinforce": ReinforceLearner, "none": lambda policy, config: NoLearner()},
+)
+"""Learner factories by name."""

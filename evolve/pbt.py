@@ -1,0 +1,217 @@
+"""``run_pbt``: population-based training around any policy that speaks the env API.
+
+Each generation: play matches through the env -> each member's own learner updates it -> rate (OpenSkill)
+-> replace the bottom fraction by crossover and mutation of the top (operator registries) -> checkpoint
+(atomic, exact resume) -> log (JSONL, TensorBoard). Baselines are configs of the same loop:
+``self_play=True`` with one member and a 1x1 game is AZR's single-agent self-play; ``population=1`` with
+a 1x1 game is 1T-1S; larger games and populations are NTxNS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tqdm.auto import tqdm
+
+from evolve import operators
+from evolve.backends import make_backend
+from evolve.checkpoint import atomic_write_bytes, load_latest, remove_temp_files, save_checkpoint
+from evolve.learners import LEARNERS, LearnerConfig
+from evolve.members import POLICIES, NetConfig
+from evolve.population import Population, run_generation
+from evolve.ratings import RatingTable
+from evolve.runlog import RunLog
+from populora_env.game import TeacherStudentConfig
+
+logger = logging.getLogger(__name__)
+
+FIXED_KINDS = ("scripted", "random")
+
+
+def _structured_default() -> TeacherStudentConfig:
+    return TeacherStudentConfig(mode="structured", n_teachers=2, n_students=2, rounds=1, n_slots=3)
+
+
+@dataclass(frozen=True)
+class PBTConfig:
+    """A PBT run (validated on construction; operator and learner names are looked up in their registries)."""
+
+    run_dir: str
+    """Folder of the run: checkpoints, ``metrics.jsonl``, ``lineage.jsonl``, ``tb/``. An existing run there
+    with the same config is resumed from its last checkpoint."""
+    seed: int = 0
+    """Seed of everything random in the run."""
+    generations: int = 10
+    """Generations to run."""
+    episodes_per_generation: int = 4
+    """Episodes played per generation."""
+    env: TeacherStudentConfig = field(default_factory=_structured_default)
+    """The game (structured mode for torch members); its ``n_teachers``/``n_students`` are the seats."""
+    teachers: str = "torch"
+    """Teacher members, a kind in ``evolve.members.POLICIES``: evolving ``torch`` policies, fixed
+    ``scripted``/``random`` ones (one per seat), or any registered kind."""
+    students: str = "torch"
+    """Student members, as ``teachers``."""
+    population: int = 4
+    """Evolving members per role (per shared pool with ``self_play``); at least the seats of that role."""
+    self_play: bool = False
+    """Members play both roles: member ``k`` of an episode sits in ``teacher_k`` and ``student_k``."""
+    scripted_strength: float = 0.3
+    """Difficulty of scripted teachers / skill of scripted students."""
+    pfsp: bool = False
+    """Match students to tasks by PFSP on OpenSkill ratings (``env.students_per_task`` each)."""
+    learner: str = "reinforce"
+    """Members' learner, a name in ``evolve.learners.LEARNERS`` (``reinforce`` or ``none``)."""
+    learner_config: LearnerConfig = field(default_factory=LearnerConfig)
+    """The learner's hyper-parameters."""
+    net: NetConfig = field(default_factory=NetConfig)
+    """Torch members' layer sizes."""
+    fitness: Literal["reward", "rating"] = "reward"
+    """``reward``: student solve rate, teacher mean reward per proposal (their sum for self-play members);
+    ``rating``: the OpenSkill ordinal ``mu - 3 sigma``."""
+    replace_fraction: float = 0.25
+    """Fraction of each evolving role replaced every generation (truncation selection)."""
+    n_elites: int = 1
+    """Best members never replaced."""
+    tournament_size: int = 2
+    """Entrants per parent tournament (drawn from the top fraction)."""
+    n_parents: int = 2
+    """Parents per child."""
+    crossovers: tuple[str, ...] = ("interpolate", "uniform", "dare", "es")
+    """Crossover names in ``operators.CROSSOVERS`` (one drawn per child)."""
+    mutations: tuple[str, ...] = ("gaussian", "layer_gaussian")
+    """Mutation names in ``operators.MUTATIONS`` (one drawn per child)."""
+    mutation_strength: float = 0.05
+    """Mutation strength (noise std relative to each tensor's spread)."""
+    checkpoint_every: int = 1
+    """Checkpoint every this many generations (and after the last)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk."""
+    backend: Literal["local", "ray"] = "local"
+    """Where matches are played and members learn: this process, or Ray actors (same results)."""
+    ray_address: str | None = None
+    """Ray cluster to join (``"auto"``, ``"ray://<head>:10001"``); ``None`` starts a local instance."""
+    ray_num_cpus: int | None = None
+    """CPUs of a local Ray instance (``None``: all)."""
+    progress: bool = True
+    """Show a tqdm progress bar."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars under ``run_dir/tb``."""
+
+    def __post_init__(self) -> None:
+        for name in ("generations", "episodes_per_generation", "population", "tournament_size", "n_parents",
+                     "checkpoint_every", "keep_checkpoints"):  # fmt: skip
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.n_elites, int) or self.n_elites < 0:
+            raise ValueError(f"n_elites must be an int >= 0, got {self.n_elites!r}")
+        if not 0.0 <= self.replace_fraction <= 0.5:
+            raise ValueError(f"replace_fraction must be in [0, 0.5], got {self.replace_fraction}")
+        if self.mutation_strength < 0:
+            raise ValueError(f"mutation_strength must be >= 0, got {self.mutation_strength}")
+        if not 0.0 <= self.scripted_strength <= 1.0:
+            raise ValueError(f"scripted_strength must be in [0, 1], got {self.scripted_strength}")
+        if self.fitness not in ("reward", "rating"):
+            raise ValueError(f"fitness must be 'reward' or 'rating', got {self.fitness!r}")
+        for name in ("teachers", "students"):
+            POLICIES[getattr(self, name)]  # KeyError listing the registered kinds
+        if "torch" in (self.teachers, self.students) and self.env.mode != "structured":
+            raise ValueError(f"env.mode must be 'structured' for torch members, got {self.env.mode!r}")
+        if self.self_play:
+            if self.teachers != self.students or self.teachers in FIXED_KINDS:
+                raise ValueError("self_play needs one evolving kind for teachers and students (e.g. 'torch')")
+            if self.env.n_teachers != self.env.n_students:
+                raise ValueError("self_play needs env.n_teachers == env.n_students")
+        seats = max(self.env.n_teachers if self.teachers not in FIXED_KINDS else 0,
+                    self.env.n_students if self.students not in FIXED_KINDS else 0)  # fmt: skip
+        if self.population < seats:
+            raise ValueError(
+                f"population must be >= the seats of an evolving role ({seats}), got {self.population}"
+            )
+        if seats and self.episodes_per_generation * seats < self.population:
+            raise ValueError(
+                "episodes_per_generation * seats must be >= population so every member plays each generation"
+            )
+        if not self.crossovers or not self.mutations:
+            raise ValueError("crossovers and mutations must each name at least one operator")
+        for name in self.crossovers:
+            operators.CROSSOVERS[name]  # KeyError listing the registry
+        for name in self.mutations:
+            operators.MUTATIONS[name]
+        LEARNERS[self.learner]
+        if self.backend not in ("local", "ray"):
+            raise ValueError(f"backend must be 'local' or 'ray', got {self.backend!r}")
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fields that define the run's results (not where it is written or how it is shown)."""
+        data = dataclasses.asdict(self)
+        for key in ("run_dir", "progress", "tensorboard", "keep_checkpoints", "backend", "ray_address",
+                    "ray_num_cpus"):  # fmt: skip
+            data.pop(key)
+        return json.loads(json.dumps(data, default=repr))
+
+
+def _check_same_run(saved: dict[str, Any], config: PBTConfig) -> None:
+    old, new = json.loads(saved["config"]), config.fingerprint()
+    if old != new:
+        differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise ValueError(f"{config.run_dir} holds a run with another config (fields {differ} differ)")
+
+
+def run_pbt(config: PBTConfig) -> Path:
+    """Runs (or resumes) PBT and returns the run folder.
+
+    A run folder with checkpoints is resumed from its newest one (verified by checksum; a corrupt one raises
+    ``CheckpointError``). The resumed run finishes bit-identical to an uninterrupted run with the same seed.
+
+    Returns:
+        ``run_dir``, holding ``config.json``, ``metrics.jsonl`` (one ``GenerationMetrics`` per line),
+        ``lineage.jsonl`` (one ``LineageRecord`` per line), ``checkpoints/`` and ``tb/``.
+    """
+    run_dir = Path(config.run_dir)
+    ckpt_dir = run_dir / "checkpoints"
+    remove_temp_files(ckpt_dir)
+    saved = load_latest(ckpt_dir)
+    if saved is not None:
+        _check_same_run(saved, config)
+    table = RatingTable()
+    backend = make_backend(config, table)
+    log: RunLog | None = None
+    try:
+        population = Population.create(config, backend.env, table)
+        if saved is not None:
+            population.restore(saved)
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            config_json = json.dumps(config.fingerprint(), indent=2, sort_keys=True).encode()
+            atomic_write_bytes(run_dir / "config.json", config_json)
+        log = RunLog(run_dir, config.tensorboard, population.generation)
+        log.rewrite(population.history, [r.to_json() for r in population.lineage])
+        bar = tqdm(
+            total=config.generations, initial=population.generation, disable=not config.progress, desc="PBT"
+        )
+        for generation in range(population.generation, config.generations):
+            record = run_generation(population, backend, config, generation)
+            last = generation + 1 == config.generations
+            if (generation + 1) % config.checkpoint_every == 0 or last:
+                save_checkpoint(
+                    ckpt_dir, generation + 1, population.state(config.fingerprint()), config.keep_checkpoints
+                )
+            log.append(record)
+            for failure in record.learner_failures:
+                logger.warning("generation %d: learner of member %d raised %s: %s", generation,
+                               failure["member"], failure["error"], failure["message"])  # fmt: skip
+            bar.update(1)
+            bar.set_postfix(solve=f"{record.solve_rate:.2f}", children=len(record.lineage))
+        bar.close()
+    finally:
+        if log is not None:
+            log.close()
+        backend.close()
+    return run_dir

@@ -1,0 +1,276 @@
+"""The population's state (members, ratings, generators, history, lineage) and one generation's step."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import torch
+
+from evolve import operators
+from evolve.learners import LEARNERS
+from evolve.lineage import LineageRecord, MemberRole, operator_use
+from evolve.members import POLICIES
+from evolve.protocols import Learner, Transition, is_evolvable
+from evolve.ratings import MatchResult, RatingTable
+from evolve.runlog import GenerationMetrics, summarize_episodes
+from evolve.selection import CLONE, plan_replacements
+
+if TYPE_CHECKING:
+    from evolve.backends import Backend, PlayOutcome
+    from evolve.pbt import PBTConfig
+
+
+@dataclass
+class Member:
+    """A seat-independent participant: an id, a role, a policy and (if it evolves) a learner.
+
+    Attributes:
+        id: unique within the run (children get new ids).
+        role: ``teacher``, ``student`` or ``both``.
+        kind: a name in ``evolve.members.POLICIES`` (``torch``, ``scripted``, ``random``...).
+        slot: ``<role>/<index>``: the place in the population it holds (children take their slot).
+        policy: anything with ``act``; evolving members also have ``get_genome``/``set_genome``.
+        learner: the member's learner (``None`` for fixed members).
+    """
+
+    id: int
+    role: str
+    kind: str
+    slot: str
+    policy: Any
+    learner: Learner | None
+
+    @property
+    def evolves(self) -> bool:
+        """Whether operators and a learner change this member."""
+        return self.learner is not None
+
+
+class Population:
+    """Everything a checkpoint holds: members by role, ratings, the coordinator's generators, history."""
+
+    def __init__(self, config: PBTConfig, table: RatingTable) -> None:
+        self.config = config
+        self.table = table
+        self.generation = 0
+        self.next_id = 0
+        self.groups: dict[str, list[Member]] = {}
+        # The coordinator's generators: numpy for seating, seeds and selection; torch for the operators.
+        self.rng = np.random.default_rng(config.seed)
+        self.torch_rng = torch.Generator().manual_seed(config.seed)
+        self.history: list[dict[str, Any]] = []
+        self.lineage: list[LineageRecord] = []
+
+    @classmethod
+    def create(cls, config: PBTConfig, env: Any, table: RatingTable) -> Population:
+        """The initial population (weights drawn from the run's seed)."""
+        pop = cls(config, table)
+        roles = (
+            {"both": config.teachers}
+            if config.self_play
+            else {"teacher": config.teachers, "student": config.students}
+        )
+        for role, kind in roles.items():
+            first = pop._new_member(role, kind, f"{role}/0", env)
+            seats = config.env.n_teachers if role == "teacher" else config.env.n_students
+            count = config.population if first.evolves else seats
+            rest = [pop._new_member(role, kind, f"{role}/{i}", env) for i in range(1, count)]
+            pop.groups[role] = [first, *rest]
+        return pop
+
+    def _new_member(self, role: str, kind: str, slot: str, env: Any) -> Member:
+        seed = int(self.rng.integers(2**31))
+        member_id, self.next_id = self.next_id, self.next_id + 1
+        self.lineage.append(LineageRecord(member_id, cast(MemberRole, role), -1, "initial"))
+        policy = POLICIES[kind](env, role, seed, self.config)
+        if not is_evolvable(policy):
+            return Member(member_id, role, kind, slot, policy, None)
+        learner = LEARNERS[self.config.learner](policy, self.config.learner_config)
+        return Member(member_id, role, kind, slot, policy, learner)
+
+    def members(self) -> list[Member]:
+        """All members, role by role."""
+        return [m for group in self.groups.values() for m in group]
+
+    # ----- checkpoint state ----------------------------------------------------------------------
+    def state(self, fingerprint: dict[str, Any]) -> dict[str, Any]:
+        """Plain containers for ``save_checkpoint``."""
+        groups = {
+            role: [
+                {
+                    "id": m.id,
+                    "genome": m.policy.get_genome() if m.evolves else None,
+                    "learner": copy.deepcopy(m.learner.state_dict()) if m.learner is not None else None,
+                }
+                for m in group
+            ]
+            for role, group in self.groups.items()
+        }
+        return {
+            "config": json.dumps(fingerprint, sort_keys=True),
+            "generation": self.generation,
+            "next_id": self.next_id,
+            "groups": groups,
+            "ratings": json.dumps(self.table.state()),
+            "rng": json.dumps(self.rng.bit_generator.state),
+            "torch_rng": self.torch_rng.get_state(),
+            "history": json.dumps(self.history),
+            "lineage": json.dumps([r.to_json() for r in self.lineage]),
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Loads ``state()`` into a freshly created population of the same config."""
+        self.generation = int(state["generation"])
+        self.next_id = int(state["next_id"])
+        for role, saved in state["groups"].items():
+            group = self.groups[role]
+            if len(saved) != len(group):
+                raise ValueError(f"checkpoint has {len(saved)} {role} members, the config {len(group)}")
+            for member, entry in zip(group, saved, strict=True):
+                member.id = int(entry["id"])
+                if member.learner is not None:
+                    member.policy.set_genome(entry["genome"])
+                    member.learner.reset()
+                    member.learner.load_state_dict(entry["learner"])
+        self.table.ratings = RatingTable.from_state(
+            {int(k): tuple(v) for k, v in json.loads(state["ratings"]).items()}
+        ).ratings
+        self.rng.bit_generator.state = json.loads(state["rng"])
+        self.torch_rng.set_state(state["torch_rng"])
+        self.history = json.loads(state["history"])
+        self.lineage = [LineageRecord.from_json(r) for r in json.loads(state["lineage"])]
+
+
+# ----- one generation ---------------------------------------------------------------------------------
+def seatings(pop: Population, episodes: int) -> list[dict[str, int]]:
+    """Who sits where in each episode: a fresh permutation per role, cycled so every member plays."""
+    cfg = pop.config.env
+    out: list[dict[str, int]] = [{} for _ in range(episodes)]
+    for role, group in pop.groups.items():
+        order = [group[int(i)] for i in pop.rng.permutation(len(group))]
+        seats = cfg.n_teachers if role == "teacher" else cfg.n_students
+        for e in range(episodes):
+            for k in range(seats):
+                member = order[(e * seats + k) % len(order)]
+                for prefix in ("teacher", "student") if role == "both" else (role,):
+                    out[e][f"{prefix}_{k}"] = member.id
+    return out
+
+
+def _role_fitness(
+    role: str, member: int, transitions: Sequence[Transition], results: Sequence[MatchResult]
+) -> float:
+    if role == "student":
+        attempts = [r.solved for r in results if r.student == member]
+        return sum(attempts) / len(attempts) if attempts else 0.0
+    rewards = [t.reward for t in transitions if t.role == "teacher"]
+    return sum(rewards) / len(rewards) if rewards else 0.0
+
+
+def fitness_of(pop: Population, member: Member, outcome: PlayOutcome) -> float:
+    """Student: solve rate of its attempts; teacher: mean reward per proposal (AZR's learnability);
+    self-play member: their sum; or the OpenSkill ordinal when ``fitness="rating"``."""
+    if pop.config.fitness == "rating":
+        return pop.table.get(member.id).ordinal
+    transitions = outcome.transitions.get(member.id, [])
+    roles = ("teacher", "student") if member.role == "both" else (member.role,)
+    return sum(_role_fitness(role, member.id, transitions, outcome.results) for role in roles)
+
+
+def _replace(pop: Population, role: str, fitness: list[float], generation: int) -> list[LineageRecord]:
+    cfg = pop.config
+    group = pop.groups[role]
+    plan = plan_replacements(
+        fitness, replace_fraction=cfg.replace_fraction, n_elites=cfg.n_elites, tournament_size=cfg.tournament_size,
+        n_parents=cfg.n_parents, crossovers=cfg.crossovers, mutations=cfg.mutations, rng=pop.rng,
+    )  # fmt: skip
+    children = []
+    for step in plan:  # all children from the pre-replacement genomes (top and bottom are disjoint)
+        parents = [group[p].policy.get_genome() for p in step.parents]
+        if step.crossover == CLONE:
+            child = {key: value.clone() for key, value in parents[0].items()}
+        else:
+            child = operators.CROSSOVERS[step.crossover](
+                parents, rng=pop.torch_rng, fitness=[fitness[p] for p in step.parents]
+            )
+        child = operators.MUTATIONS[step.mutation](child, rng=pop.torch_rng, strength=cfg.mutation_strength)
+        children.append((step, child))
+    records = []
+    for step, child in children:
+        member = group[step.slot]
+        old_id, member.id = member.id, pop.next_id
+        pop.next_id += 1
+        member.policy.set_genome(child)
+        assert member.learner is not None
+        member.learner.reset()
+        pop.table.forget(old_id)
+        pop.table.inherit(member.id, group[step.parents[0]].id)
+        parent_ids = tuple(group[p].id for p in step.parents)
+        records.append(
+            LineageRecord(
+                member.id,
+                cast(MemberRole, role),
+                generation,
+                "offspring",
+                parent_ids,
+                step.crossover,
+                step.mutation,
+                old_id,
+            )
+        )
+    return records
+
+
+def run_generation(
+    pop: Population, backend: Backend, config: PBTConfig, generation: int
+) -> GenerationMetrics:
+    """Play, learn, rate, select and replace; returns the generation's metrics (measured before replacement)."""
+    # ----- play --------------------------------------------------------------------------------------
+    seats = seatings(pop, config.episodes_per_generation)
+    seeds = [int(s) for s in pop.rng.integers(2**31, size=config.episodes_per_generation)]
+    sampling_seeds = {
+        m.id: int(pop.rng.integers(2**31)) for m in pop.members() if hasattr(m.policy, "reseed")
+    }
+    outcome = backend.play(pop.members(), sampling_seeds, seats, seeds)
+    # ----- learn, rate ---------------------------------------------------------------------------------
+    losses, failures = backend.learn(pop.members(), outcome, generation)
+    pop.table.update(outcome.results)
+    fitness = {m.id: fitness_of(pop, m, outcome) for m in pop.members()}
+    role_fitness = {}
+    for role, group in pop.groups.items():
+        values = [fitness[m.id] for m in group]
+        role_fitness[role] = {"mean": sum(values) / len(values), "max": max(values)}
+    ratings = {
+        str(m.id): {"mu": pop.table.get(m.id).mu, "sigma": pop.table.get(m.id).sigma} for m in pop.members()
+    }
+    rewards: dict[str, list[float]] = {}
+    for transitions in outcome.transitions.values():
+        for t in transitions:
+            rewards.setdefault(t.role, []).append(t.reward)
+    # ----- select and replace (not after the last generation: its children would never play) ---------------
+    children: list[LineageRecord] = []
+    if generation + 1 < config.generations:
+        for role, group in pop.groups.items():
+            if group and group[0].evolves:
+                children += _replace(pop, role, [fitness[m.id] for m in group], generation)
+    pop.lineage += children
+    record = GenerationMetrics(
+        generation=generation,
+        fitness={str(k): v for k, v in fitness.items()},
+        role_fitness=role_fitness,
+        ratings=ratings,
+        mean_reward={role: sum(v) / len(v) for role, v in sorted(rewards.items())},
+        losses=losses,
+        learner_failures=[f.__dict__ for f in failures],
+        operator_use=operator_use(children),
+        lineage=[r.to_json() for r in children],
+        **summarize_episodes(outcome.metrics),
+    )
+    pop.history.append(record.to_json())
+    pop.generation = generation + 1
+    return record

@@ -1,0 +1,98 @@
+"""Plug points of the PBT loop: ``EvolvablePolicy``, ``Learner`` and the experience records they exchange."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+Role = Literal["teacher", "student"]
+
+
+@runtime_checkable
+class EvolvablePolicy(Protocol):
+    """A ``Policy`` (``act(observation, agent)``, optionally ``act_batch``) whose weights are a genome.
+
+    ``get_genome`` returns a ``dict[str, Tensor]`` (a copy or a view; the loop copies before editing) and
+    ``set_genome`` loads one with the same keys and shapes. Scripted policies that only have ``act`` take
+    part in matches but are never learned, mutated or crossed.
+    """
+
+    def act(self, observation: Any, agent: str) -> Any:
+        """Returns the action of ``agent`` for ``observation``."""
+        ...
+
+    def get_genome(self) -> dict[str, torch.Tensor]:
+        """The policy's evolvable parameters."""
+        ...
+
+    def set_genome(self, genome: dict[str, torch.Tensor]) -> None:
+        """Loads evolvable parameters (same keys and shapes as ``get_genome``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One decision of a member in a played episode.
+
+    Attributes:
+        agent: the env seat that acted (``teacher_0``, ``student_1``...).
+        role: the seat's role.
+        observation: the observation the policy acted on.
+        action: the action it took.
+        reward: reward credited to this action: everything the seat received after it and before its next
+            decision (immediate for students; the round's payout for a teacher's last proposal of a round).
+        episode: index of the episode within the generation.
+    """
+
+    agent: str
+    role: Role
+    observation: Any
+    action: Any
+    reward: float
+    episode: int
+
+
+@dataclass(frozen=True)
+class LearnStats:
+    """What one learner update did.
+
+    Attributes:
+        loss: the optimised loss (``nan`` when nothing was optimised).
+        samples: transitions used.
+    """
+
+    loss: float
+    samples: int
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """A member's own learner (REINFORCE here; GRPO for LoRA members, PPO for SB3 members later).
+
+    A learner holds its optimiser state; ``state_dict``/``load_state_dict`` make it part of checkpoints,
+    and ``reset`` is called when the member's genome is replaced by an operator's child.
+    """
+
+    def update(self, policy: Any, experience: Sequence[Transition]) -> LearnStats:
+        """Improves ``policy`` in place from its own experience of one generation."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The learner's state (optimiser moments, step counts)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores ``state_dict()``."""
+        ...
+
+    def reset(self) -> None:
+        """Forgets optimiser state (the member's weights were replaced)."""
+        ...
+
+
+def is_evolvable(policy: Any) -> bool:
+    """Whether ``policy`` has a genome (scripted policies do not)."""
+    return callable(getattr(policy, "get_genome", None)) and callable(getattr(policy, "set_genome", None))

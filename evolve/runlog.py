@@ -1,0 +1,160 @@
+"""Per-generation metric records and their sinks: JSONL files (exactly the checkpointed history) and
+TensorBoard scalars."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from evolve.checkpoint import atomic_write_bytes
+from populora_env.metrics import EpisodeMetrics
+
+
+@dataclass(frozen=True)
+class LearnerFailure:
+    """A member whose learner raised: it was skipped for the generation (its weights were restored).
+
+    Attributes:
+        member: member id.
+        generation: generation index.
+        error: the exception's type name.
+        message: the exception's message.
+    """
+
+    member: int
+    generation: int
+    error: str
+    message: str
+
+
+@dataclass(frozen=True)
+class GenerationMetrics:
+    """What one generation measured (before its replacements).
+
+    Attributes:
+        generation: index (0-based).
+        fitness: fitness by member id (as a string key, JSON-ready).
+        role_fitness: ``{role: {"mean", "max"}}`` over that role's evolving members.
+        ratings: ``{member: {"mu", "sigma"}}`` after this generation's matches.
+        mean_reward: mean reward per decision, by role.
+        solve_rate: fraction of correct student attempts.
+        invalid_rate: fraction of invalid or malformed proposals.
+        difficulty: mean AST depth, cyclomatic complexity and lines of valid proposals.
+        coverage: mean distinct AST shapes per episode.
+        losses: learner loss by member (``nan`` written as ``null``).
+        learner_failures: learners that raised.
+        operator_use: operators used by this generation's children.
+        lineage: the children born at the end of this generation (``LineageRecord.to_json``).
+    """
+
+    generation: int
+    fitness: dict[str, float]
+    role_fitness: dict[str, dict[str, float]]
+    ratings: dict[str, dict[str, float]]
+    mean_reward: dict[str, float]
+    solve_rate: float
+    invalid_rate: float
+    difficulty: dict[str, float]
+    coverage: float
+    losses: dict[str, float | None]
+    learner_failures: list[dict[str, Any]]
+    operator_use: dict[str, int]
+    lineage: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize_episodes(metrics: Sequence[EpisodeMetrics]) -> dict[str, Any]:
+    """Means of the env's episode metrics over a generation."""
+    solve = [m.solve_rate for m in metrics if m.solve_rate is not None]
+    return {
+        "solve_rate": _mean(solve),
+        "invalid_rate": _mean([m.invalid_rate for m in metrics]),
+        "difficulty": {
+            "depth": _mean([m.mean_depth for m in metrics]),
+            "cyclomatic": _mean([m.mean_cyclomatic for m in metrics]),
+            "lines": _mean([m.mean_lines for m in metrics]),
+        },
+        "coverage": _mean([float(m.coverage) for m in metrics]),
+    }
+
+
+def finite_or_none(value: float) -> float | None:
+    """``None`` for NaN/inf (JSON has no NaN), else the value."""
+    return value if math.isfinite(value) else None
+
+
+def jsonl_bytes(records: Sequence[dict[str, Any]]) -> bytes:
+    """JSON lines, keys sorted, so equal records give equal bytes."""
+    return b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in records)
+
+
+class RunLog:
+    """Writes ``metrics.jsonl`` and ``lineage.jsonl`` and (optionally) TensorBoard scalars under ``tb/``.
+
+    Args:
+        run_dir: the run's folder.
+        tensorboard: also write TensorBoard event files.
+        start_generation: the first generation this process logs (TensorBoard purges later steps left by
+            a killed process).
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool, start_generation: int) -> None:
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.lineage_path = run_dir / "lineage.jsonl"
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=start_generation)
+
+    def rewrite(self, history: Sequence[dict[str, Any]], lineage: Sequence[dict[str, Any]]) -> None:
+        """Replaces both JSONL files by the checkpointed history (drops lines a killed process wrote later)."""
+        atomic_write_bytes(self.metrics_path, jsonl_bytes(history))
+        atomic_write_bytes(self.lineage_path, jsonl_bytes(lineage))
+
+    def append(self, record: GenerationMetrics) -> None:
+        """Appends one generation to the JSONL files and TensorBoard."""
+        data = record.to_json()
+        for path, rows in ((self.metrics_path, [data]), (self.lineage_path, data["lineage"])):
+            with open(path, "ab") as handle:
+                handle.write(jsonl_bytes(rows))
+                handle.flush()
+                os.fsync(handle.fileno())
+        if self.writer is not None:
+            self._scalars(record)
+
+    def _scalars(self, record: GenerationMetrics) -> None:
+        assert self.writer is not None
+        step = record.generation
+        scalars: dict[str, float] = {
+            "env/solve_rate": record.solve_rate,
+            "env/invalid_rate": record.invalid_rate,
+            "env/coverage": record.coverage,
+            **{f"difficulty/{k}": v for k, v in record.difficulty.items()},
+            **{f"reward/{role}": v for role, v in record.mean_reward.items()},
+            **{f"fitness/{role}_{k}": v for role, d in record.role_fitness.items() for k, v in d.items()},
+            **{f"rating_mu/{m}": r["mu"] for m, r in record.ratings.items()},
+            **{f"operators/{k}": float(v) for k, v in record.operator_use.items()},
+            "lineage/children": float(len(record.lineage)),
+            "learner/failures": float(len(record.learner_failures)),
+        }
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        """Closes the TensorBoard writer."""
+        if self.writer is not None:
+            self.writer.close()

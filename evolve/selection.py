@@ -1,0 +1,122 @@
+"""Selection as pure functions of a fitness vector: truncation, tournament, elitism, replacement plans."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def rank_order(fitness: Sequence[float]) -> list[int]:
+    """Indices from best to worst; ties keep index order (a stable sort, so plans are reproducible).
+
+    Raises:
+        ValueError: a fitness value is NaN.
+    """
+    values = np.asarray(fitness, dtype=np.float64)
+    if np.isnan(values).any():
+        raise ValueError(f"fitness must not contain NaN, got {list(fitness)}")
+    return [int(i) for i in np.argsort(-values, kind="stable")]
+
+
+def elites(fitness: Sequence[float], count: int) -> list[int]:
+    """The ``count`` best indices (elitism: they survive a generation unchanged)."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    return rank_order(fitness)[:count]
+
+
+def truncation(fitness: Sequence[float], fraction: float) -> tuple[list[int], list[int]]:
+    """Truncation selection: the top and bottom ``fraction`` of the population.
+
+    ``k = floor(fraction * n)`` members each, best first for the top and worst first for the bottom; with
+    ``fraction <= 0.5`` the two sets are disjoint.
+
+    Raises:
+        ValueError: ``fraction`` outside ``[0, 0.5]``.
+    """
+    if not 0.0 <= fraction <= 0.5:
+        raise ValueError(f"fraction must be in [0, 0.5], got {fraction}")
+    order = rank_order(fitness)
+    k = int(fraction * len(order))
+    return order[:k], order[::-1][:k]
+
+
+def tournament(
+    fitness: Sequence[float], size: int, rng: np.random.Generator, candidates: Sequence[int] | None = None
+) -> int:
+    """Tournament selection: the fittest of ``size`` entrants drawn without replacement from ``candidates``.
+
+    Ties go to the lower index. ``size`` is capped at the number of candidates.
+
+    Raises:
+        ValueError: ``size < 1`` or no candidates.
+    """
+    pool = list(range(len(fitness))) if candidates is None else list(candidates)
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    if not pool:
+        raise ValueError("tournament needs at least one candidate")
+    entrants = sorted(int(pool[i]) for i in rng.choice(len(pool), size=min(size, len(pool)), replace=False))
+    return min(entrants, key=lambda i: (-float(fitness[i]), i))
+
+
+CLONE = "clone"
+"""The crossover name recorded for a one-parent child (a copy of the parent, then the mutation)."""
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One planned child: the slot it takes and the parents it is made from.
+
+    Attributes:
+        slot: index (in the role's member list) of the member replaced.
+        parents: indices of the parents, tournament winners from the top.
+        crossover: name in ``operators.CROSSOVERS``.
+        mutation: name in ``operators.MUTATIONS``.
+    """
+
+    slot: int
+    parents: tuple[int, ...]
+    crossover: str
+    mutation: str
+
+
+def plan_replacements(
+    fitness: Sequence[float],
+    *,
+    replace_fraction: float,
+    n_elites: int,
+    tournament_size: int,
+    n_parents: int,
+    crossovers: Sequence[str],
+    mutations: Sequence[str],
+    rng: np.random.Generator,
+) -> list[Replacement]:
+    """Replace the bottom ``replace_fraction`` by children of the top (truncation, then tournaments).
+
+    Elites are never replaced. Parents are distinct tournament winners among the best
+    ``max(k, n_parents)`` members (``k`` = the replaced count), never among the replaced ones, so a small
+    population still gets two-parent children. Each child draws its crossover and mutation uniformly; with
+    a single possible parent the crossover is ``clone`` (mutation only).
+    """
+    top, bottom = truncation(fitness, replace_fraction)
+    order = rank_order(fitness)
+    top = order[: max(len(top), min(n_parents, len(order) - len(bottom)))]
+    protected = set(elites(fitness, n_elites))
+    plan = []
+    for slot in bottom:
+        if slot in protected:
+            continue
+        pool, parents = list(top), list[int]()
+        while pool and len(parents) < n_parents:
+            winner = tournament(fitness, tournament_size, rng, pool)
+            parents.append(winner)
+            pool.remove(winner)
+        if not parents:
+            continue
+        crossover = crossovers[int(rng.integers(len(crossovers)))] if len(parents) > 1 else CLONE
+        mutation = mutations[int(rng.integers(len(mutations)))]
+        plan.append(Replacement(slot, tuple(parents), crossover, mutation))
+    return plan

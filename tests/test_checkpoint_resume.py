@@ -1,0 +1,193 @@
+"""Checkpoints: atomic writes, checksums, and exact resume after real SIGKILLs of a PBT subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from evolve.checkpoint import (
+    CheckpointError,
+    atomic_write_bytes,
+    list_checkpoints,
+    load_checkpoint,
+    load_latest,
+    save_checkpoint,
+)
+from evolve.pbt import PBTConfig, run_pbt
+from populora_env.game import TeacherStudentConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATIONS = 5
+
+# The child runs the same tiny PBT; KILL_AT_WRITE=n makes it SIGKILL itself during its n-th checkpoint
+# write, after the temp file is complete and before the rename (the worst moment for a torn checkpoint).
+CHILD = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from tests.test_checkpoint_resume import tiny_config
+from evolve import checkpoint
+from evolve.pbt import run_pbt
+
+kill_at = int(os.environ.get("KILL_AT_WRITE", "0"))
+real_replace = os.replace
+calls = [0]
+
+def replace(src, dst):
+    if str(dst).endswith(".ckpt"):
+        calls[0] += 1
+        if calls[0] == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst)
+
+checkpoint.os.replace = replace
+run_pbt(tiny_config(sys.argv[1]))
+"""
+
+
+def tiny_config(run_dir: str) -> PBTConfig:
+    """2x2 torch teachers and students, four members per role, a few seconds per run."""
+    env = TeacherStudentConfig(mode="structured", n_teachers=2, n_students=2, rounds=1, n_slots=3)
+    return PBTConfig(
+        run_dir=run_dir, seed=3, generations=GENERATIONS, episodes_per_generation=2, env=env, population=4,
+        pfsp=True, progress=False, tensorboard=False,
+    )  # fmt: skip
+
+
+def _child(tmp_path: Path, run_dir: Path, kill_at_write: int = 0) -> subprocess.Popen[bytes]:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(root=str(ROOT)))
+    env = {**os.environ, "KILL_AT_WRITE": str(kill_at_write)}
+    return subprocess.Popen([sys.executable, str(script), str(run_dir)], env=env, stderr=subprocess.PIPE)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"child exited early ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}"
+            )  # type: ignore[union-attr]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {path}")
+        time.sleep(0.02)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def _assert_same_run(a: Path, b: Path, generations: int = GENERATIONS) -> None:
+    for name in ("metrics.jsonl", "lineage.jsonl", "config.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    final_a = load_latest(a / "checkpoints")
+    final_b = load_latest(b / "checkpoints")
+    assert final_a is not None and final_b is not None
+    assert final_a["generation"] == final_b["generation"] == generations
+    for key in ("config", "next_id", "ratings", "rng", "history", "lineage"):
+        assert final_a[key] == final_b[key], key
+    assert torch.equal(final_a["torch_rng"], final_b["torch_rng"])
+    for role, members in final_a["groups"].items():
+        for ma, mb in zip(members, final_b["groups"][role], strict=True):
+            assert ma["id"] == mb["id"]
+            if ma["genome"] is None:  # a scripted member
+                assert mb["genome"] is None
+                continue
+            assert ma["genome"].keys() == mb["genome"].keys()
+            assert all(torch.equal(ma["genome"][k], mb["genome"][k]) for k in ma["genome"])
+            assert repr(ma["learner"]) == repr(mb["learner"])
+
+
+@pytest.mark.slow
+def test_sigkilled_run_resumes_bit_identical(tmp_path: Path) -> None:
+    reference = run_pbt(tiny_config(str(tmp_path / "reference")))
+    history = [json.loads(line) for line in (reference / "metrics.jsonl").read_text().splitlines()]
+    assert len(history) == GENERATIONS and any(h["lineage"] for h in history)
+
+    run = tmp_path / "killed"
+    ckpts = run / "checkpoints"
+    # 1. SIGKILL right after the first checkpoint lands (mid generation 2)
+    proc = _child(tmp_path, run)
+    _wait_for(ckpts / "gen_000001.ckpt", proc)
+    _kill(proc)
+    # 2. SIGKILL inside the next checkpoint write: a complete temp file, no rename
+    proc = _child(tmp_path, run, kill_at_write=1)
+    proc.wait(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    assert any(p.name.endswith(".tmp") for p in ckpts.iterdir())
+    newest = list_checkpoints(ckpts)[-1].name
+    # 3. SIGKILL a little after a later checkpoint, mid generation
+    proc = _child(tmp_path, run)
+    later = ckpts / f"gen_{int(newest[4:10]) + 1:06d}.ckpt"
+    _wait_for(later, proc)
+    time.sleep(0.3)
+    if proc.poll() is None:
+        _kill(proc)
+    # 4. run to the end
+    proc = _child(tmp_path, run)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+    assert not any(p.name.endswith(".tmp") for p in ckpts.iterdir())
+    _assert_same_run(reference, run)
+    # a finished run re-run is a no-op that returns the same folder
+    assert run_pbt(tiny_config(str(run))) == run
+    _assert_same_run(reference, run)
+
+
+def test_checkpoint_roundtrip_and_pruning(tmp_path: Path) -> None:
+    for generation in range(1, 5):
+        save_checkpoint(tmp_path, generation, {"g": generation, "t": torch.arange(3)}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["gen_000003.ckpt", "gen_000004.ckpt"]
+    state = load_latest(tmp_path)
+    assert state is not None and state["g"] == 4 and torch.equal(state["t"], torch.arange(3))
+    assert load_latest(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda data: data[:-7], "truncated"),
+        (lambda data: data[:-1] + bytes([data[-1] ^ 0xFF]), "checksum"),
+        (lambda data: b"garbage" + data, "bad magic"),
+        (lambda data: data[: data.index(b"\n") + 3], "header"),
+    ],
+)
+def test_corrupt_checkpoint_is_reported_not_loaded(tmp_path: Path, damage, message: str) -> None:
+    path = save_checkpoint(tmp_path, 1, {"g": 1})
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path)
+
+
+def test_run_pbt_refuses_a_corrupt_latest_checkpoint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    path = save_checkpoint(run_dir / "checkpoints", 1, {"g": 1})
+    save_checkpoint(run_dir / "checkpoints", 2, {"g": 2})
+    newest = list_checkpoints(run_dir / "checkpoints")[-1]
+    data = newest.read_bytes()
+    newest.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(CheckpointError, match=r"gen_000002\.ckpt"):
+        run_pbt(tiny_config(str(run_dir)))
+    assert path.exists()
+
+
+def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
+    config = tiny_config(str(tmp_path / "run"))
+    save_checkpoint(tmp_path / "run" / "checkpoints", 1, {"config": json.dumps({"seed": 99})})
+    with pytest.raises(ValueError, match="another config"):
+        run_pbt(config)
+
+
+def test_atomic_write_leaves_no_temp_file(tmp_path: Path) -> None:
+    atomic_write_bytes(tmp_path / "x.bin", b"abc")
+    atomic_write_bytes(tmp_path / "x.bin", b"def")
+    assert (tmp_path / "x.bin").read_bytes() == b"def"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]

@@ -1,0 +1,86 @@
+"""Selection: truncation, tournament, elitism and replacement plans on hand-made fitness vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evolve.selection import CLONE, elites, plan_replacements, rank_order, tournament, truncation
+
+
+def test_rank_order_is_stable_and_best_first() -> None:
+    assert rank_order([0.1, 0.5, 0.5, -1.0]) == [1, 2, 0, 3]
+
+
+def test_rank_order_rejects_nan() -> None:
+    with pytest.raises(ValueError, match="NaN"):
+        rank_order([0.0, float("nan")])
+
+
+def test_truncation_top_and_bottom() -> None:
+    top, bottom = truncation([3.0, 1.0, 4.0, 1.5, 9.0, 2.0], 1 / 3)
+    assert top == [4, 2]
+    assert bottom == [1, 3]
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 0.6])
+def test_truncation_rejects_fraction(fraction: float) -> None:
+    with pytest.raises(ValueError, match="fraction"):
+        truncation([1.0, 2.0], fraction)
+
+
+def test_elites() -> None:
+    assert elites([0.2, 0.9, 0.5], 2) == [1, 2]
+    assert elites([0.2, 0.9, 0.5], 0) == []
+
+
+def test_tournament_full_size_returns_best_of_candidates() -> None:
+    rng = np.random.default_rng(0)
+    fitness = [5.0, 1.0, 3.0, 4.0]
+    assert tournament(fitness, 4, rng) == 0
+    assert tournament(fitness, 10, rng, candidates=[1, 2, 3]) == 3
+
+
+def test_tournament_pressure_favours_fitter() -> None:
+    rng = np.random.default_rng(1)
+    fitness = [0.0, 1.0, 2.0, 3.0]
+    wins = np.bincount([tournament(fitness, 2, rng) for _ in range(2000)], minlength=4)
+    # size-2 tournaments without replacement: P(win of rank r from the bottom) = r / C(4, 2)
+    assert wins[0] == 0
+    assert wins[3] > wins[2] > wins[1] > 0
+    assert abs(wins[3] / 2000 - 0.5) < 0.05
+
+
+def test_tournament_is_deterministic_for_a_seed() -> None:
+    fitness = list(np.linspace(0, 1, 10))
+    a = [tournament(fitness, 3, np.random.default_rng(7)) for _ in range(5)]
+    b = [tournament(fitness, 3, np.random.default_rng(7)) for _ in range(5)]
+    assert a == b
+
+
+def test_plan_replaces_bottom_from_top_and_protects_elites() -> None:
+    fitness = [0.9, 0.1, 0.5, 0.7, 0.2, 0.3, 0.8, 0.4]
+    plan = plan_replacements(
+        fitness, replace_fraction=0.25, n_elites=1, tournament_size=2, n_parents=2,
+        crossovers=["es"], mutations=["gaussian"], rng=np.random.default_rng(0),
+    )  # fmt: skip
+    assert [p.slot for p in plan] == [1, 4]
+    for p in plan:
+        assert set(p.parents) <= {0, 6} and len(set(p.parents)) == 2
+        assert (p.crossover, p.mutation) == ("es", "gaussian")
+
+
+def test_plan_never_replaces_an_elite() -> None:
+    plan = plan_replacements(
+        [1.0, 0.0], replace_fraction=0.5, n_elites=2, tournament_size=2, n_parents=2,
+        crossovers=["es"], mutations=["gaussian"], rng=np.random.default_rng(0),
+    )  # fmt: skip
+    assert plan == []
+
+
+def test_plan_with_a_single_possible_parent_clones() -> None:
+    plan = plan_replacements(
+        [1.0, 0.0], replace_fraction=0.5, n_elites=0, tournament_size=2, n_parents=2,
+        crossovers=["es"], mutations=["gaussian"], rng=np.random.default_rng(0),
+    )  # fmt: skip
+    assert len(plan) == 1 and plan[0].slot == 1 and plan[0].parents == (0,) and plan[0].crossover == CLONE
