@@ -1,1 +1,43 @@
-"""LLM agents: LoRA populations on one frozen base, batched rollouts and the GRPO learner."""
+"""LLM agents: LoRA populations on one frozen base, batched rollouts and the GRPO learner.
+
+from agents import build_tiny_base, LoRAPopulation, GRPOConfig, GRPOLearner
+base_dir = build_tiny_base()                                   # offline, cached on disk
+pop = LoRAPopulation.from_pretrained(base_dir, names=["teacher_0", "student_0"], rank=8)
+texts = pop.generate(prompts, adapters=["teacher_0", "student_0"], max_new_tokens=64, seed=0)
+policy = pop.policy("student_0")                               # a Policy for the env
+"""
+
+from __future__ import annotations
+
+from agents.base import BaseModelLoadError, TinyBaseConfig, build_tiny_base, load_base
+from agents.grpo import GRPOConfig, GRPOLearner, UpdateStats
+from agents.policy import LoRAPolicy
+from agents.population import LoRAPopulation
+from agents.rollout import (
+    EpisodeRollout,
+    GRPOBatch,
+    RolloutCollector,
+    RolloutConfig,
+    StepRecord,
+    grpo_batches,
+    update_adapters,
+)
+
+__all__ = [
+    "BaseModelLoadError",
+    "EpisodeRollout",
+    "GRPOBatch",
+    "GRPOConfig",
+    "GRPOLearner",
+    "LoRAPolicy",
+    "LoRAPopulation",
+    "RolloutCollector",
+    "RolloutConfig",
+    "StepRecord",
+    "TinyBaseConfig",
+    "UpdateStats",
+    "build_tiny_base",
+    "grpo_batches",
+    "load_base",
+    "update_adapters",
+]

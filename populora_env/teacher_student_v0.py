@@ -230,6 +230,18 @@ class raw_env(AECEnv):
         for scripted reference policies and tools, not part of any agent's observation."""
         return self._game.current if self._game is not None else None
 
+    def pending_observations(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every turn left in the current phase, in AEC order, with the observation its agent will see then.
+
+        Within a phase no observation depends on another agent's action, so a batched policy (one LLM
+        forward for all of them) can act for the whole phase at once.
+        """
+        if self._game is None:
+            raise RuntimeError("call reset() first")
+        if self.config.mode == "text":
+            return [(turn.agent, self._text_obs(turn)) for turn in self._game.queue]
+        return [(turn.agent, self._structured_obs(turn.agent, turn)) for turn in self._game.queue]
+
     def episode_metrics(self) -> EpisodeMetrics:
         """Arms-race metrics of the current episode's resolved rounds."""
         if self._game is None:

@@ -1,0 +1,433 @@
+"""A population of LoRA adapters on one shared frozen base, with batched mixed-adapter generation.
+
+Memory is the base once plus ``N`` small adapters (not ``N`` models). Every adapter is a named PEFT LoRA
+adapter of one ``peft.PeftModel``; on disk each is saved in PEFT's own format (``save_pretrained``), so
+``PeftModel.from_pretrained(base, <run_dir>/adapters/<name>)`` loads it without this package.
+
+Genomes for ``evolve`` are PEFT state dicts of one adapter (keys ``...lora_A.weight`` of shape ``(r, in)``
+and ``...lora_B.weight`` of shape ``(out, r)``, adapter name stripped, as in ``get_peft_model_state_dict``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from agents.base import load_base
+from agents.batched_lora import stacked_lora
+from agents.generation import decode
+from agents.policy import LoRAPolicy
+
+Strategy = Literal["stacked", "peft_mixed", "loop"]
+MANIFEST = "population.json"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+
+
+class LoRAPopulation:
+    """``N`` LoRA adapters by name on one frozen base model.
+
+    Attributes:
+        model: the ``peft.PeftModel`` holding every adapter.
+        tokenizer: the base's tokenizer (pad token set, left padding).
+        base_ref: the base's directory or Hub id, recorded in saved manifests.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, lora_config: Any, base_ref: str, seed: int = 0) -> None:
+        """Wrap an existing PEFT model; use :meth:`from_pretrained` or :meth:`load` instead."""
+        self.model = model
+        self.tokenizer = tokenizer
+        self.base_ref = base_ref
+        self._lora_config = lora_config
+        self._seed = seed
+        self._enable_all_grads()
+
+    # ----------------------------------------------------------------------------------------------------
+    # Construction
+    # ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls,
+        base_dir: str | os.PathLike[str],
+        names: Sequence[str],
+        rank: int = 8,
+        alpha: float | None = None,
+        target_modules: Sequence[str] | str | None = None,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        seed: int = 0,
+    ) -> LoRAPopulation:
+        """Load the base and add one fresh adapter per name.
+
+        Args:
+            base_dir: base model directory or Hub id (see :func:`agents.base.load_base`).
+            names: adapter names (at least one, unique, letters/digits/``_``/``-``).
+            rank: LoRA rank ``r``.
+            alpha: LoRA alpha; ``None`` means ``alpha = rank`` (scaling 1).
+            target_modules: modules to adapt; ``None`` uses PEFT's default for the architecture
+                (``q_proj``/``v_proj`` for Llama); ``"all-linear"`` adapts every linear layer.
+            dtype: base dtype; ``None`` is bf16 where native, else fp32. Adapters are kept in fp32.
+            device: device; ``None`` picks CUDA when available.
+            seed: seeds each adapter's ``lora_A`` init (from the seed and the name); ``lora_B`` starts at 0.
+
+        Returns:
+            The population.
+        """
+        from peft import LoraConfig
+
+        if not names:
+            raise ValueError("names must hold at least one adapter name")
+        if rank < 1:
+            raise ValueError(f"rank must be >= 1, got {rank}")
+        if alpha is not None and not (alpha > 0 and math.isfinite(alpha)):
+            raise ValueError(f"alpha must be finite and > 0, got {alpha}")
+        base_ref = os.fspath(base_dir)
+        if Path(base_ref).expanduser().is_dir():
+            base_ref = str(Path(base_ref).expanduser().resolve())
+        model, tokenizer = load_base(base_ref, dtype=dtype, device=device)
+        targets = (
+            target_modules
+            if target_modules is None or isinstance(target_modules, str)
+            else list(target_modules)
+        )
+        config = LoraConfig(
+            r=rank,
+            lora_alpha=alpha if alpha is not None else rank,  # type: ignore[arg-type]  # PEFT accepts floats
+            target_modules=targets,
+            lora_dropout=0.0,
+        )
+        population = cls._wrap(model, tokenizer, config, base_ref, seed, names[0])
+        for name in names[1:]:
+            population.add(name)
+        return population
+
+    @classmethod
+    def _wrap(
+        cls, base: Any, tokenizer: Any, config: Any, base_ref: str, seed: int, first: str
+    ) -> LoRAPopulation:
+        from peft import get_peft_model
+
+        _check_name(first)
+        with torch.random.fork_rng(devices=[]):  # PEFT's init draws from the global RNG; keep it untouched
+            model = get_peft_model(base, config, adapter_name=first)
+        population = cls(model, tokenizer, config, base_ref, seed)
+        population._init_adapter(first)
+        return population
+
+    def _init_adapter(self, name: str) -> None:
+        """PEFT's init (kaiming-uniform A with a=sqrt(5), zero B) drawn from a generator seeded by the name."""
+        digest = hashlib.sha256(f"{self._seed}:{name}".encode()).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+        with torch.no_grad():
+            for key, param in self._params(name).items():
+                if ".lora_A." in key:
+                    # kaiming_uniform_(a=sqrt(5)) bound: sqrt(6 / ((1 + a^2) * fan_in)) = 1 / sqrt(fan_in)
+                    bound = 1.0 / math.sqrt(param.shape[1])
+                    values = torch.rand(param.shape, generator=generator) * (2 * bound) - bound
+                    param.copy_(values)
+                else:
+                    param.zero_()
+
+    # ----------------------------------------------------------------------------------------------------
+    # Adapters by name
+    # ----------------------------------------------------------------------------------------------------
+    @property
+    def adapter_names(self) -> list[str]:
+        """Names of the adapters, in insertion order."""
+        return list(self.model.peft_config)
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model."""
+        return next(self.model.parameters()).device
+
+    def _check(self, name: str) -> None:
+        if name not in self.model.peft_config:
+            raise KeyError(f"unknown adapter {name!r}; the population has {self.adapter_names}")
+
+    def add(self, name: str, genome: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Add a fresh adapter (seeded init, zero ``lora_B``), or one holding ``genome``.
+
+        Raises:
+            ValueError: the name is taken or not a valid adapter name, or the genome does not fit.
+        """
+        _check_name(name)
+        if name in self.model.peft_config:
+            raise ValueError(f"adapter {name!r} already exists; remove it first")
+        with torch.random.fork_rng(devices=[]):
+            self.model.add_adapter(name, self._lora_config)
+        self._enable_all_grads()
+        self._init_adapter(name)
+        if genome is not None:
+            try:
+                self.set_genome(name, genome)
+            except ValueError:
+                self.remove(name)
+                raise
+
+    def remove(self, name: str) -> None:
+        """Delete an adapter and its parameters.
+
+        Raises:
+            KeyError: unknown name.
+            ValueError: it is the last adapter (a population keeps at least one).
+        """
+        self._check(name)
+        if len(self.model.peft_config) == 1:
+            raise ValueError(f"cannot remove {name!r}: a population keeps at least one adapter")
+        if self.model.active_adapter == name:
+            self.set_active(next(n for n in self.adapter_names if n != name))
+        self.model.delete_adapter(name)
+        self._enable_all_grads()
+
+    def copy(self, source: str, target: str) -> None:
+        """Add adapter ``target`` as an exact copy of ``source``."""
+        self.add(target, self.get_genome(source))
+
+    def _params(self, name: str) -> dict[str, torch.nn.Parameter]:
+        """This adapter's LoRA parameters under PEFT's state-dict keys (adapter name stripped)."""
+        self._check(name)
+        marker = re.compile(rf"\.(lora_A|lora_B)\.{re.escape(name)}\.weight$")
+        params = {}
+        for key, param in self.model.named_parameters():
+            if marker.search(key):
+                params[marker.sub(r".\1.weight", key)] = param
+        return params
+
+    def get_genome(self, name: str) -> dict[str, torch.Tensor]:
+        """Copies of an adapter's tensors: PEFT state-dict keys, ``lora_A`` ``(r, in)``, ``lora_B`` ``(out, r)``."""
+        return {key: param.detach().clone() for key, param in self._params(name).items()}
+
+    def set_genome(self, name: str, genome: Mapping[str, torch.Tensor]) -> None:
+        """Overwrite an adapter's tensors from a genome with exactly its keys and shapes.
+
+        Raises:
+            KeyError: unknown adapter name.
+            ValueError: missing/unexpected keys, a wrong shape, or non-finite values (nothing is changed).
+        """
+        params = self._params(name)
+        missing, unexpected = sorted(set(params) - set(genome)), sorted(set(genome) - set(params))
+        if missing or unexpected:
+            raise ValueError(
+                f"genome keys do not fit adapter {name!r}: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            )
+        for key, param in params.items():
+            value = genome[key]
+            if tuple(value.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"genome {key} has shape {tuple(value.shape)}, adapter needs {tuple(param.shape)}"
+                )
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"genome {key} holds non-finite values")
+        with torch.no_grad():
+            for key, param in params.items():
+                param.copy_(genome[key])
+
+    def trainable_parameters(self, name: str) -> list[torch.nn.Parameter]:
+        """The adapter's LoRA parameters (``requires_grad`` True); the base stays frozen."""
+        return list(self._params(name).values())
+
+    def set_active(self, name: str) -> None:
+        """Make ``name`` the adapter used by a plain ``self.model(...)`` forward.
+
+        Unlike PEFT's ``set_adapter``, the other adapters keep ``requires_grad`` True (they take no part in
+        the forward, so they get no gradient), so optimizers built earlier stay valid.
+        """
+        self._check(name)
+        self.model.set_adapter(name)
+        self._enable_all_grads()
+
+    def _enable_all_grads(self) -> None:
+        for key, param in self.model.named_parameters():
+            param.requires_grad_(".lora_A." in key or ".lora_B." in key)
+
+    @contextmanager
+    def reference(self) -> Iterator[None]:
+        """Within the context the model runs as the frozen base (all adapters disabled)."""
+        with self.model.disable_adapter():
+            yield
+
+    # ----------------------------------------------------------------------------------------------------
+    # Generation
+    # ----------------------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Sequence[str],
+        adapters: Sequence[str],
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        top_p: float = 1.0,
+        *,
+        strategy: Strategy = "stacked",
+        ignore_eos: bool = False,
+    ) -> list[str]:
+        """Generate one continuation per prompt, row ``i`` with adapter ``adapters[i]``.
+
+        Args:
+            prompts: the prompts.
+            adapters: one adapter name per prompt.
+            max_new_tokens: generation budget per prompt (>= 0).
+            temperature: 0 for greedy decoding, > 0 to sample (reproducible for a fixed ``seed``).
+            seed: seed of the local sampling generator.
+            top_p: nucleus mass in ``(0, 1]``.
+            strategy: ``stacked`` (one batch, gathered factors; the fast path), ``peft_mixed`` (one batch,
+                PEFT's ``adapter_names=``) or ``loop`` (PEFT ``set_adapter`` per adapter, one sub-batch each).
+            ignore_eos: keep generating past EOS (fixed token counts for benchmarks).
+
+        Returns:
+            The continuations, in prompt order.
+        """
+        _check_generate_args(prompts, adapters, max_new_tokens, temperature, top_p)
+        for name in dict.fromkeys(adapters):
+            self._check(name)
+        args: dict[str, Any] = dict(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            top_p=top_p,
+            ignore_eos=ignore_eos,
+        )
+        was_training, active = self.model.training, self.model.active_adapter
+        self.model.eval()
+        try:
+            if strategy == "stacked":
+                with stacked_lora(self.model, adapters):
+                    return decode(self.model, self.tokenizer, prompts, **args)
+            if strategy == "peft_mixed":
+                names = list(adapters)
+                return decode(
+                    self.model,
+                    self.tokenizer,
+                    prompts,
+                    forward_kwargs=lambda: {"adapter_names": names},
+                    **args,
+                )
+            if strategy == "loop":
+                return self._generate_loop(prompts, adapters, args)
+            raise ValueError(f"strategy must be 'stacked', 'peft_mixed' or 'loop', got {strategy!r}")
+        finally:
+            self.model.train(was_training)
+            self.set_active(active)
+
+    def _generate_loop(
+        self, prompts: Sequence[str], adapters: Sequence[str], args: dict[str, Any]
+    ) -> list[str]:
+        texts = [""] * len(prompts)
+        for name in dict.fromkeys(adapters):
+            rows = [i for i, a in enumerate(adapters) if a == name]
+            self.model.set_adapter(name)
+            for i, text in zip(
+                rows, decode(self.model, self.tokenizer, [prompts[i] for i in rows], **args), strict=True
+            ):
+                texts[i] = text
+        return texts
+
+    # ----------------------------------------------------------------------------------------------------
+    # Persistence
+    # ----------------------------------------------------------------------------------------------------
+    def save(self, run_dir: str | os.PathLike[str]) -> Path:
+        """Write every adapter in PEFT's format to ``run_dir/adapters/<name>`` and a manifest.
+
+        The manifest (``population.json``) is written last and atomically, so a directory with a manifest
+        always holds every adapter it lists.
+
+        Returns:
+            The manifest path.
+        """
+        run = Path(run_dir)
+        (run / "adapters").mkdir(parents=True, exist_ok=True)
+        for name in self.adapter_names:
+            # PEFT writes a non-"default" adapter to <dir>/<name>; "default" goes to <dir> itself.
+            target = run / "adapters" / name
+            self.model.save_pretrained(
+                run / "adapters" if name != "default" else target, selected_adapters=[name]
+            )
+        manifest = {
+            "format": "populora-lora-population",
+            "version": 1,
+            "base": self.base_ref,
+            "adapters": self.adapter_names,
+            "active": self.model.active_adapter,
+            "seed": self._seed,
+        }
+        tmp = run / f".{MANIFEST}.tmp"
+        tmp.write_text(json.dumps(manifest, indent=2))
+        os.replace(tmp, run / MANIFEST)
+        return run / MANIFEST
+
+    @classmethod
+    def load(
+        cls,
+        run_dir: str | os.PathLike[str],
+        *,
+        base: str | os.PathLike[str] | None = None,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None,
+    ) -> LoRAPopulation:
+        """Load a population written by :meth:`save`.
+
+        Args:
+            run_dir: the directory given to :meth:`save`.
+            base: the base directory or Hub id; ``None`` uses the one recorded in the manifest.
+            dtype: base dtype (see :meth:`from_pretrained`).
+            device: target device.
+
+        Raises:
+            FileNotFoundError: no manifest in ``run_dir``.
+        """
+        from peft import PeftModel
+
+        run = Path(run_dir)
+        if not (run / MANIFEST).is_file():
+            raise FileNotFoundError(f"no population manifest {MANIFEST} in {run}")
+        manifest = json.loads((run / MANIFEST).read_text())
+        base_ref = os.fspath(base) if base is not None else manifest["base"]
+        model, tokenizer = load_base(base_ref, dtype=dtype, device=device)
+        names = manifest["adapters"]
+        first, *rest = names
+        peft_model = PeftModel.from_pretrained(
+            model, run / "adapters" / first, adapter_name=first, is_trainable=True
+        )
+        for name in rest:
+            peft_model.load_adapter(run / "adapters" / name, adapter_name=name, is_trainable=True)
+        peft_model.set_adapter(manifest.get("active", first))
+        return cls(peft_model, tokenizer, peft_model.peft_config[first], base_ref, manifest.get("seed", 0))
+
+    def policy(self, name: str, **kwargs: Any) -> LoRAPolicy:
+        """A ``populora_env.Policy`` answering with adapter ``name``; kwargs as :class:`LoRAPolicy`
+        (``max_new_tokens``, ``temperature``, ``seed``, ``top_p``, ``prefill``).
+
+        Raises:
+            KeyError: unknown adapter name (listing the names).
+        """
+        self._check(name)
+        return LoRAPolicy(self, name, **kwargs)
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"adapter name {name!r} must match {_NAME.pattern}")
+
+
+def _check_generate_args(
+    prompts: Sequence[str], adapters: Sequence[str], max_new_tokens: int, temperature: float, top_p: float
+) -> None:
+    if isinstance(prompts, str) or isinstance(adapters, str):
+        raise TypeError("prompts and adapters must be sequences of strings, not a single string")
+    if len(prompts) != len(adapters):
+        raise ValueError(f"need one adapter per prompt: {len(prompts)} prompts, {len(adapters)} adapters")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")

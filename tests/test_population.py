@@ -1,0 +1,347 @@
+"""LoRA population: base loading, genomes, batched mixed-adapter generation, save/load, bad input."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from agents import base as base_module  # noqa: E402
+from agents.base import BaseModelLoadError, TinyBaseConfig, build_tiny_base, load_base, tiny_base_key  # noqa: E402
+from agents.batched_lora import lora_linear_layers, stacked_lora  # noqa: E402
+from agents.corpus import EXAMPLE_KINDS, generate_examples  # noqa: E402
+from agents.generation import filter_top_p  # noqa: E402
+from agents.population import LoRAPopulation  # noqa: E402
+from tests.agents_fixtures import one_torch_thread, tiny_base_dir  # noqa: E402
+
+__all__ = ["one_torch_thread", "tiny_base_dir"]  # fixtures are used by name
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+NAMES = ["teacher_0", "student_0", "student_1"]
+
+
+def randomize_b(pop: LoRAPopulation, name: str, seed: int, scale: float = 0.5) -> None:
+    """Give an adapter a non-zero ``lora_B`` so that it really differs from the base and the others."""
+    generator = torch.Generator().manual_seed(seed)
+    genome = pop.get_genome(name)
+    for key, value in genome.items():
+        if ".lora_B." in key:
+            genome[key] = torch.randn(value.shape, generator=generator) * scale
+    pop.set_genome(name, genome)
+
+
+@pytest.fixture(scope="module")
+def pop(tiny_base_dir: Path) -> LoRAPopulation:
+    population = LoRAPopulation.from_pretrained(
+        tiny_base_dir, NAMES, rank=4, target_modules="all-linear", dtype=torch.float32, device="cpu"
+    )
+    for i, name in enumerate(NAMES):
+        randomize_b(population, name, seed=100 + i)
+    return population
+
+
+def prompts(n: int, seed: int = 7) -> list[str]:
+    return [example.prompt for example in generate_examples(n, seed)]
+
+
+def logits_of(pop: LoRAPopulation, texts: list[str]) -> torch.Tensor:
+    enc = pop.tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        return pop.model(**enc).logits
+
+
+# --------------------------------------------------------------------------------------------------------
+# Corpus and base
+# --------------------------------------------------------------------------------------------------------
+def test_corpus_is_deterministic_and_parses_in_the_env_format() -> None:
+    from populora_env.text_format import FormatError, parse_answer, parse_proposal
+
+    first, again, other = generate_examples(24, 3), generate_examples(24, 3), generate_examples(24, 4)
+    assert first == again
+    assert first != other
+    assert {e.kind for e in first} == set(EXAMPLE_KINDS)
+    for example in first:
+        role, task_type = example.kind.split("_")
+        parse = parse_proposal if role == "propose" else parse_answer
+        parsed = parse(example.answer, task_type, max_chars=4000)  # type: ignore[operator]
+        assert not isinstance(parsed, FormatError), (example.kind, parsed)
+        if role == "propose":
+            program = parsed.program  # type: ignore[union-attr]
+        elif task_type == "induction":
+            program = parsed.text  # type: ignore[union-attr]
+        else:
+            program = example.prompt.split("```python\n")[1].split("```")[0]
+        assert "def f(x):" in program
+        ast.parse(program)  # every program is valid Python
+
+
+def test_tiny_base_loads_frozen_with_left_padding(tiny_base_dir: Path) -> None:
+    model, tokenizer = load_base(tiny_base_dir, device="cpu")
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
+    assert not any(p.requires_grad for p in model.parameters())
+    assert type(model).__name__ == "LlamaForCausalLM"
+    text = generate_examples(1, 0)[0].text
+    ids = tokenizer(text)["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text  # byte-level BPE round-trips exactly
+
+
+def test_build_tiny_base_reuses_cache_and_cleans_stale_builds(tmp_path: Path) -> None:
+    config = TinyBaseConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                            max_position_embeddings=128, corpus_documents=40, seq_len=64, batch_size=2, steps=2,
+                            warmup_steps=1)  # fmt: skip
+    key = tiny_base_key(config)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    stale = tmp_path / f".tmp-{key}-{int(dead.stdout)}-leftover"  # a build killed before its rename
+    stale.mkdir()
+    built = build_tiny_base(tmp_path, config, progress=False, num_threads=1)
+    assert built.name == f"tiny-base-{key}" and (built / "config.json").is_file()
+    assert not stale.exists()
+    stamp = (built / "model.safetensors").stat().st_mtime_ns
+    assert build_tiny_base(tmp_path, config, progress=False) == built
+    assert (built / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert tiny_base_key(TinyBaseConfig(steps=30)) != tiny_base_key(TinyBaseConfig(steps=40))
+
+
+def test_interrupted_build_leaves_no_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = TinyBaseConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                            corpus_documents=40, seq_len=64, batch_size=2, steps=2, warmup_steps=1)  # fmt: skip
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(base_module, "_pretrain", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_tiny_base(tmp_path, config, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("vocab_size", 10), ("num_heads", 3), ("steps", 0), ("learning_rate", float("nan"))]
+)
+def test_tiny_base_config_rejects_bad_fields(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        TinyBaseConfig(**{field: value})
+
+
+def test_missing_base_is_one_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(BaseModelLoadError, match="no-such-model") as info:
+        load_base(missing)
+    assert "HF_HUB_OFFLINE" in str(info.value)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(BaseModelLoadError, match="broken"):
+        LoRAPopulation.from_pretrained(broken, ["a"])
+
+
+# --------------------------------------------------------------------------------------------------------
+# Adapters and genomes
+# --------------------------------------------------------------------------------------------------------
+def test_genome_is_peft_state_dict_and_base_is_shared(pop: LoRAPopulation) -> None:
+    from peft import get_peft_model_state_dict
+
+    for name in NAMES:
+        genome = pop.get_genome(name)
+        reference = get_peft_model_state_dict(pop.model, adapter_name=name)
+        assert genome.keys() == reference.keys() and genome
+        assert all(torch.equal(genome[k], reference[k]) for k in genome)
+        for key, value in genome.items():
+            layer = pop.model.get_submodule(key.removesuffix(".lora_A.weight").removesuffix(".lora_B.weight"))
+            expected = (4, layer.in_features) if ".lora_A." in key else (layer.out_features, 4)
+            assert tuple(value.shape) == expected
+    base_model, _ = load_base(pop.base_ref, device="cpu")
+    frozen = [p for n, p in pop.model.named_parameters() if "lora_" not in n]
+    assert sum(p.numel() for p in frozen) == sum(p.numel() for p in base_model.parameters())
+    assert not any(p.requires_grad for p in frozen)
+
+
+def test_set_genome_validates_and_changes_nothing_on_error(pop: LoRAPopulation) -> None:
+    before = pop.get_genome("student_0")
+    key = next(k for k in before if ".lora_B." in k)
+    bad_shape = {**before, key: torch.zeros(3, 3)}
+    missing = {k: v for k, v in before.items() if k != key}
+    extra = {**before, "nope.lora_A.weight": torch.zeros(4, 4)}
+    nan = {**before, key: torch.full_like(before[key], float("nan"))}
+    for genome in (bad_shape, missing, extra, nan):
+        with pytest.raises(ValueError):
+            pop.set_genome("student_0", genome)
+    after = pop.get_genome("student_0")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_unknown_adapter_is_key_error_listing_names(pop: LoRAPopulation) -> None:
+    calls = [
+        lambda: pop.get_genome("ghost"),
+        lambda: pop.set_active("ghost"),
+        lambda: pop.trainable_parameters("ghost"),
+        lambda: pop.remove("ghost"),
+        lambda: pop.generate(["x"], ["ghost"], 2, 0.0, 0),
+    ]
+    for call in calls:
+        with pytest.raises(KeyError, match="student_1"):
+            call()
+
+
+def test_add_copy_remove(pop: LoRAPopulation) -> None:
+    text = prompts(2)
+    pop.copy("teacher_0", "clone")
+    pop.set_active("clone")
+    clone_logits = logits_of(pop, text)
+    pop.set_active("teacher_0")
+    assert torch.equal(clone_logits, logits_of(pop, text))
+    with pytest.raises(ValueError, match="already exists"):
+        pop.add("clone")
+    with pytest.raises(ValueError, match="must match"):
+        pop.add("bad.name")
+    pop.remove("clone")
+    assert pop.adapter_names == NAMES
+    pop.add("fresh")  # lora_B starts at zero: the fresh adapter is the base
+    pop.set_active("fresh")
+    fresh_logits = logits_of(pop, text)
+    with pop.reference():
+        assert torch.equal(fresh_logits, logits_of(pop, text))
+    pop.remove("fresh")
+    pop.set_active("student_0")
+
+
+def test_active_adapter_reference_and_trainable_parameters(pop: LoRAPopulation, tiny_base_dir: Path) -> None:
+    text = prompts(2)
+    per_adapter = []
+    for name in NAMES:
+        pop.set_active(name)
+        per_adapter.append(logits_of(pop, text))
+    assert not torch.allclose(per_adapter[0], per_adapter[1])
+    with pop.reference():
+        reference = logits_of(pop, text)
+    base_model, tokenizer = load_base(tiny_base_dir, dtype=torch.float32, device="cpu")
+    with torch.no_grad():
+        assert torch.equal(reference, base_model(**tokenizer(text, return_tensors="pt", padding=True)).logits)
+    params = pop.trainable_parameters("student_0")
+    pop.set_active("teacher_0")  # switching adapters keeps every adapter trainable
+    assert params and all(p.requires_grad for p in params)
+    pop.set_active("student_0")
+    pop.model.zero_grad(set_to_none=True)
+    logits_of_grad = pop.model(**pop.tokenizer(text, return_tensors="pt", padding=True)).logits
+    logits_of_grad.float().pow(2).mean().backward()
+    assert all(p.grad is not None for p in params)
+    others = pop.trainable_parameters("teacher_0")
+    assert all(p.grad is None for p in others)
+    pop.model.zero_grad(set_to_none=True)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Generation
+# --------------------------------------------------------------------------------------------------------
+def test_stacked_forward_matches_peft_per_row(pop: LoRAPopulation) -> None:
+    text = prompts(6)
+    rows = [NAMES[i % 3] for i in range(6)]
+    enc = pop.tokenizer(text, return_tensors="pt", padding=True)
+    with torch.no_grad(), stacked_lora(pop.model, rows):
+        stacked = pop.model(**enc).logits
+    for i, name in enumerate(rows):
+        pop.set_active(name)
+        with torch.no_grad():
+            expected = pop.model(**enc).logits[i]
+        torch.testing.assert_close(stacked[i], expected, rtol=1e-5, atol=1e-5)
+    assert all("forward" not in vars(layer) for layer in lora_linear_layers(pop.model))  # restored
+
+
+def test_stacked_lora_restores_forward_on_error(pop: LoRAPopulation) -> None:
+    with pytest.raises(RuntimeError, match="inside"), stacked_lora(pop.model, NAMES):
+        raise RuntimeError("inside")
+    assert all("forward" not in vars(layer) for layer in lora_linear_layers(pop.model))
+    with pytest.raises(ValueError, match="rows"), torch.no_grad(), stacked_lora(pop.model, NAMES):
+        pop.model(**pop.tokenizer(prompts(2), return_tensors="pt", padding=True))
+
+
+def test_mixed_batch_greedy_equals_per_adapter_generation(pop: LoRAPopulation) -> None:
+    text = prompts(3)
+    batch = [p for p in text for _ in NAMES]  # every prompt under every adapter
+    rows = NAMES * len(text)
+    stacked = pop.generate(batch, rows, max_new_tokens=12, temperature=0.0, seed=0)
+    loop = pop.generate(batch, rows, max_new_tokens=12, temperature=0.0, seed=0, strategy="loop")
+    mixed = pop.generate(batch, rows, max_new_tokens=12, temperature=0.0, seed=1, strategy="peft_mixed")
+    assert stacked == loop == mixed
+    by_adapter = [stacked[i :: len(NAMES)] for i in range(len(NAMES))]
+    assert len({tuple(texts) for texts in by_adapter}) > 1  # the adapters really generate differently
+
+
+def test_sampling_is_reproducible_for_a_seed(pop: LoRAPopulation) -> None:
+    text, rows = prompts(4), [NAMES[i % 3] for i in range(4)]
+    state = torch.random.get_rng_state()
+    first = pop.generate(text, rows, 10, temperature=1.0, seed=3)
+    assert pop.generate(text, rows, 10, temperature=1.0, seed=3) == first
+    assert pop.generate(text, rows, 10, temperature=1.0, seed=4) != first
+    nucleus = pop.generate(text, rows, 10, temperature=1.0, seed=3, top_p=0.9)
+    assert pop.generate(text, rows, 10, temperature=1.0, seed=3, top_p=0.9) == nucleus
+    assert torch.equal(state, torch.random.get_rng_state())  # the global RNG was not used
+
+
+def test_top_p_keeps_the_smallest_nucleus() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(filter_top_p(logits, 0.7))
+    assert kept.tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_top_p(logits, 0.5)).tolist() == [[True, False, False, False]]
+    assert torch.equal(filter_top_p(logits, 1.0), logits)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"adapters": ["student_0"]}, ValueError),
+        ({"max_new_tokens": -1}, ValueError),
+        ({"temperature": -0.5}, ValueError),
+        ({"top_p": 0.0}, ValueError),
+        ({"strategy": "magic"}, ValueError),
+        ({"prompts": "one string"}, TypeError),
+    ],
+)
+def test_generate_rejects_bad_arguments(pop: LoRAPopulation, kwargs: dict, error: type) -> None:
+    args = {"prompts": ["a", "b"], "adapters": ["student_0", "teacher_0"], "max_new_tokens": 2,
+            "temperature": 0.0, "seed": 0, **kwargs}  # fmt: skip
+    with pytest.raises(error):
+        pop.generate(**args)
+
+
+def test_generate_edge_cases(pop: LoRAPopulation) -> None:
+    assert pop.generate([], [], 5, 0.0, 0) == []
+    assert pop.generate(["a", "b"], ["student_0", "teacher_0"], 0, 0.0, 0) == ["", ""]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Persistence
+# --------------------------------------------------------------------------------------------------------
+def test_save_load_round_trip_gives_identical_logits(pop: LoRAPopulation, tmp_path: Path) -> None:
+    from peft import PeftModel
+
+    manifest = pop.save(tmp_path / "run")
+    assert json.loads(manifest.read_text())["adapters"] == NAMES
+    loaded = LoRAPopulation.load(tmp_path / "run", dtype=torch.float32, device="cpu")
+    assert loaded.adapter_names == NAMES
+    text = prompts(3)
+    for name in NAMES:
+        pop.set_active(name)
+        loaded.set_active(name)
+        assert torch.equal(logits_of(pop, text), logits_of(loaded, text))
+    plain_base, _ = load_base(pop.base_ref, dtype=torch.float32, device="cpu")
+    alone = PeftModel.from_pretrained(plain_base, os.fspath(tmp_path / "run" / "adapters" / "student_1"))
+    pop.set_active("student_1")
+    with torch.no_grad():
+        enc = pop.tokenizer(text, return_tensors="pt", padding=True)
+        assert torch.equal(alone(**enc).logits, pop.model(**enc).logits)
+    with pytest.raises(FileNotFoundError):
+        LoRAPopulation.load(tmp_path / "empty")
