@@ -8,14 +8,15 @@ worker turns a missing line (crash, kill, time-out) into a verdict of its own.
 from __future__ import annotations
 
 import builtins
-import json
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import literals  # top-level in the worker process, see _worker.py
 
 _ALLOWED_MODULES: frozenset[str] = frozenset()
+_ALLOWED: frozenset[str] = frozenset()  # set by the worker: the modules programs may import
 
 
 def _guarded_import(
@@ -56,7 +57,19 @@ def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
 
 
 def _line(status: str, output: str | None = None, detail: str = "") -> bytes:
-    return (json.dumps([status, output, detail[:300]]) + "\n").encode()
+    """One verdict line: ``status US (=output | -) US detail LF`` (US = \\x1f). Canonical output text
+    is built from reprs, which escape control characters, so it holds neither separator."""
+    detail = detail[:300].replace("\n", " ").replace("\x1f", " ")
+    body = "-" if output is None else "=" + output
+    return f"{status}\x1f{body}\x1f{detail}\n".encode("utf-8", "backslashreplace")
+
+
+def parse_line(line: bytes) -> list[Any] | None:
+    """The ``[status, output, detail]`` of a verdict line, or ``None`` if it is malformed."""
+    parts = line.decode("utf-8", "replace").split("\x1f")
+    if len(parts) != 3 or not parts[1] or parts[1][0] not in "=-":
+        return None
+    return [parts[0], parts[1][1:] if parts[1][0] == "=" else None, parts[2]]
 
 
 def setup_failed(exc: BaseException) -> bytes:
@@ -72,63 +85,89 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}"[:300]
 
 
+_TABLES: dict[bool, dict[str, Any]] = {}
+
+
+@dataclass
+class Prepared:
+    """What the worker computes before forking, so the child touches (and copies) as little as possible:
+    the compiled program, the parsed literal arguments and the built-ins table. No program code runs."""
+
+    code: Any = None
+    error: bytes = b""
+    args: list[Any] = field(default_factory=list)
+    table: dict[str, Any] = field(default_factory=dict)
+
+
+def prepare(program: str, calls: list[str], *, mode: str, max_depth: int, guards: bool) -> Prepared:
+    """Compiles ``program`` and parses literal argument texts (``bad_input`` lines for bad ones)."""
+    if guards not in _TABLES:
+        _TABLES[guards] = safe_builtins(_ALLOWED) if guards else dict(vars(builtins))
+    prepared = Prepared(table=_TABLES[guards])
+    try:
+        prepared.code = compile(program, "<program>", "exec")
+    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
+        prepared.error = _line("syntax", None, _describe(e))
+        return prepared
+    for args_text in calls:
+        if mode != "literal":
+            prepared.args.append(args_text)  # evaluated in the child, in the program's namespace
+            continue
+        try:
+            prepared.args.append(literals.parse_args(args_text, max_depth=max_depth))
+        except (literals.LiteralError, TypeError) as e:
+            prepared.args.append(_line("bad_input", None, str(e)))
+    return prepared
+
+
 def run_program(
-    program: str,
-    calls: list[str],
-    out_fd: int,
-    *,
-    max_output: int,
-    max_depth: int,
-    allowed: frozenset[str] | None,
-    mode: str = "literal",
+    prepared: Prepared, out_fd: int, *, max_output: int, max_depth: int, mode: str = "literal"
 ) -> None:
-    """Defines ``f`` from ``program`` and calls it once per argument text, writing a verdict per call.
+    """Defines ``f`` from the prepared program and calls it once per argument, writing a verdict per call.
 
     Args:
-        allowed: Module allowlist of the guarded built-ins; ``None`` leaves the built-ins whole.
-        mode: ``"literal"``: argument texts are literals; ``"expression"``: they are evaluated here, in the
-            program's namespace (dataset inputs such as ``dict(a=1)``); ``"literalize"``: they are
-            evaluated and their canonical literal text is the output (``f`` is not called).
+        mode: ``"literal"``: arguments were parsed as literals; ``"expression"``: argument texts are
+            evaluated here, in the program's namespace (dataset inputs such as ``dict(a=1)``);
+            ``"literalize"``: they are evaluated and their canonical literal text is the output (``f`` is
+            not called).
     """
-    table = safe_builtins(allowed) if allowed is not None else dict(vars(builtins))
-    glb: dict[str, Any] = {"__builtins__": table, "__name__": "__program__"}
-    try:
-        code = compile(program, "<program>", "exec")
-    except (SyntaxError, ValueError) as e:
-        os.write(out_fd, _line("syntax", None, _describe(e)) * len(calls))
+    n = len(prepared.args)
+    if prepared.error:
+        os.write(out_fd, prepared.error * n)
         return
+    glb: dict[str, Any] = {"__builtins__": prepared.table, "__name__": "__program__"}
     try:
-        exec(code, glb)
+        exec(prepared.code, glb)
     except MemoryError:
-        os.write(out_fd, _line("memory", None, "MemoryError while defining the program") * len(calls))
+        os.write(out_fd, _line("memory", None, "MemoryError while defining the program") * n)
         return
     except BaseException as e:
-        os.write(out_fd, _line("runtime", None, "while defining the program: " + _describe(e)) * len(calls))
+        os.write(out_fd, _line("runtime", None, "while defining the program: " + _describe(e)) * n)
         return
     f = glb.get("f")
     if not callable(f):
-        os.write(out_fd, _line("syntax", None, "the program does not define a function `f`") * len(calls))
+        os.write(out_fd, _line("syntax", None, "the program does not define a function `f`") * n)
         return
-    for args_text in calls:
-        os.write(out_fd, _call(f, args_text, glb, mode, max_output=max_output, max_depth=max_depth))
+    for args in prepared.args:
+        os.write(
+            out_fd, args if isinstance(args, bytes) else _call(f, args, glb, mode, max_output, max_depth)
+        )
 
 
 def _pack(*args: Any) -> tuple[Any, ...]:
     return args
 
 
-def _arguments(args_text: str, glb: dict[str, Any], mode: str, max_depth: int) -> tuple[Any, ...]:
+def _arguments(args: Any, glb: dict[str, Any], mode: str) -> tuple[Any, ...]:
     if mode == "literal":
-        return literals.parse_args(args_text, max_depth=max_depth)
-    code = compile(f"__populora_pack__(\n{args_text}\n)", "<args>", "eval")
+        return args  # parsed by the worker
+    code = compile(f"__populora_pack__(\n{args}\n)", "<args>", "eval")
     return eval(code, {**glb, "__populora_pack__": _pack})
 
 
-def _call(
-    f: Any, args_text: str, glb: dict[str, Any], mode: str, *, max_output: int, max_depth: int
-) -> bytes:
+def _call(f: Any, args_in: Any, glb: dict[str, Any], mode: str, max_output: int, max_depth: int) -> bytes:
     try:
-        args = _arguments(args_text, glb, mode, max_depth)
+        args = _arguments(args_in, glb, mode)
     except (literals.LiteralError, TypeError, SyntaxError) as e:
         return _line("bad_input", None, str(e))
     except MemoryError:

@@ -58,6 +58,7 @@ class Worker:
         self.config = config
         for name in sorted(ALLOWED_MODULES):
             importlib.import_module(name)  # children need no file access to import these
+        _child._ALLOWED = ALLOWED_MODULES
         _preload_codecs()
         isolate = bool(config.get("isolate", True))
         self.bpf: bytes | None
@@ -80,6 +81,14 @@ class Worker:
     def _run_child(self, program: str, calls: list[str], request: dict[str, Any]) -> list[list[Any]]:
         """Runs a child over ``calls``; returns at least one verdict (more if the child lasted)."""
         timeout = float(request["timeout"])
+        mode = str(request.get("mode", "literal"))
+        prepared = _child.prepare(
+            program,
+            calls,
+            mode=mode,
+            max_depth=int(request["max_depth"]),
+            guards=bool(request.get("guards", True)),
+        )
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # ---------------------------------------------------------------- the child
@@ -92,10 +101,8 @@ class Worker:
                 os._exit(0)
             try:
                 _child.run_program(
-                    program, calls, write_fd, max_output=int(request["max_output"]),
-                    max_depth=int(request["max_depth"]),
-                    allowed=ALLOWED_MODULES if request.get("guards", True) else None,
-                    mode=str(request.get("mode", "literal")),
+                    prepared, write_fd, max_output=int(request["max_output"]),
+                    max_depth=int(request["max_depth"]), mode=mode,
                 )  # fmt: skip
             finally:
                 os._exit(0)
@@ -170,17 +177,8 @@ def _preload_codecs() -> None:
 
 
 def _parse_line(line: bytes) -> list[Any]:
-    try:
-        status, output, detail = json.loads(line)
-        if (
-            isinstance(status, str)
-            and (output is None or isinstance(output, str))
-            and isinstance(detail, str)
-        ):
-            return [status, output, detail]
-    except (ValueError, TypeError):
-        pass
-    return ["bad_output", None, "malformed result line from the child"]
+    parsed = _child.parse_line(line)
+    return parsed if parsed is not None else ["bad_output", None, "malformed result line from the child"]
 
 
 def _kill_group(pid: int) -> None:
