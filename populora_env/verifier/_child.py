@@ -16,7 +16,6 @@ from typing import Any
 import literals  # top-level in the worker process, see _worker.py
 
 _ALLOWED_MODULES: frozenset[str] = frozenset()
-_ALLOWED: frozenset[str] = frozenset()  # set by the worker: the modules programs may import
 
 
 def _guarded_import(
@@ -99,10 +98,16 @@ class Prepared:
     table: dict[str, Any] = field(default_factory=dict)
 
 
-def prepare(program: str, calls: list[str], *, mode: str, max_depth: int, guards: bool) -> Prepared:
-    """Compiles ``program`` and parses literal argument texts (``bad_input`` lines for bad ones)."""
+def prepare(
+    program: str, calls: list[str], *, mode: str, max_depth: int, allowed: frozenset[str] | None
+) -> Prepared:
+    """Compiles ``program`` and parses literal argument texts (``bad_input`` lines for bad ones).
+
+    ``allowed`` is the module allowlist of the guarded built-ins; ``None`` leaves the built-ins whole.
+    """
+    guards = allowed is not None
     if guards not in _TABLES:
-        _TABLES[guards] = safe_builtins(_ALLOWED) if guards else dict(vars(builtins))
+        _TABLES[guards] = safe_builtins(allowed) if allowed is not None else dict(vars(builtins))
     prepared = Prepared(table=_TABLES[guards])
     try:
         prepared.code = compile(program, "<program>", "exec")

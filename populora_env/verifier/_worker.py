@@ -58,7 +58,6 @@ class Worker:
         self.config = config
         for name in sorted(ALLOWED_MODULES):
             importlib.import_module(name)  # children need no file access to import these
-        _child._ALLOWED = ALLOWED_MODULES
         _preload_codecs()
         isolate = bool(config.get("isolate", True))
         self.bpf: bytes | None
@@ -87,7 +86,7 @@ class Worker:
             calls,
             mode=mode,
             max_depth=int(request["max_depth"]),
-            guards=bool(request.get("guards", True)),
+            allowed=ALLOWED_MODULES if request.get("guards", True) else None,
         )
         read_fd, write_fd = os.pipe()
         pid = os.fork()

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WorkerDied", "WorkerHandle"]
+__all__ = ["WorkerDied", "WorkerHandle", "WorkerHung"]
 
 _WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
 _MAX_FRAME = 64 << 20
@@ -21,6 +21,10 @@ _MAX_FRAME = 64 << 20
 
 class WorkerDied(RuntimeError):
     """A worker process ended, hung past its deadline, or spoke out of protocol."""
+
+
+class WorkerHung(WorkerDied):
+    """A worker did not answer before its request's deadline (its program is then a time-out)."""
 
 
 class WorkerHandle:

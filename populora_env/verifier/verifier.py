@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .literals import LiteralError, outputs_equal, parse_args
-from .pool import WorkerDied, WorkerHandle
+from .pool import WorkerDied, WorkerHandle, WorkerHung
 from .prefilter import prefilter, prefilter_expression
 from .records import STATUSES, Execution, IsolationReport, VerifierConfig
 
@@ -237,7 +237,7 @@ class Verifier:
         while any(queue) or busy:
             for p in range(len(self._pools)):
                 while queue[p] and idle[p]:
-                    self._send(idle[p].pop(), queue[p].pop(0), busy, queue)
+                    self._send(idle[p].pop(), queue[p].pop(0), busy)
             if not busy:
                 continue
             deadline = min(w.busy_until or 0.0 for w, _ in busy.values())
@@ -253,20 +253,19 @@ class Verifier:
                             continue
                         task.results = _checked_results(message, len(task.calls))
                     else:
-                        raise WorkerDied(f"verifier worker {worker.pid} missed its deadline")
+                        raise WorkerHung(f"verifier worker {worker.pid} missed its deadline")
                 except WorkerDied as e:
                     worker = self._replace(worker, task.pool)
                     task.attempts += 1
-                    if task.attempts < 2 and "deadline" not in str(e):
+                    hung = isinstance(e, WorkerHung)
+                    if task.attempts < 2 and not hung:
                         queue[task.pool].insert(0, task)  # one retry on a fresh worker
                     else:
-                        status = "timeout" if "deadline" in str(e) else "runtime"
-                        task.results = [[status, None, str(e)]] * len(task.calls)
+                        task.results = [["timeout" if hung else "runtime", None, str(e)]] * len(task.calls)
                 del busy[fd]
                 idle[task.pool].append(worker)
 
-    def _send(self, worker: WorkerHandle, task: _Task, busy: dict[int, tuple[WorkerHandle, _Task]],
-              queue: list[list[_Task]]) -> None:  # fmt: skip
+    def _send(self, worker: WorkerHandle, task: _Task, busy: dict[int, tuple[WorkerHandle, _Task]]) -> None:
         cfg = self.config
         request = {
             "program": task.program, "calls": task.calls, "timeout": cfg.timeout, "memory_mb": cfg.memory_mb,
