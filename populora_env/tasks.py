@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import json
+import logging
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +13,9 @@ from typing import Literal
 import numpy as np
 
 from populora_env import dsl
+from populora_env.verifier.jsonl import load_records
+
+logger = logging.getLogger(__name__)
 
 TaskType = Literal["deduction", "abduction", "induction"]
 TASK_TYPES: tuple[TaskType, ...] = ("deduction", "abduction", "induction")
@@ -185,27 +188,29 @@ def load_jsonl_specs(path: str | Path, limit: int | None = None) -> list[SeedSpe
     """Reads CRUXEval/AZR-format records ``{"code", "input", "output"}`` as deduction and abduction seeds.
 
     The given outputs are not trusted: the env re-runs every seed through the verifier and keeps only
-    those whose output matches. Malformed lines and over-long fields are skipped.
+    those whose output matches. Malformed lines are skipped with a logged warning naming the line;
+    over-long fields are skipped.
 
     Args:
         path: a JSONL file given by the user.
         limit: read at most this many records.
+
+    Raises:
+        FileNotFoundError: the file does not exist (the message names it).
     """
+    records, errors = load_records(path)
+    for error in errors:
+        logger.warning("%s:%d: skipped: %s", path, error.line, error.reason)
     specs: list[SeedSpec] = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if limit is not None and len(specs) >= 2 * limit:
-                break
-            try:
-                record = json.loads(line)
-                code, args = str(record["code"]), str(record["input"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue
-            if len(code) > MAX_JSONL_FIELD_CHARS or len(args) > MAX_JSONL_FIELD_CHARS:
-                continue
-            expected = str(record.get("output", ""))
-            for task_type in ("deduction", "abduction"):
-                specs.append(SeedSpec(task_type, code, (args,), message=expected, source="jsonl"))
+    for record in records:
+        if limit is not None and len(specs) >= 2 * limit:
+            break
+        if len(record.code) > MAX_JSONL_FIELD_CHARS or len(record.input) > MAX_JSONL_FIELD_CHARS:
+            continue
+        for task_type in ("deduction", "abduction"):
+            specs.append(
+                SeedSpec(task_type, record.code, (record.input,), message=record.output or "", source="jsonl")
+            )
     return specs
 
 

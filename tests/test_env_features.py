@@ -149,3 +149,20 @@ def test_scripted_teacher_difficulty_shows_in_metrics(verifier):
         depth.append(record.metrics.mean_depth)
         cyclomatic.append(record.metrics.mean_cyclomatic)
     assert depth[1] > depth[0] + 1 and cyclomatic[1] > cyclomatic[0]
+
+
+def test_jsonl_seeds_skip_malformed_lines_with_a_warning(tmp_path, caplog):
+    from populora_env.tasks import load_jsonl_specs
+
+    data = tmp_path / "seeds.jsonl"
+    data.write_text(
+        'not json\n{"code": "def f(x):\\n    return x", "input": "1", "output": "1"}\n{"code": 3}\n'
+    )
+    with caplog.at_level("WARNING", logger="populora_env.tasks"):
+        specs = load_jsonl_specs(data)
+    assert [(s.task_type, s.inputs, s.message) for s in specs] == [
+        ("deduction", ("1",), "1"),
+        ("abduction", ("1",), "1"),
+    ]
+    assert f"{data}:1: skipped: not JSON" in caplog.text
+    assert f"{data}:3: skipped: field 'code' is missing or not a string" in caplog.text
