@@ -101,15 +101,8 @@ class ScriptedTeacher:
         return format_proposal(source, dsl.induction_inputs(program, n), message=f"f takes a {kind}.")
 
 
-class ReferenceStudent:
-    """Text mode: answers with the task's reference (gold) answer with probability ``skill``, else with a
-    well-formed wrong answer.
-
-    Args:
-        env: the env (reads the pending task).
-        skill: probability of answering with the gold answer.
-        seed: seed of the policy's own generator.
-    """
+class _SkilledStudent:
+    """Shared state of the scripted students: the env they read, a skill in [0, 1], their own generator."""
 
     def __init__(self, env: Any, skill: float = 1.0, seed: int = 0) -> None:
         if not 0.0 <= skill <= 1.0:
@@ -121,6 +114,17 @@ class ReferenceStudent:
     def reseed(self, seed: int) -> None:
         """Restarts the policy's generator from ``seed``."""
         self.rng = random.Random(seed)
+
+
+class ReferenceStudent(_SkilledStudent):
+    """Text mode: answers with the task's reference (gold) answer with probability ``skill``, else with a
+    well-formed wrong answer.
+
+    Args:
+        env: the env (reads the pending task).
+        skill: probability of answering with the gold answer.
+        seed: seed of the policy's own generator.
+    """
 
     def act(self, observation: Any, agent: str) -> str:
         """The gold answer or a wrong one, in the answer format."""
@@ -131,7 +135,7 @@ class ReferenceStudent:
         return format_answer(task.task_type, wrong, reasoning="guess")
 
 
-class ExecutingStudent:
+class ExecutingStudent(_SkilledStudent):
     """Structured mode: checks every candidate with the verifier and picks a correct one with probability
     ``skill`` (a uniformly random legal candidate otherwise).
 
@@ -140,17 +144,6 @@ class ExecutingStudent:
         skill: probability of solving by execution.
         seed: seed of the policy's own generator.
     """
-
-    def __init__(self, env: Any, skill: float = 1.0, seed: int = 0) -> None:
-        if not 0.0 <= skill <= 1.0:
-            raise ValueError(f"skill must be in [0, 1], got {skill}")
-        self.env = env
-        self.skill = skill
-        self.rng = random.Random(seed)
-
-    def reseed(self, seed: int) -> None:
-        """Restarts the policy's generator from ``seed``."""
-        self.rng = random.Random(seed)
 
     def act(self, observation: Any, agent: str) -> int:
         """A candidate index."""
