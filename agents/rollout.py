@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from agents.policy import model_input
+from agents.policy import GeneratingPopulation, model_input
 
 __all__ = [
     "EpisodeRollout",
@@ -37,20 +37,6 @@ __all__ = [
 ]
 
 Role = Literal["teacher", "student"]
-
-
-class BatchGenerator(Protocol):
-    """What the collector needs from a population (``agents.population.LoRAPopulation`` has it)."""
-
-    def generate(
-        self,
-        prompts: Sequence[str],
-        adapters: Sequence[str],
-        max_new_tokens: int,
-        temperature: float,
-        seed: int,
-        top_p: float = 1.0,
-    ) -> list[str]: ...
 
 
 class Learner(Protocol):
@@ -216,7 +202,7 @@ class RolloutCollector:
 
     def __init__(
         self,
-        population: BatchGenerator,
+        population: GeneratingPopulation,
         adapters: Mapping[str, str],
         config: RolloutConfig | None = None,
         policies: Mapping[str, Any] | None = None,
