@@ -85,7 +85,10 @@ def load_records(path: str | Path) -> tuple[list[Record], list[LoadError]]:
             if not line.strip():
                 continue
             record = _parse_line(line, number)
-            (records if isinstance(record, Record) else errors).append(record)  # type: ignore[arg-type]
+            if isinstance(record, Record):
+                records.append(record)
+            else:
+                errors.append(record)
     return records, errors
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import struct
 import subprocess
@@ -120,8 +121,6 @@ class WorkerHandle:
 
     def receive(self, deadline: float) -> dict[str, Any]:
         """Blocks until one frame arrives or ``deadline`` passes (then raises :class:`WorkerDied`)."""
-        import select
-
         while True:
             message = self.poll_frame()
             if message is not None:

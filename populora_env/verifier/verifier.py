@@ -10,7 +10,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .literals import LiteralError, outputs_equal, parse_args
@@ -57,8 +57,6 @@ class Verifier:
         if config is None:
             config = VerifierConfig(**overrides)
         elif overrides:
-            from dataclasses import replace
-
             config = replace(config, **overrides)
         self.config = config
         self._lock = threading.RLock()
