@@ -71,6 +71,9 @@ class PBTConfig:
     """The learner's hyper-parameters."""
     net: NetConfig = field(default_factory=NetConfig)
     """Torch members' layer sizes."""
+    member_options: dict[str, Any] = field(default_factory=dict)
+    """Options of other member kinds and their learners (JSON values; e.g. a LoRA kind's base model and
+    rank), read by their factories from the config. Part of the run's fingerprint."""
     fitness: Literal["reward", "rating"] = "reward"
     """``reward``: student solve rate, teacher mean reward per proposal (their sum for self-play members);
     ``rating``: the OpenSkill ordinal ``mu - 3 sigma``."""
@@ -145,6 +148,14 @@ class PBTConfig:
         for name in self.mutations:
             operators.MUTATIONS[name]
         LEARNERS[self.learner]
+        if not isinstance(self.member_options, dict) or not all(
+            isinstance(k, str) for k in self.member_options
+        ):
+            raise ValueError(f"member_options must be a dict with str keys, got {self.member_options!r}")
+        try:
+            json.dumps(self.member_options, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"member_options must hold JSON values only: {e}") from None
         if self.backend not in ("local", "ray"):
             raise ValueError(f"backend must be 'local' or 'ray', got {self.backend!r}")
 
