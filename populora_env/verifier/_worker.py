@@ -2,7 +2,7 @@
 
 Started by the host as ``python -I -B _worker.py CONFIG_JSON`` with a chosen ``PYTHONHASHSEED`` (the script's
 folder is put first on ``sys.path``, so this process never imports the heavy ``populora_env`` package, torch or
-pettingzoo). It pre-imports the modules programs may use, compiles the seccomp filters, isolates itself
+pettingzoo). It pre-imports the modules programs may use, isolates itself
 (see ``sandbox.py``; its own seccomp filter last) and then serves requests framed as a 4-byte big-endian
 length plus UTF-8 JSON on stdin/stdout:
 
@@ -60,9 +60,11 @@ class Worker:
             importlib.import_module(name)  # children need no file access to import these
         _preload_codecs()
         isolate = bool(config.get("isolate", True))
-        programs, seccomp_error = (
-            sandbox.build_seccomp_programs() if isolate else (None, "isolation disabled")
-        )
+        # The host compiled the filters (see sandbox.build_seccomp_programs); hex text in the config.
+        programs = tuple(bytes.fromhex(h) for h in config["seccomp"]) if config.get("seccomp") else None
+        seccomp_error = config.get("seccomp_error") if isolate else "isolation disabled"
+        if programs is None and not seccomp_error:
+            seccomp_error = "the worker was given no seccomp filter"
         self.devnull = os.open("/dev/null", os.O_RDWR)
         self.report = sandbox.isolate_worker() if isolate else {"errors": []}
         self.bpf: bytes | None = None  # the child's own filter, on top of the worker's

@@ -23,10 +23,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import resource
 import sys
-import tempfile
 from typing import Any
 
 __all__ = [
@@ -294,12 +294,14 @@ _DENY_CHILD = [
 _ENOSYS = ("clone3", "openat2")  # glibc falls back on ENOSYS; openat2's flags cannot be inspected
 
 
+@functools.cache
 def build_seccomp_programs() -> tuple[tuple[bytes, bytes] | None, str | None]:
-    """Compiles the worker's and the child's seccomp filters to raw BPF once (libseccomp).
+    """Compiles the worker's and the child's seccomp filters to raw BPF (libseccomp), once per process.
 
     The worker loads the large filter once; each child loads only the small one (a filter's load cost
     grows with its length, and a child pays it on every program). A child runs under both: every call
-    either list names is denied to it.
+    either list names is denied to it. The host compiles them and hands the bytes to its workers, so a
+    worker never imports libseccomp's binding (3 MB of modules every fork would copy).
 
     Returns:
         ``((worker_bpf, child_bpf), error)``: the two filter programs, or ``None`` and why seccomp is
@@ -335,10 +337,11 @@ def _new_filter(sc: Any) -> Any:
 
 
 def _export(filt: Any) -> bytes:
-    with tempfile.TemporaryFile() as f:
-        filt.export_bpf(f)
-        f.seek(0)
-        return f.read()
+    read_fd, write_fd = os.pipe()  # a filter is at most 4096 instructions (32 KiB): fits a pipe's buffer
+    with os.fdopen(read_fd, "rb") as source:
+        with os.fdopen(write_fd, "wb") as sink:
+            filt.export_bpf(sink)
+        return source.read()
 
 
 def _add(sc: Any, filt: Any, action: int, name: str, *args: Any) -> None:

@@ -17,6 +17,7 @@ from .literals import LiteralError, outputs_equal, parse_args
 from .pool import WorkerDied, WorkerHandle, WorkerHung
 from .prefilter import prefilter, prefilter_expression
 from .records import STATUSES, Execution, IsolationReport, VerifierConfig
+from .sandbox import build_seccomp_programs
 
 __all__ = ["Verifier"]
 
@@ -64,7 +65,11 @@ class Verifier:
         self._closed = False
         n = config.workers or os.cpu_count() or 1
         seeds = config.hash_seeds if config.check_determinism else config.hash_seeds[:1]
-        self._worker_config = {"isolate": config.isolate}
+        self._worker_config: dict[str, Any] = {"isolate": config.isolate}
+        if config.isolate:
+            programs, error = build_seccomp_programs()
+            self._worker_config["seccomp"] = [bpf.hex() for bpf in programs] if programs else None
+            self._worker_config["seccomp_error"] = error
         self._pools: list[list[WorkerHandle]] = [[] for _ in seeds]
         self._seeds = list(seeds)
         try:
