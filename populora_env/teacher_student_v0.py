@@ -101,9 +101,36 @@ def shared_verifier() -> Any:
     return _SHARED[0]
 
 
+class OrderEnforcingWrapper(wrappers.OrderEnforcingWrapper):
+    """PettingZoo's ``OrderEnforcingWrapper`` with a direct path for the two calls of every turn.
+
+    Before ``reset`` (and for ``step`` after the last agent is done) it behaves exactly as PettingZoo's
+    wrapper, errors and warnings included; after ``reset``, ``last`` and ``step`` go straight to the env
+    instead of resolving each of the attributes they read through two ``__getattr__`` layers (that
+    forwarding cost as much as the env's own step: bench/env.py).
+    """
+
+    def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """``AECEnv.last`` of the wrapped env (PettingZoo's error before ``reset``)."""
+        if not self._has_reset:
+            return super().last(observe)
+        return self.env.last(observe)
+
+    def step(self, action: Any) -> None:
+        """Steps the wrapped env (PettingZoo's error before ``reset``, its warning after the end)."""
+        if self._has_reset and self.env.agents:
+            self._has_updated = True
+            self.env.step(action)
+        else:
+            super().step(action)
+
+    def __str__(self) -> str:
+        return str(self.env)
+
+
 def env(**kwargs: Any) -> AECEnv:
-    """The AEC env wrapped in PettingZoo's ``OrderEnforcingWrapper``; kwargs as ``raw_env``."""
-    return wrappers.OrderEnforcingWrapper(raw_env(**kwargs))
+    """The AEC env wrapped in an ``OrderEnforcingWrapper`` (PettingZoo's); kwargs as ``raw_env``."""
+    return OrderEnforcingWrapper(raw_env(**kwargs))
 
 
 def parallel_env(**kwargs: Any) -> Any:

@@ -90,15 +90,19 @@ def test_spaces_are_stable_and_text_is_printable(verifier):
     assert env.observation_space("teacher_0").contains(obs)
 
 
-def test_wrong_agent_and_after_end_errors(verifier):
+def test_wrong_agent_and_after_end_errors(verifier, caplog):
     env = teacher_student_v0.env(verifier=verifier, n_teachers=1, n_students=1, rounds=1)
     with pytest.raises(AssertionError, match="reset"):
         env.step("x")  # before reset: PettingZoo's order enforcing
+    with pytest.raises(AttributeError, match="before reset"):
+        env.last()
     env.reset(seed=0)
     for _agent in env.agent_iter():
         _, _, term, trunc, _ = env.last()
         env.step(None if term or trunc else "junk")
     assert env.agents == []
+    env.step(None)  # after the end: PettingZoo's logged warning, nothing stepped
+    assert "step() called after all agents are terminated" in caplog.text
     raw = teacher_student_v0.raw_env(verifier=verifier, n_teachers=1, n_students=1, rounds=1)
     raw.reset(seed=0)
     raw.step("junk")  # teacher's malformed proposal ends the 1-round game
