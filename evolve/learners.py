@@ -1,4 +1,5 @@
-"""Members' own learners: REINFORCE with a mean baseline for torch policies, ``none`` for pure evolution.
+"""Members' own learners: REINFORCE with a mean baseline for torch policies, ``none`` for pure evolution
+(``ppo`` for SB3 members lives in ``evolve.sb3_members``).
 
 Add one with ``LEARNERS["mine"] = factory``; a factory takes ``(policy, LearnerConfig)`` and returns a
 ``Learner``. Unknown names raise ``KeyError`` listing the registered ones.
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from evolve.operators import Registry
+from evolve.operators import LazyRegistry, Registry
 from evolve.protocols import Learner, LearnStats, Transition
 
 
@@ -120,8 +121,9 @@ class ReinforceLearner:
 
 LearnerFactory = Callable[[Any, LearnerConfig], Learner]
 
-LEARNERS: Registry = Registry(
+LEARNERS: Registry = LazyRegistry(
     "learner",
     {"reinforce": ReinforceLearner, "none": lambda policy, config: NoLearner()},
+    lazy={"ppo": ("evolve.sb3_members", "sb3")},
 )
-"""Learner factories by name."""
+"""Learner factories by name (``ppo``, SB3's PPO for ``sb3`` members, is imported on first use)."""

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from evolve.operators import Registry
+from evolve.operators import LazyRegistry, Registry
 from populora_env import dsl
 from populora_env.game import TeacherStudentConfig
 
@@ -218,8 +218,10 @@ def _random(env: Any, role: str, seed: int, config: Any) -> Any:
     return scripted_policy("random", role, env, seed, config.scripted_strength)
 
 
-POLICIES: Registry = Registry(
-    "policy kind", {"torch": _torch_policy, "scripted": _scripted, "random": _random}
+POLICIES: Registry = LazyRegistry(
+    "policy kind",
+    {"torch": _torch_policy, "scripted": _scripted, "random": _random},
+    lazy={"sb3": ("evolve.sb3_members", "sb3")},
 )
 """Member kinds by name. A kind whose policies have ``get_genome``/``set_genome`` (``EvolvablePolicy``)
 evolves and gets the run's learner; others (scripted) only play. Other packages plug in their members

@@ -26,6 +26,7 @@ add an operator with ``MUTATIONS["mine"] = fn``. An unknown name raises ``KeyErr
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -62,6 +63,39 @@ class Registry(dict[str, Any]):
 
     def __missing__(self, name: str) -> Any:
         raise KeyError(f"unknown {self.kind} {name!r}; registered: {', '.join(sorted(self))}")
+
+
+class LazyRegistry(Registry):
+    """A ``Registry`` whose optional entries live in modules imported on first lookup (optional extras).
+
+    Importing the module registers the entry. An unknown name's ``KeyError`` lists the registered names
+    and, apart, the optional ones.
+
+    Args:
+        kind: what the entries are (for messages).
+        entries: the built-in entries.
+        lazy: optional name -> (module that registers it, the extra it needs).
+    """
+
+    def __init__(self, kind: str, entries: dict[str, Any], lazy: dict[str, tuple[str, str]]) -> None:
+        super().__init__(kind, entries)
+        self.lazy = lazy
+
+    def __missing__(self, name: str) -> Any:
+        if name not in self.lazy:
+            names = sorted(key for key in self if key not in self.lazy)
+            raise KeyError(f"unknown {self.kind} {name!r}; registered: {', '.join(names)}; "
+                           f"optional: {', '.join(sorted(self.lazy))}")  # fmt: skip
+        module, extra = self.lazy[name]
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ImportError(
+                f"{self.kind} {name!r} needs the optional extra: pip install 'populora-env[{extra}]' ({error})"
+            ) from error
+        if not dict.__contains__(self, name):
+            raise KeyError(f"{module} did not register {self.kind} {name!r}")
+        return dict.__getitem__(self, name)
 
 
 MUTATIONS: Registry = Registry(
