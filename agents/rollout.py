@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from agents.policy import GeneratingPopulation, model_input
+from populora_env.credit import ProposalLedger
 
 __all__ = [
     "EpisodeRollout",
@@ -236,7 +237,7 @@ class RolloutCollector:
         generation_seeds = np.random.default_rng(stream)
         returns = dict.fromkeys(env.possible_agents, 0.0)
         steps: list[StepRecord] = []
-        pending: dict[tuple[str, int, int], int] = {}  # (teacher, round, attempt) -> index in steps
+        ledger: ProposalLedger[int] = ProposalLedger()  # a proposal's index in steps, paid at resolution
         while env.agents and not all(env.terminations.values()):
             turns = phase_observations(env)
             if not turns:
@@ -254,12 +255,13 @@ class RolloutCollector:
                     returns[name] += float(reward)
                 steps.append(self._record(env, len(steps), agent, prompt, completion, action))
                 if steps[-1].role == "teacher":
-                    pending[(agent, steps[-1].round, steps[-1].attempt)] = len(steps) - 1
-                self._attach_resolutions(env, steps, pending)
+                    ledger.record(env, agent, len(steps) - 1)
+                for index, reward in ledger.settle(env):  # each proposal its own reward
+                    steps[index] = replace(steps[index], reward=reward)
         for _agent in env.agent_iter():  # finish the AEC protocol: dead agents step None
             env.step(None)
-        if pending:
-            raise RuntimeError(f"proposals never resolved: {sorted(pending)}")
+        if unpaid := ledger.unsettled():
+            raise RuntimeError(f"proposals never resolved: {unpaid}")
         metrics_fn = getattr(raw, "episode_metrics", None)
         return EpisodeRollout(seed, tuple(steps), returns, metrics_fn() if metrics_fn else None)
 
@@ -315,20 +317,6 @@ class RolloutCollector:
             status=str(info.get("status", "")),
             info=info,
         )
-
-    @staticmethod
-    def _attach_resolutions(
-        env: Any, steps: list[StepRecord], pending: dict[tuple[str, int, int], int]
-    ) -> None:
-        """Pays each proposal its own reward from a resolution the last step produced."""
-        for teacher in [a for a in env.possible_agents if a.startswith("teacher")]:
-            info = env.infos.get(teacher, {})
-            # A resolution stays in the teacher's info until it acts again: only unpaid proposals match.
-            for entry in info.get("resolved", ()):
-                key = (teacher, int(info["round"]), int(entry["attempt"]))
-                if key in pending:
-                    index = pending.pop(key)
-                    steps[index] = replace(steps[index], reward=float(entry["reward"]))
 
 
 def grpo_batches(rollouts: Sequence[EpisodeRollout]) -> dict[str, GRPOBatch]:

@@ -42,8 +42,8 @@ class Transition:
         role: the seat's role.
         observation: the observation the policy acted on.
         action: the action it took.
-        reward: reward credited to this action: everything the seat received after it and before its next
-            decision (immediate for students; the round's payout for a teacher's last proposal of a round).
+        reward: reward credited to this action: a student's verified reward for the attempt; a teacher's
+            reward for this very proposal when its round resolved (from the env's ``resolved`` info).
         episode: index of the episode within the generation.
     """
 

@@ -1,0 +1,77 @@
+"""``evolve.backends.play_episodes``: per-proposal teacher credit (``populora_env.credit``) and phase batching."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evolve.backends import play_episodes
+from evolve.ratings import MemberMatchmaker, RatingTable
+from populora_env import teacher_student_v0
+from populora_env.game import TeacherStudentConfig
+from populora_env.text_format import format_answer, format_proposal
+
+
+class ValidThenMalformed:
+    """Attempt 0 of a round proposes the identity on 3 (valid); attempt 1 is malformed."""
+
+    def act(self, observation: Any, agent: str) -> str:
+        if int(observation["attempt"]) == 0:
+            return format_proposal("def f(x):\n    return x", ["3"])
+        return "no answer block"
+
+
+class RightThenWrong:
+    """Attempt 0 answers 3 (right for the identity on 3), attempt 1 answers 4 (wrong)."""
+
+    def act(self, observation: Any, agent: str) -> str:
+        return format_answer("deduction", "3" if int(observation["attempt"]) == 0 else "4")
+
+
+class Batching:
+    """Wraps a policy with an ``act_batch`` that logs each call's agents."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.calls: list[list[str]] = []
+
+    def act(self, observation: Any, agent: str) -> Any:
+        raise AssertionError("a batching policy is asked once per phase, never at its step")
+
+    def act_batch(self, observations: list[Any], agents: list[str]) -> list[Any]:
+        self.calls.append(list(agents))
+        return [self.policy.act(o, a) for o, a in zip(observations, agents, strict=True)]
+
+
+def play(verifier: Any, policies: dict[int, Any], **fields: Any) -> Any:
+    config = TeacherStudentConfig(mode="text", n_teachers=1, n_students=1, rounds=2, task_types=("deduction",),
+                                  teacher_group_size=2, student_group_size=2, **fields)  # fmt: skip
+    matchmaker = MemberMatchmaker(RatingTable(), pfsp=False)
+    env = teacher_student_v0.env(config=config, verifier=verifier, matchmaker=matchmaker)
+    return play_episodes(env, matchmaker, policies, [{"teacher_0": 0, "student_0": 1}], [7])
+
+
+def test_each_proposal_of_a_group_gets_its_own_reward(verifier: Any) -> None:
+    outcome = play(verifier, {0: ValidThenMalformed(), 1: RightThenWrong()})
+    teacher = outcome.transitions[0]
+    # solve rate 1/2 -> AZR learnability 1 - 1/2 = 0.5 for the valid proposal; -1 for the malformed one
+    # (the round's summed payout, -0.5, used to go to the last proposal and 0 to the first).
+    assert [(int(t.observation["attempt"]), t.reward) for t in teacher] == [(0, 0.5), (1, -1.0)] * 2
+    assert all(t.role == "teacher" and t.agent == "teacher_0" for t in teacher)
+    assert teacher[0].action.startswith("<think>") and teacher[1].action == "no answer block"
+    student = outcome.transitions[1]
+    assert [t.reward for t in student] == [1.0, -0.5] * 2
+    # the AEC returns still sum what each seat received
+    assert sum(t.reward for t in teacher) == outcome.returns[0]["teacher"] == -1.0
+    assert sum(t.reward for t in student) == outcome.returns[1]["student"] == 1.0
+
+
+def test_batching_policies_answer_a_whole_phase_in_one_call(verifier: Any) -> None:
+    plain = play(verifier, {0: ValidThenMalformed(), 1: RightThenWrong()})
+    teacher, student = Batching(ValidThenMalformed()), Batching(RightThenWrong())
+    batched = play(verifier, {0: teacher, 1: student})
+    assert batched.transitions == plain.transitions and batched.returns == plain.returns
+    # per round: one call for the two proposals, one for the two attempts at the valid task
+    assert (
+        teacher.calls == [["teacher_0", "teacher_0"]] * 2
+        and student.calls == [["student_0", "student_0"]] * 2
+    )
