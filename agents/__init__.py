@@ -5,12 +5,16 @@ base_dir = build_tiny_base()                                   # offline, cached
 pop = LoRAPopulation.from_pretrained(base_dir, names=["teacher_0", "student_0"], rank=8)
 texts = pop.generate(prompts, adapters=["teacher_0", "student_0"], max_new_tokens=64, seed=0)
 policy = pop.policy("student_0")                               # a Policy for the env
+
+Importing ``agents`` also registers LoRA members for ``evolve``'s PBT loop (``agents.members``):
+``PBTConfig(teachers="lora", students="lora", learner="grpo", member_options={"lora": {...}, "grpo": {...}})``.
 """
 
 from __future__ import annotations
 
 from agents.base import BaseModelLoadError, TinyBaseConfig, build_tiny_base, load_base
 from agents.grpo import GRPOConfig, GRPOLearner, UpdateStats
+from agents.members import GRPOMemberLearner, LoRAMember, LoRAMemberOptions
 from agents.policy import LoRAPolicy
 from agents.population import LoRAPopulation
 from agents.rollout import (
@@ -29,6 +33,9 @@ __all__ = [
     "GRPOBatch",
     "GRPOConfig",
     "GRPOLearner",
+    "GRPOMemberLearner",
+    "LoRAMember",
+    "LoRAMemberOptions",
     "LoRAPolicy",
     "LoRAPopulation",
     "RolloutCollector",

@@ -124,6 +124,7 @@ LearnerFactory = Callable[[Any, LearnerConfig], Learner]
 LEARNERS: Registry = LazyRegistry(
     "learner",
     {"reinforce": ReinforceLearner, "none": lambda policy, config: NoLearner()},
-    lazy={"ppo": ("evolve.sb3_members", "sb3")},
+    lazy={"ppo": ("evolve.sb3_members", "sb3"), "grpo": ("agents.members", "llm")},
 )
-"""Learner factories by name (``ppo``, SB3's PPO for ``sb3`` members, is imported on first use)."""
+"""Learner factories by name (``ppo``, SB3's PPO for ``sb3`` members, and ``grpo`` for ``lora`` members are
+imported on first use)."""

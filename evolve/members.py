@@ -221,10 +221,11 @@ def _random(env: Any, role: str, seed: int, config: Any) -> Any:
 POLICIES: Registry = LazyRegistry(
     "policy kind",
     {"torch": _torch_policy, "scripted": _scripted, "random": _random},
-    lazy={"sb3": ("evolve.sb3_members", "sb3")},
+    lazy={"sb3": ("evolve.sb3_members", "sb3"), "lora": ("agents.members", "llm")},
 )
 """Member kinds by name. A kind whose policies have ``get_genome``/``set_genome`` (``EvolvablePolicy``)
-evolves and gets the run's learner; others (scripted) only play. Other packages plug in their members
-(e.g. LoRA LLM policies) with ``POLICIES["mine"] = factory``; ``evolve`` never imports them. On the Ray
-backend, a kind registered at run time must also be registered in the actors' processes (register it in
-a module they import)."""
+evolves and gets the run's learner; others (scripted) only play. ``sb3`` (``evolve.sb3_members``) and
+``lora`` (``agents.members``) are imported on first lookup, so ``evolve`` needs neither extra unless a run
+uses them. Other packages plug in their members with ``POLICIES["mine"] = factory``. On the Ray backend, a
+kind registered at run time must also be registered in the actors' processes (register it in a module
+they import)."""

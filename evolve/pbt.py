@@ -31,6 +31,8 @@ from populora_env.game import TeacherStudentConfig
 logger = logging.getLogger(__name__)
 
 FIXED_KINDS = ("scripted", "random")
+KIND_MODES = {"torch": "structured", "sb3": "structured", "lora": "text"}
+"""The env mode each built-in member kind plays."""
 
 
 def _structured_default() -> TeacherStudentConfig:
@@ -54,7 +56,8 @@ class PBTConfig:
     """The game (structured mode for torch members); its ``n_teachers``/``n_students`` are the seats."""
     teachers: str = "torch"
     """Teacher members, a kind in ``evolve.members.POLICIES``: evolving ``torch`` policies, fixed
-    ``scripted``/``random`` ones (one per seat), or any registered kind."""
+    ``scripted``/``random`` ones (one per seat), or any registered kind (``lora``: LoRA LLM adapters on one
+    shared base, registered by importing ``agents``; text mode, ``learner="grpo"``)."""
     students: str = "torch"
     """Student members, as ``teachers``."""
     population: int = 4
@@ -66,7 +69,8 @@ class PBTConfig:
     pfsp: bool = False
     """Match students to tasks by PFSP on OpenSkill ratings (``env.students_per_task`` each)."""
     learner: str = "reinforce"
-    """Members' learner, a name in ``evolve.learners.LEARNERS`` (``reinforce`` or ``none``)."""
+    """Members' learner, a name in ``evolve.learners.LEARNERS`` (``reinforce``, ``none``, or a registered
+    one such as ``grpo`` for ``lora`` members)."""
     learner_config: LearnerConfig = field(default_factory=LearnerConfig)
     """The learner's hyper-parameters."""
     net: NetConfig = field(default_factory=NetConfig)
@@ -124,22 +128,25 @@ class PBTConfig:
             raise ValueError(f"fitness must be 'reward' or 'rating', got {self.fitness!r}")
         for name in ("teachers", "students"):
             POLICIES[getattr(self, name)]  # KeyError listing the registered kinds
-        if "torch" in (self.teachers, self.students) and self.env.mode != "structured":
-            raise ValueError(f"env.mode must be 'structured' for torch members, got {self.env.mode!r}")
+        for kind in (self.teachers, self.students):
+            mode = KIND_MODES.get(kind)
+            if mode is not None and self.env.mode != mode:
+                raise ValueError(f"env.mode must be {mode!r} for {kind} members, got {self.env.mode!r}")
         if self.self_play:
             if self.teachers != self.students or self.teachers in FIXED_KINDS:
                 raise ValueError("self_play needs one evolving kind for teachers and students (e.g. 'torch')")
             if self.env.n_teachers != self.env.n_students:
                 raise ValueError("self_play needs env.n_teachers == env.n_students")
-        seats = max(self.env.n_teachers if self.teachers not in FIXED_KINDS else 0,
-                    self.env.n_students if self.students not in FIXED_KINDS else 0)  # fmt: skip
-        if self.population < seats:
+        evolving = [n for n, kind in ((self.env.n_teachers, self.teachers), (self.env.n_students, self.students))
+                    if kind not in FIXED_KINDS]  # fmt: skip
+        if evolving and self.population < max(evolving):
             raise ValueError(
-                f"population must be >= the seats of an evolving role ({seats}), got {self.population}"
+                f"population must be >= the seats of an evolving role ({max(evolving)}), got {self.population}"
             )
-        if seats and self.episodes_per_generation * seats < self.population:
+        if evolving and self.episodes_per_generation * min(evolving) < self.population:
             raise ValueError(
-                "episodes_per_generation * seats must be >= population so every member plays each generation"
+                f"episodes_per_generation * seats ({self.episodes_per_generation} * {min(evolving)}) must be >= "
+                f"population ({self.population}) so every member of each evolving role plays each generation"
             )
         if not self.crossovers or not self.mutations:
             raise ValueError("crossovers and mutations must each name at least one operator")

@@ -1,0 +1,273 @@
+"""LoRA LLM members in ``evolve``'s PBT loop (``agents.members``) and the ``populora train`` command."""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agents.members import (
+    GRPOMemberLearner,
+    LoRAMember,
+    grpo_inputs,
+    shared_population,
+)
+from agents.policy import answer_prefill
+from evolve import pbt
+from evolve.checkpoint import load_latest
+from evolve.learners import LEARNERS, LearnerConfig
+from evolve.members import POLICIES
+from evolve.pbt import PBTConfig, run_pbt
+from evolve.protocols import Transition, is_evolvable
+from populora_env import teacher_student_v0
+from populora_env.cli import main
+from populora_env.game import TeacherStudentConfig
+from tests.agents_fixtures import one_torch_thread, tiny_base_dir
+
+__all__ = ["one_torch_thread", "tiny_base_dir"]  # fixtures are used by name
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def lora_options(base: Path, **grpo: Any) -> dict[str, Any]:
+    lora = {"base": str(base), "rank": 4, "max_new_tokens": 8, "dtype": "float32", "device": "cpu"}
+    return {"lora": lora, "grpo": {"learning_rate": 0.05, **grpo}}
+
+
+def text_env(**fields: Any) -> TeacherStudentConfig:
+    defaults = dict(mode="text", n_teachers=1, n_students=1, rounds=1, task_types=("deduction",),
+                    teacher_group_size=2, student_group_size=2)  # fmt: skip
+    return TeacherStudentConfig(**{**defaults, **fields})
+
+
+def lora_config(run_dir: Path, base: Path, **fields: Any) -> PBTConfig:
+    defaults = dict(seed=0, generations=2, episodes_per_generation=2, env=text_env(), teachers="lora",
+                    students="lora", population=2, learner="grpo", replace_fraction=0.5,
+                    member_options=lora_options(base), progress=False, tensorboard=False)  # fmt: skip
+    return PBTConfig(run_dir=str(run_dir), **{**defaults, **fields})
+
+
+def base_weights(options: dict[str, Any]) -> dict[str, torch.Tensor]:
+    model = shared_population(options).model
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# ----- the PBT loop with LoRA members --------------------------------------------------------------------
+def test_lora_members_evolve_and_learn_on_a_frozen_base(tmp_path: Path, tiny_base_dir: Path) -> None:
+    config = lora_config(tmp_path / "run", tiny_base_dir)
+    before = base_weights(config.member_options)
+    run_dir = run_pbt(config)
+    history = records(run_dir / "metrics.jsonl")
+    assert [h["generation"] for h in history] == [0, 1]
+    # generation 0: every teacher learned (a GRPO update on its proposals; the tiny test base writes no
+    # valid task, so students had nothing to solve), the worst of each role was replaced by a mutated clone
+    assert sorted(history[0]["losses"]) == ["0", "1"]
+    assert all(loss is not None for loss in history[0]["losses"].values())
+    children = [r for r in records(run_dir / "lineage.jsonl") if r["origin"] == "offspring"]
+    assert {c["role"] for c in children} == {"teacher", "student"} and all(c["parents"] for c in children)
+    assert history[0]["operator_use"] and history[1]["operator_use"] == {}
+    # 2 proposals per episode, each with its own transition and reward
+    assert history[0]["mean_reward"]["teacher"] <= -0.5
+    after = base_weights(config.member_options)
+    assert before.keys() == after.keys() and all(torch.equal(before[n], after[n]) for n in before)
+    final = load_latest(run_dir / "checkpoints")
+    assert final is not None
+    genome = final["groups"]["teacher"][0]["genome"]
+    assert genome and all(k.endswith(("lora_A.weight", "lora_B.weight")) for k in genome)
+
+
+class CannedStudent(LoRAMember):
+    """A real LoRA member whose answers are drawn from canned texts by its own seeded generator.
+
+    The tiny test base cannot write a well-formed answer, so its rewards would never vary within a GRPO
+    group; the genome, the GRPO learner and the checkpoints are the real ones.
+    """
+
+    TEXTS = ("0\n```\n</answer>", "1\n```\n</answer>", "")  # wrong/right, wrong/right, malformed
+
+    def __init__(self, env: Any, role: str, seed: int, member_options: dict[str, Any]) -> None:
+        super().__init__(env, role, seed, member_options)
+        self.rng = random.Random(seed)
+
+    def reseed(self, seed: int) -> None:
+        super().reseed(seed)
+        self.rng = random.Random(seed)
+
+    def act(self, observation: Any, agent: str) -> str:
+        return answer_prefill(observation) + self.rng.choice(self.TEXTS)
+
+    def act_batch(self, observations: Sequence[Any], agents: Sequence[str]) -> list[str]:
+        return [self.act(o, a) for o, a in zip(observations, agents, strict=True)]
+
+
+POLICIES["lora_canned"] = lambda env, role, seed, config: CannedStudent(
+    env, role, seed, config.member_options
+)
+
+
+class Crash(Exception):
+    """Stands in for a kill right after a checkpoint landed."""
+
+
+def same(a: Any, b: Any) -> bool:
+    """Deep equality of nested containers of tensors (bit-exact)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def test_lora_run_resumes_bit_identical_after_an_interruption(
+    tmp_path: Path, tiny_base_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fields = dict(teachers="scripted", students="lora_canned", generations=3, scripted_strength=0.0)
+    reference = run_pbt(lora_config(tmp_path / "reference", tiny_base_dir, **fields))
+    config = lora_config(tmp_path / "resumed", tiny_base_dir, **fields)
+    real_save = pbt.save_checkpoint
+
+    def save_then_crash(directory: Path, generation: int, state: dict[str, Any], keep: int) -> Path:
+        path = real_save(directory, generation, state, keep)
+        if generation == 1:
+            raise Crash
+        return path
+
+    monkeypatch.setattr(pbt, "save_checkpoint", save_then_crash)
+    with pytest.raises(Crash):
+        run_pbt(config)
+    monkeypatch.undo()
+    assert records(Path(config.run_dir) / "metrics.jsonl") == []  # killed before its log line
+    run_pbt(config)
+    for name in ("metrics.jsonl", "lineage.jsonl", "config.json"):
+        assert (reference / name).read_bytes() == (Path(config.run_dir) / name).read_bytes(), name
+    a, b = load_latest(reference / "checkpoints"), load_latest(Path(config.run_dir) / "checkpoints")
+    assert a is not None and b is not None and a["generation"] == b["generation"] == 3
+    assert same(a, b)
+    # GRPO really moved the students (lora_B starts at zero; mutations scale with a tensor's spread, so
+    # only gradient steps make it non-zero), and their AdamW state went through the checkpoint
+    students = a["groups"]["student"]
+    assert all(any(v.abs().sum() > 0 for k, v in m["genome"].items() if ".lora_B." in k) for m in students)
+    assert all(m["learner"]["state"] for m in students)
+    history = records(reference / "metrics.jsonl")
+    assert all(h["losses"] and all(v is not None for v in h["losses"].values()) for h in history)
+
+
+# ----- the learner's inputs and state ----------------------------------------------------------------------
+def test_grpo_learner_maps_transitions_and_keeps_per_adapter_state(
+    tiny_base_dir: Path, verifier: Any
+) -> None:
+    options = lora_options(tiny_base_dir)
+    env = teacher_student_v0.env(config=text_env(), verifier=verifier)
+    member = LoRAMember(env, "student", 1, options)
+    other = LoRAMember(env, "student", 2, options)
+    assert is_evolvable(member) and member.adapter != other.adapter
+    learner = LEARNERS["grpo"](member, LearnerConfig())
+    obs: list[dict[str, Any]] = [
+        {"prompt": f"## Solve a deduction task {i}", "phase": 2, "task_type": 0, "attempt": 0} for i in (0, 1)
+    ]
+    prefix = answer_prefill(obs[0])
+    texts = ["3\n```\n</answer>", "x", "4\n```\n</answer>", "5"]
+    experience = [
+        Transition("student_0", "student", obs[i // 2], prefix + text, reward, 0)
+        for i, (text, reward) in enumerate(zip(texts, [1.0, -1.0, -0.5, -0.5], strict=True))
+    ]
+    inputs = grpo_inputs(experience, prefill=True)
+    assert inputs["prompts"] == [o["prompt"] + prefix for o in obs for _ in range(2)]
+    assert inputs["completions"] == texts
+    assert (
+        inputs["group_ids"][0] == inputs["group_ids"][1] != inputs["group_ids"][2] == inputs["group_ids"][3]
+    )
+    assert set(inputs["task_keys"]) == {("student", "deduction")}
+    mine, theirs = member.get_genome(), other.get_genome()
+    base = base_weights(options)
+    stats = learner.update(member, experience)
+    assert stats.samples == 4 and stats.loss == stats.loss  # finite, not skipped
+    assert any(not torch.equal(v, mine[k]) for k, v in member.get_genome().items())
+    assert all(torch.equal(v, theirs[k]) for k, v in other.get_genome().items())
+    assert all(torch.equal(v, base[n]) for n, v in base_weights(options).items())
+    state = learner.state_dict()
+    assert state["state"] and all(int(s["step"]) == 1 for s in state["state"].values())
+    learner.reset()
+    assert learner.state_dict()["state"] == {}
+    learner.load_state_dict(state)
+    assert same(learner.state_dict(), state)
+    with pytest.raises(ValueError, match="prefilled answer scaffold"):
+        learner.update(member, [Transition("student_0", "student", obs[0], "no prefix", 1.0, 0)])
+    with pytest.raises(ValueError, match="member_options\\['grpo'\\]"):
+        GRPOMemberLearner(member, LearnerConfig(lr=0.5))
+    # a member's adapter leaves the shared population once the member is gone (at the next creation)
+    names = {member.adapter, other.adapter}
+    del member, other, learner, stats
+    gc.collect()
+    newcomer = LoRAMember(env, "teacher", 3, options)
+    assert not names & set(shared_population(options).adapter_names)
+    assert newcomer.adapter in shared_population(options).adapter_names
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"lora": {"rank": 0}}, "rank"),
+        ({"lora": {"rnak": 4}}, "rnak"),
+        ({"lora": {"temperature": 0.0}}, "temperature"),
+        ({"lora": {"dtype": "float64"}}, "dtype"),
+        ({"grpo": {"learning_rate": -1.0}}, "learning_rate"),
+        ({"grpo": {"max_new_tokens": 4}}, "max_new_tokens"),
+        ({"lora": "rank 4"}, "member_options\\['lora'\\]"),
+    ],
+)
+def test_a_bad_member_option_raises_value_error_naming_it(
+    tmp_path: Path, tiny_base_dir: Path, options: dict[str, Any], named: str
+) -> None:
+    config = lora_config(tmp_path, tiny_base_dir, member_options=options)
+    with pytest.raises(ValueError, match=named):
+        POLICIES["lora"](teacher_student_v0.raw_env(config=config.env), "teacher", 0, config)
+
+
+def test_lora_members_need_text_mode_and_the_grpo_learner(tmp_path: Path, tiny_base_dir: Path) -> None:
+    config = lora_config(tmp_path / "run", tiny_base_dir, learner="reinforce")
+    with pytest.raises(ValueError, match="learner='grpo'"):
+        run_pbt(config)
+    structured = TeacherStudentConfig(mode="structured", n_teachers=1, n_students=1)
+    config = lora_config(tmp_path / "run2", tiny_base_dir)
+    with pytest.raises(ValueError, match="text mode"):
+        POLICIES["lora"](teacher_student_v0.raw_env(config=structured), "teacher", 0, config)
+
+
+# ----- populora train --------------------------------------------------------------------------------------
+def test_populora_train_runs_resumes_and_prints_the_summary(
+    tmp_path: Path, tiny_base_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    argv = ["train", "--preset", "self-play", "--base", str(tiny_base_dir), "--run-dir", str(run_dir),
+            "--generations", "2", "--max-new-tokens", "4", "--rank", "2", "--no-tensorboard"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    table = [line.split() for line in out.splitlines() if line[:3].strip().isdigit()]
+    assert [row[0] for row in table] == ["0", "1"]
+    assert f"checkpoints  {run_dir / 'checkpoints'}" in out
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["self_play"] and config["teachers"] == config["students"] == "lora"
+    assert config["member_options"]["lora"]["base"] == str(tiny_base_dir)
+    metrics = (run_dir / "metrics.jsonl").read_bytes()
+    assert main(argv) == 0  # the same command again: resumed from the last checkpoint, nothing to redo
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics
+    assert [
+        line.split()[0] for line in capsys.readouterr().out.splitlines() if line[:3].strip().isdigit()
+    ] == [
+        "0",
+        "1",
+    ]
+    assert main([*argv[:-3], "--rank", "4", "--no-tensorboard"]) == 2  # another config in that folder
+    assert "another config" in capsys.readouterr().err
