@@ -1,4 +1,4 @@
-"""The ``populora`` command line: ``populora verify ...`` and ``populora train ...``.
+"""The ``populora`` command line: ``populora verify ...``, ``populora train ...`` and ``populora plot ...``.
 
 Subcommands import their heavy dependencies (torch, ``agents``, ``evolve``) inside their functions, so that
 ``populora --help`` and ``populora verify`` stay light and ``populora_env`` does not import those packages.
@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-__all__ = ["COMMANDS", "TrainArgs", "VerifyArgs", "main", "train", "verify"]
+__all__ = ["COMMANDS", "PlotArgs", "TrainArgs", "VerifyArgs", "main", "plot", "train", "verify"]
 
 
 @dataclass(frozen=True)
@@ -212,6 +212,7 @@ def train(args: TrainArgs) -> int:
     from agents.base import BaseModelLoadError, build_tiny_base
     from evolve.checkpoint import CheckpointError
     from evolve.pbt import run_pbt
+    from evolve.plots import plot_run
 
     torch.set_num_threads(args.threads)
     # PEFT calls a transformers method deprecated in v5 on every adapter it adds: noise, not a problem here
@@ -235,7 +236,30 @@ def train(args: TrainArgs) -> int:
     print(f"  lineage      {run_dir / 'lineage.jsonl'}")
     if args.tensorboard:
         print(f"  tensorboard  tensorboard --logdir {run_dir / 'tb'}")
+    print(f"  curves       {plot_run(run_dir)}")
     print(f"  checkpoints  {run_dir / 'checkpoints'} (rerun the same command to resume)")
+    return 0
+
+
+@dataclass(frozen=True)
+class PlotArgs:
+    """Draw a run's learning curves (solve and invalid rates, rewards, fitness, difficulty) into a PNG."""
+
+    run_dir: Annotated[Path, tyro.conf.Positional]
+    """Run folder of populora train / run_pbt (holding metrics.jsonl)."""
+    out: Path | None = None
+    """Where to write the PNG (default: RUN_DIR/curves.png)."""
+
+
+def plot(args: PlotArgs) -> int:
+    """Runs ``populora plot``; returns the exit status."""
+    from evolve.plots import plot_run
+
+    try:
+        print(plot_run(args.run_dir, args.out))
+    except (OSError, ValueError) as error:
+        print(f"populora plot: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -243,6 +267,7 @@ def train(args: TrainArgs) -> int:
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "verify": (VerifyArgs, verify),
     "train": (TrainArgs, train),
+    "plot": (PlotArgs, plot),
 }
 
 

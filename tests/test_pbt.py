@@ -14,7 +14,7 @@ from evolve.learners import LEARNERS, LearnerConfig, ReinforceLearner
 from evolve.members import NetConfig, TorchPolicy
 from evolve.pbt import PBTConfig, run_pbt
 from evolve.protocols import EvolvablePolicy, is_evolvable
-from populora_env import teacher_student_v0
+from populora_env import cli, teacher_student_v0
 from populora_env.game import TeacherStudentConfig
 from populora_env.policies import ScriptedTeacher
 
@@ -228,3 +228,27 @@ def test_ray_backend_equals_local(tmp_path: Path) -> None:
     local = run_pbt(config("local", "local"))
     on_ray = run_pbt(config("ray", "ray"))
     _assert_same_run(local, on_ray, generations=2)
+
+
+def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    from evolve.plots import plot_run
+
+    config = PBTConfig(
+        run_dir=str(tmp_path / "run"), generations=2, episodes_per_generation=2, seed=1, env=_env(1),
+        population=2, learner="none", replace_fraction=0.5, progress=False, tensorboard=False,
+    )  # fmt: skip
+    png = plot_run(run_pbt(config))
+    assert png == tmp_path / "run" / "curves.png"
+    assert matplotlib.image.imread(png).shape == (700, 1100, 4)  # 11 x 7 inches at 100 dpi, RGBA
+    with pytest.raises(FileNotFoundError, match=r"metrics\.jsonl does not exist"):
+        plot_run(tmp_path / "nowhere")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "metrics.jsonl").write_text('{"generation": 0}\n{oops\n')
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:2"):
+        plot_run(tmp_path / "bad")
+    # the same through the CLI: exit status 0, or 2 with the reason
+    assert cli.main(["plot", str(tmp_path / "run"), "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 10_000
+    assert cli.main(["plot", str(tmp_path / "bad")]) == 2
