@@ -153,7 +153,8 @@ class TrainArgs:
     learning_rate: float = 1e-2
     """AdamW learning rate of the adapters."""
     threads: int = 1
-    """Torch threads (a model as small as the tiny base gains little from more)."""
+    """Torch threads while training (a model as small as the tiny base gains little from more; building
+    the tiny base uses every core)."""
     cache_dir: Path | None = None
     """Cache of tiny bases (default: $POPULORA_CACHE_DIR or ~/.cache/populora)."""
     tensorboard: bool = True
@@ -214,16 +215,18 @@ def train(args: TrainArgs) -> int:
     from evolve.pbt import run_pbt
     from evolve.plots import plot_run
 
-    torch.set_num_threads(args.threads)
     # PEFT calls a transformers method deprecated in v5 on every adapter it adds: noise, not a problem here
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     start = time.perf_counter()
-    if args.base is None:
-        print("tiny base: building or loading from the cache (first build: a few minutes)", file=sys.stderr)
-        base = str(build_tiny_base(args.cache_dir, num_threads=args.threads))
-    else:
-        base = args.base
     try:
+        if args.base is None:
+            print(
+                "tiny base: building or loading from the cache (first build: a few minutes)", file=sys.stderr
+            )
+            base = str(build_tiny_base(args.cache_dir))  # its pretraining batches use every core
+        else:
+            base = args.base
+        torch.set_num_threads(args.threads)
         config = _train_config(args, base)
         run_dir = run_pbt(config)
     except (ValueError, BaseModelLoadError, CheckpointError) as error:
