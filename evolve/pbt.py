@@ -10,8 +10,10 @@ a 1x1 game is 1T-1S; larger games and populations are NTxNS.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
+import marshal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -172,7 +174,20 @@ class PBTConfig:
         for key in ("run_dir", "progress", "tensorboard", "keep_checkpoints", "backend", "ray_address",
                     "ray_num_cpus"):  # fmt: skip
             data.pop(key)
-        return json.loads(json.dumps(data, default=repr))
+        return json.loads(json.dumps(data, default=_stable_description))
+
+
+def _stable_description(value: Any) -> str:
+    """A description of a non-JSON config value that is the same in every process (a resumed run compares
+    it with the checkpoint's): a function by its qualified name and a hash of its code, defaults and
+    closure values (``repr`` would show its memory address); other objects by their ``repr``, which must
+    then not show an address."""
+    code = getattr(value, "__code__", None)
+    if code is None:
+        return repr(value)
+    cells = tuple(cell.cell_contents for cell in value.__closure__ or ())
+    digest = hashlib.sha256(marshal.dumps(code) + repr((value.__defaults__, cells)).encode()).hexdigest()
+    return f"<function {value.__module__}.{value.__qualname__} sha256:{digest[:16]}>"
 
 
 def _check_same_run(saved: dict[str, Any], config: PBTConfig) -> None:

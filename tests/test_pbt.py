@@ -252,3 +252,35 @@ def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
     assert cli.main(["plot", str(tmp_path / "run"), "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").stat().st_size > 10_000
     assert cli.main(["plot", str(tmp_path / "bad")]) == 2
+
+
+def _halve(solve_rate: float) -> float:
+    return 0.5 * (1.0 - solve_rate)
+
+
+def _callable_config(tmp_path: Path, scheme: Any) -> PBTConfig:
+    return PBTConfig(
+        run_dir=str(tmp_path / "run"),
+        env=_env(1, reward_scheme=scheme),
+        population=1,
+        episodes_per_generation=1,
+    )
+
+
+def test_a_callable_reward_scheme_has_the_same_fingerprint_in_every_process(tmp_path: Path) -> None:
+    """A resumed run compares its config with the checkpoint's: a function must not be described by its
+    memory address (it differs between processes)."""
+    import subprocess
+    import sys
+
+    mine = json.dumps(_callable_config(tmp_path, _halve).fingerprint())
+    assert "0x" not in mine and "_halve" in mine
+    code = ("import json, pathlib, tests.test_pbt as t; "
+            f"print(json.dumps(t._callable_config(pathlib.Path({str(tmp_path)!r}), t._halve).fingerprint()))")  # fmt: skip
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert other.strip() == mine
+    k = 0.25
+    scale = lambda s: k * s  # noqa: E731
+    before = json.dumps(_callable_config(tmp_path, scale).fingerprint())
+    k = 0.5
+    assert json.dumps(_callable_config(tmp_path, scale).fingerprint()) != before  # same code, captured value
