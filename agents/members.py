@@ -35,7 +35,7 @@ from agents.grpo import GRPOConfig, GRPOLearner
 from agents.policy import LoRAPolicy, model_input
 from agents.population import LoRAPopulation
 from evolve.learners import LEARNERS, LearnerConfig
-from evolve.members import POLICIES
+from evolve.members import POLICIES, is_finite_number, options_from
 from evolve.protocols import LearnStats, Transition
 from populora_env.tasks import TASK_TYPES
 
@@ -82,7 +82,7 @@ class LoRAMemberOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{where}[{name!r}] must be an int >= 1, got {value!r}")
-        if self.alpha is not None and not (_number(self.alpha) and self.alpha > 0):
+        if self.alpha is not None and not (is_finite_number(self.alpha) and self.alpha > 0):
             raise ValueError(f"{where}['alpha'] must be a finite number > 0 or None, got {self.alpha!r}")
         targets = self.target_modules
         if not (targets is None or isinstance(targets, str) or
@@ -93,9 +93,9 @@ class LoRAMemberOptions:
             raise ValueError(f"{where}['dtype'] must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.device is not None and not isinstance(self.device, str):
             raise ValueError(f"{where}['device'] must be a string or None, got {self.device!r}")
-        if not (_number(self.temperature) and self.temperature > 0):
+        if not (is_finite_number(self.temperature) and self.temperature > 0):
             raise ValueError(f"{where}['temperature'] must be a finite number > 0, got {self.temperature!r}")
-        if not (_number(self.top_p) and 0 < self.top_p <= 1):
+        if not (is_finite_number(self.top_p) and 0 < self.top_p <= 1):
             raise ValueError(f"{where}['top_p'] must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.prefill, bool):
             raise ValueError(f"{where}['prefill'] must be a bool, got {self.prefill!r}")
@@ -107,7 +107,7 @@ class LoRAMemberOptions:
         Raises:
             ValueError: an unknown or invalid option, named.
         """
-        return _from_mapping(cls, member_options.get("lora", {}), "lora")
+        return options_from(cls, member_options, "lora")
 
     def population_key(self) -> tuple[Any, ...]:
         """What the shared population depends on (members with equal keys share one)."""
@@ -137,25 +137,8 @@ def grpo_config(member_options: Mapping[str, Any], lora: LoRAMemberOptions) -> G
                 raise ValueError(
                     f"member_options['grpo'][{name!r}] is unused by PBT members (GRPOLearner.step only)"
                 )
-    config = _from_mapping(GRPOConfig, given, "grpo", max_new_tokens=lora.max_new_tokens)
+    config = options_from(GRPOConfig, member_options, "grpo", max_new_tokens=lora.max_new_tokens)
     return dataclasses.replace(config, temperature=float(lora.temperature))
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _from_mapping(cls: Any, given: Any, name: str, **fixed: Any) -> Any:
-    where = f"member_options[{name!r}]"
-    if not isinstance(given, Mapping):
-        raise ValueError(f"{where} must be a dict of options, got {given!r}")
-    allowed = [f.name for f in dataclasses.fields(cls)]
-    if unknown := sorted(set(given) - set(allowed)):
-        raise ValueError(f"{where} has unknown option(s) {unknown}; options: {allowed}")
-    try:
-        return cls(**{**fixed, **given})
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{where}: {error}") from None
 
 
 # ----- one population per base, shared by every member of the process --------------------------------------

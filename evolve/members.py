@@ -11,8 +11,9 @@ because encoded literals reach +-1000.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -200,6 +201,37 @@ def scripted_policy(kind: str, role: str, env: Any, seed: int, strength: float) 
     if env.unwrapped.config.mode == "text":
         return ReferenceStudent(env, skill=strength, seed=seed)
     return ExecutingStudent(env, skill=strength, seed=seed)
+
+
+def is_finite_number(value: object) -> bool:
+    """An int or float (not a bool) that is finite."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def options_from(cls: Any, member_options: Mapping[str, Any], kind: str, **fixed: Any) -> Any:
+    """A member kind's options dataclass ``cls`` from ``PBTConfig.member_options[kind]`` (absent: defaults).
+
+    Args:
+        cls: a dataclass validating itself in ``__post_init__`` (``ValueError`` naming the field).
+        member_options: the run's ``member_options``.
+        kind: the key of this kind's options (``lora``, ``grpo``, ``sb3``...).
+        **fixed: values given by the caller, overridden by the user's.
+
+    Raises:
+        ValueError: not a dict, an unknown option, or a bad value; the message says
+            ``member_options['<kind>']`` and names the option.
+    """
+    where = f"member_options[{kind!r}]"
+    given = member_options.get(kind, {})
+    if not isinstance(given, Mapping):
+        raise ValueError(f"{where} must be a dict of options, got {given!r}")
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    if unknown := sorted(set(given) - set(allowed)):
+        raise ValueError(f"{where} has unknown option(s) {unknown}; options: {allowed}")
+    try:
+        return cls(**{**fixed, **given})
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from None
 
 
 PolicyFactory = Callable[[Any, str, int, Any], Any]

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -63,7 +62,7 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import obs_as_tensor
 
 from evolve.learners import LEARNERS, LearnerConfig
-from evolve.members import POLICIES
+from evolve.members import POLICIES, is_finite_number, options_from
 from evolve.protocols import LearnStats, Transition
 
 ROLES = ("teacher", "student")
@@ -73,10 +72,6 @@ DEFAULT_ALGORITHMS: dict[str, type[BaseAlgorithm]] = {"teacher": PPO, "student":
 
 def _is_int(value: Any, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -126,11 +121,11 @@ class SB3Options:
             raise ValueError(f"batch_size must be an int >= 2, got {self.batch_size!r}")
         for name in ("clip_range", "clip_range_vf", "target_kl"):
             value = getattr(self, name)
-            if (value is not None or name == "clip_range") and not (_is_number(value) and value > 0):
+            if (value is not None or name == "clip_range") and not (is_finite_number(value) and value > 0):
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
         for name in ("ent_coef", "vf_coef", "max_grad_norm"):
             value = getattr(self, name)
-            if not (_is_number(value) and value >= 0):
+            if not (is_finite_number(value) and value >= 0):
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         if not isinstance(self.normalize_advantage, bool):
             raise ValueError(f"normalize_advantage must be a bool, got {self.normalize_advantage!r}")
@@ -145,23 +140,12 @@ class SB3Options:
             ValueError: Not a dict, an unknown option, or a bad value; the message names the option.
         """
         raw = member_options.get("sb3", {})
-        if not isinstance(raw, dict):
-            raise ValueError(f"member_options['sb3'] must be a dict of options, got {raw!r}")
-        known = [f.name for f in dataclasses.fields(cls)]
-        for name in raw:
-            if name in ("lr", "learning_rate"):
+        for name in ("lr", "learning_rate"):
+            if isinstance(raw, dict) and name in raw:
                 raise ValueError(f"member_options['sb3'][{name!r}]: the learning rate is learner_config.lr")
-            if name not in known:
-                raise ValueError(
-                    f"member_options['sb3'] has unknown option {name!r}; known: {', '.join(known)}"
-                )
-        values = dict(raw)
-        if isinstance(values.get("net_arch"), list):  # JSON has lists, not tuples
-            values["net_arch"] = tuple(values["net_arch"])
-        try:
-            return cls(**values)
-        except ValueError as error:
-            raise ValueError(f"member_options['sb3']: {error}") from None
+        if isinstance(raw, dict) and isinstance(raw.get("net_arch"), list):  # JSON has lists, not tuples
+            raw = {**raw, "net_arch": tuple(raw["net_arch"])}
+        return options_from(cls, {"sb3": raw}, "sb3")
 
 
 class _SpacesEnv(gymnasium.Env):

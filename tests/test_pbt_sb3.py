@@ -252,7 +252,7 @@ def test_sb3_teachers_learn_too(tmp_path: Path, kwargs: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"n_epoch": 2}, r"unknown option 'n_epoch'"),
+        ({"n_epoch": 2}, r"unknown option\(s\) \['n_epoch'\]"),
         ({"batch_size": 1}, r"member_options\['sb3'\]: batch_size must be an int >= 2"),
         ({"clip_range": -0.1}, "clip_range"),
         ({"lr": 0.1}, r"\['lr'\]: the learning rate is learner_config\.lr"),
