@@ -2,13 +2,17 @@
 
 Hugging Face's ``generate`` samples from the global torch RNG; this loop takes the generator explicitly, so
 a fixed seed reproduces the same texts without touching global state. Left padding plus explicit
-``position_ids`` (from the attention mask) make padded rows decode exactly as they would unpadded.
+``position_ids`` (from the attention mask) make padded rows decode exactly as they would unpadded. Rows
+that repeat a (prompt, adapter) pair, as a GRPO group does, share one prefill, and the KV cache appends in
+place (``agents.kv_cache``); neither changes a generated token.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -64,8 +68,38 @@ def choose_tokens(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+RowSetup = Callable[[Sequence[int]], AbstractContextManager[dict[str, Any]]]
+"""Configures the model for a batch made of the given rows (indices into the prompts) and yields the extra
+keyword arguments of every forward call on that batch (e.g. PEFT's ``adapter_names``)."""
+
+
+def _no_setup(rows: Sequence[int]) -> AbstractContextManager[dict[str, Any]]:
+    return nullcontext({})
+
+
+def share_rows(prompts: Sequence[str], row_keys: Sequence[Hashable] | None) -> tuple[list[int], list[int]]:
+    """Rows that can share one prompt prefill: those with the same prompt and the same key (adapter).
+
+    Args:
+        prompts: one prompt per row.
+        row_keys: one key per row (e.g. the adapter name); ``None`` when every row runs the same model.
+
+    Returns:
+        ``(first, inverse)``: ``first[u]`` is the first row of distinct (prompt, key) ``u``, in order of first
+        appearance; ``inverse[b]`` is the distinct index of row ``b`` (so ``first[inverse[b]]`` has the same
+        prompt and key as ``b``).
+    """
+    keys = list(zip(prompts, row_keys if row_keys is not None else [None] * len(prompts), strict=True))
+    position: dict[tuple[str, Hashable], int] = {}
+    inverse = [position.setdefault(key, len(position)) for key in keys]
+    first = [0] * len(position)
+    for row in reversed(range(len(keys))):
+        first[inverse[row]] = row
+    return first, inverse
+
+
 @torch.no_grad()
-def decode(
+def decode_tokens(
     model: Any,
     tokenizer: Any,
     prompts: Sequence[str],
@@ -75,12 +109,22 @@ def decode(
     seed: int,
     top_p: float = 1.0,
     ignore_eos: bool = False,
-    forward_kwargs: Callable[[], dict[str, Any]] | None = None,
-) -> list[str]:
-    """Generate one continuation per prompt with a KV cache.
+    row_keys: Sequence[Hashable] | None = None,
+    row_setup: RowSetup | None = None,
+    share_prefill: bool = True,
+) -> list[list[int]]:
+    """Generate one continuation per prompt with a KV cache; returns the generated token ids.
+
+    Rows with the same prompt and the same ``row_keys`` entry (a GRPO group: one prompt, one adapter)
+    share one prefill: each distinct (prompt, key) runs once, then its KV cache, attention mask and
+    positions are copied to the rows that share it before the first token is chosen. Each row's logits are
+    those of its own prompt either way, and the sampler draws for all ``B`` rows in row order at every step,
+    so the texts are those of the unshared batch (``share_prefill=False``), provided the prompt forward
+    gives each row the same numbers at batch ``U`` as at batch ``B``, as row-wise kernels do (the test suite
+    checks it on CPU).
 
     Args:
-        model: a causal LM (plain or PEFT-wrapped) already configured for the rows' adapters.
+        model: a causal LM (plain or PEFT-wrapped).
         tokenizer: its tokenizer; must have a pad token and pad on the left.
         prompts: the prompts (the batch).
         max_new_tokens: generation budget per row.
@@ -88,48 +132,135 @@ def decode(
         seed: seed of the local sampling generator.
         top_p: nucleus mass.
         ignore_eos: keep generating past EOS (benchmarks use it to fix the token count).
-        forward_kwargs: extra keyword arguments for every forward call (e.g. PEFT's ``adapter_names``).
+        row_keys: one key per row naming the model configuration it runs under (e.g. its adapter); rows
+            whose keys differ never share a prefill. ``None``: every row runs the same model.
+        row_setup: configures the model for a batch of rows and yields extra forward keyword arguments
+            (see :data:`RowSetup`); ``None``: the model is used as it is.
+        share_prefill: run each distinct (prompt, key) prefill once; ``False`` runs every row's prompt.
 
     Returns:
-        The decoded continuations (special tokens removed, text after the first EOS dropped).
+        Per row, the generated ids up to and including the first EOS (all ``max_new_tokens`` of them
+        when ``ignore_eos`` or when the row never stopped).
     """
     if not prompts or max_new_tokens == 0:
-        return ["" for _ in prompts]
-    device = next(model.parameters()).device
-    enc = tokenizer(list(prompts), return_tensors="pt", padding=True).to(device)
-    input_ids, mask = enc["input_ids"], enc["attention_mask"]  # (B, P)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): left padding shifts each row's positions
-    generator = torch.Generator(device=device).manual_seed(seed)
-    extra = forward_kwargs or (lambda: {})
-    from transformers import DynamicCache
+        return [[] for _ in prompts]
+    try:
+        from agents.kv_cache import growing_cache  # imports transformers
+    except ImportError:  # a transformers release without cache layers (< 4.56): the concatenating cache
+        from transformers import DynamicCache as growing_cache
 
-    cache = DynamicCache()
-    key = cache_kwarg(model)
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=device)  # (B,)
+    setup = row_setup or _no_setup
+    first, inverse = share_rows(prompts, row_keys)
+    every_row = range(len(prompts))
+    shared = share_prefill and len(first) < len(prompts)
+    device = next(model.parameters()).device
+    prefill_rows = first if shared else every_row
+    enc = tokenizer([prompts[i] for i in prefill_rows], return_tensors="pt", padding=True).to(device)
+    state = _DecodeState(growing_cache(), cache_kwarg(model), enc["attention_mask"], enc["input_ids"])
+    steps: dict[str, Any] = dict(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        generator=torch.Generator(device=device).manual_seed(seed),
+        eos=tokenizer.eos_token_id,
+        pad=tokenizer.pad_token_id,
+        ignore_eos=ignore_eos,
+    )
+    if not shared:
+        with setup(every_row) as extra:
+            return _decode_steps(model, state, _forward(model, state, extra), extra, **steps)
+    with setup(first) as extra:
+        logits = _forward(model, state, extra)  # (U, V)
+    index = torch.tensor(inverse, dtype=torch.long, device=device)  # (B,)
+    state.cache.batch_select_indices(index)  # every row gets its own copy of its prompt's cache
+    state.mask, state.positions = state.mask[index], state.positions[index]
+    with setup(every_row) as extra:
+        return _decode_steps(model, state, logits[index], extra, **steps)
+
+
+@dataclass
+class _DecodeState:
+    """What the decoding steps carry: the cache and its keyword, the attention mask and next positions."""
+
+    cache: Any
+    key: str
+    mask: torch.Tensor  # (B, L) 1 on real tokens, prompt then generated
+    input_ids: torch.Tensor  # (B, P) the prompt, then (B, 1) the last chosen token
+    positions: torch.Tensor = field(init=False)  # (B, P) then (B, 1)
+
+    def __post_init__(self) -> None:
+        self.positions = (self.mask.cumsum(-1) - 1).clamp(min=0)  # left padding shifts each row's positions
+
+
+def _forward(model: Any, state: _DecodeState, extra: dict[str, Any]) -> torch.Tensor:
+    """One forward of ``state.input_ids`` on top of the cache; returns the next-token logits ``(B, V)``."""
+    out = model(
+        input_ids=state.input_ids,
+        attention_mask=state.mask,
+        position_ids=state.positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **{state.key: state.cache},
+        **extra,
+    )
+    return out.logits[:, -1, :]
+
+
+def _decode_steps(
+    model: Any,
+    state: _DecodeState,
+    logits: torch.Tensor,
+    extra: dict[str, Any],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator,
+    eos: int | None,
+    pad: int,
+    ignore_eos: bool,
+) -> list[list[int]]:
+    """Choose a token per row from ``logits`` (B, V), feed it back, repeat; rows are cut after their EOS."""
+    finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)  # (B,)
     generated = []
-    step_ids = input_ids
-    for _ in range(max_new_tokens):
-        out = model(
-            input_ids=step_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **{key: cache},
-            **extra(),
-        )
-        tokens = choose_tokens(out.logits[:, -1, :], temperature, top_p, generator)  # (B,)
+    for step in range(max_new_tokens):
+        tokens = choose_tokens(logits, temperature, top_p, generator)  # (B,)
         tokens = tokens.masked_fill(finished, pad)
         generated.append(tokens)
         if not ignore_eos:
             finished |= tokens == eos
             if bool(finished.all()):
                 break
-        step_ids = tokens[:, None]  # (B, 1)
-        mask = torch.cat([mask, torch.ones_like(step_ids)], dim=1)
-        positions = positions[:, -1:] + 1
+        if step + 1 == max_new_tokens:
+            break
+        state.input_ids = tokens[:, None]  # (B, 1)
+        state.mask = torch.cat([state.mask, torch.ones_like(state.input_ids)], dim=1)
+        state.positions = state.positions[:, -1:] + 1
+        logits = _forward(model, state, extra)
     rows = torch.stack(generated, dim=1).tolist()  # (B, T)
     if not ignore_eos:
-        rows = [row[: row.index(eos)] if eos in row else row for row in rows]
-    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+        rows = [row[: row.index(eos) + 1] if eos in row else row for row in rows]
+    return rows
+
+
+def texts_of(tokenizer: Any, rows: Sequence[Sequence[int]]) -> list[str]:
+    """Decode generated ids to text: special tokens removed, the final EOS (if any) dropped."""
+    eos = tokenizer.eos_token_id
+    return tokenizer.batch_decode(
+        [row[:-1] if row and row[-1] == eos else row for row in rows], skip_special_tokens=True
+    )
+
+
+def decode(model: Any, tokenizer: Any, prompts: Sequence[str], **kwargs: Any) -> list[str]:
+    """Generate one continuation per prompt with a KV cache; returns the texts.
+
+    Args:
+        model: a causal LM (plain or PEFT-wrapped).
+        tokenizer: its tokenizer; must have a pad token and pad on the left.
+        prompts: the prompts (the batch).
+        **kwargs: as :func:`decode_tokens` (``max_new_tokens``, ``temperature`` and ``seed`` required).
+
+    Returns:
+        The decoded continuations (special tokens removed, text after the first EOS dropped).
+    """
+    return texts_of(tokenizer, decode_tokens(model, tokenizer, prompts, **kwargs))

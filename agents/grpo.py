@@ -15,12 +15,12 @@ import logging
 import math
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
-from agents.generation import cache_kwarg
+from agents.generation import cache_kwarg, texts_of
 from agents.grpo_loss import (
     AGGREGATIONS,
     AggregationContext,
@@ -65,6 +65,18 @@ class TrainablePopulation(Protocol):
     def generate(
         self, prompts: list[str], adapters: list[str], max_new_tokens: int, temperature: float, seed: int
     ) -> list[str]: ...
+
+
+@runtime_checkable
+class TokenGeneratingPopulation(Protocol):
+    """A population that can also return the generated token ids (`LoRAPopulation.generate_tokens`).
+
+    `GRPOLearner.step` then trains on exactly the sampled tokens instead of re-tokenising the decoded text.
+    """
+
+    def generate_tokens(
+        self, prompts: list[str], adapters: list[str], max_new_tokens: int, temperature: float, seed: int
+    ) -> list[list[int]]: ...
 
 
 @dataclass(frozen=True)
@@ -254,6 +266,7 @@ class GRPOLearner:
         rewards: Sequence[float],
         group_ids: Sequence[Hashable],
         task_keys: Sequence[Hashable] | None = None,
+        completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> UpdateStats:
         """One GRPO update of `adapter` on scored completions.
 
@@ -264,6 +277,8 @@ class GRPOLearner:
             rewards: one scalar reward per completion (N).
             group_ids: the GRPO group of each completion (completions of one prompt share one).
             task_keys: the (role, task type) key of each completion; required for scale_rewards="task_relative".
+            completion_ids: the generated token ids of each completion, EOS included when it stopped on EOS
+                (as `LoRAPopulation.generate_tokens` returns them); None re-tokenises the completion texts.
 
         Returns:
             The update's statistics; `skipped=True` (adapter untouched) on a non-finite reward, loss or
@@ -271,10 +286,11 @@ class GRPOLearner:
 
         Raises:
             KeyError: unknown adapter name.
-            ValueError: inputs of different lengths, an empty batch, or missing task_keys.
+            ValueError: inputs of different lengths, an empty batch, missing task_keys, or an empty
+                completion_ids row.
         """
         cfg = self.config
-        self._check_inputs(adapter, prompts, completions, rewards, group_ids, task_keys)
+        self._check_inputs(adapter, prompts, completions, rewards, group_ids, task_keys, completion_ids)
         reward_t = torch.tensor([float(r) for r in rewards], dtype=torch.float32)
         mean_reward = float(reward_t.mean())
         if not torch.isfinite(reward_t).all():
@@ -283,7 +299,7 @@ class GRPOLearner:
             return self._skip(adapter, "non_finite_reward", where, len(rewards), mean_reward)
 
         advantages = self._advantages(reward_t, group_ids, task_keys)  # (N,)
-        batch = self._encode(prompts, completions)
+        batch = self._encode(prompts, completions, completion_ids)
         chunks = [c for c in torch.arange(len(prompts)).tensor_split(cfg.grad_accum_steps) if c.numel() > 0]
         ctx = AggregationContext(
             grad_accum_steps=len(chunks),
@@ -397,16 +413,21 @@ class GRPOLearner:
         expanded = [p for p in prompts for _ in range(cfg.group_size)]
         groups = [i for i in range(len(prompts)) for _ in range(cfg.group_size)]
         keys = None if task_keys is None else [k for k in task_keys for _ in range(cfg.group_size)]
-        completions = self.population.generate(
-            expanded,
+        generation: dict[str, Any] = dict(
             adapters=[adapter] * len(expanded),
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
             seed=cfg.seed + self._step_calls if seed is None else seed,
         )
+        ids: list[list[int]] | None = None
+        if isinstance(self.population, TokenGeneratingPopulation):
+            ids = self.population.generate_tokens(expanded, **generation)
+            completions = texts_of(self.population.tokenizer, ids)
+        else:
+            completions = self.population.generate(expanded, **generation)
         self._step_calls += 1
         rewards = [float(reward_fn(p, c)) for p, c in zip(expanded, completions, strict=True)]
-        stats = self.update(adapter, expanded, completions, rewards, groups, keys)
+        stats = self.update(adapter, expanded, completions, rewards, groups, keys, completion_ids=ids)
         return StepResult(completions=tuple(completions), rewards=tuple(rewards), stats=stats)
 
     # -- helpers -------------------------------------------------------------------------------------
@@ -419,6 +440,7 @@ class GRPOLearner:
         rewards: Sequence[float],
         group_ids: Sequence[Hashable],
         task_keys: Sequence[Hashable] | None,
+        completion_ids: Sequence[Sequence[int]] | None,
     ) -> None:
         names = list(self.population.adapter_names)
         if adapter not in names:
@@ -426,9 +448,15 @@ class GRPOLearner:
         lengths = {len(prompts), len(completions), len(rewards), len(group_ids)}
         if task_keys is not None:
             lengths.add(len(task_keys))
+        if completion_ids is not None:
+            lengths.add(len(completion_ids))
+            if empty := [i for i, ids in enumerate(completion_ids) if len(ids) == 0]:
+                raise ValueError(
+                    f"completion_ids[{empty[0]}] is empty; a generated completion has >= 1 token"
+                )
         if len(lengths) != 1:
             raise ValueError(
-                "prompts, completions, rewards, group_ids (and task_keys) must have one entry per "
+                "prompts, completions, rewards, group_ids (and task_keys, completion_ids) must have one entry per "
                 f"completion; got lengths {len(prompts)}, {len(completions)}, {len(rewards)}, {len(group_ids)}"
             )
         if not prompts:
@@ -446,10 +474,16 @@ class GRPOLearner:
             return advantages_task_relative(rewards, segment_index(task_keys))
         return GROUP_ADVANTAGES[self.config.scale_rewards](rewards, segment_index(group_ids))
 
-    def _encode(self, prompts: Sequence[str], completions: Sequence[str]) -> _Batch:
-        """Tokenise: prompt with the tokenizer's special tokens, completion without, plus EOS if it ended early.
+    def _encode(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+    ) -> _Batch:
+        """Tokenise: prompt with the tokenizer's special tokens; completion as generated, or re-tokenised.
 
-        The population returns text, so the completion is re-tokenised; a completion shorter than
+        Generated ids (`completion_ids`) are used as they are (EOS included when generation stopped on it).
+        Without them the completion text is re-tokenised without special tokens; one shorter than
         max_new_tokens stopped on EOS, which is then appended so that stopping is trained too.
         """
         tok = self.population.tokenizer
@@ -461,8 +495,11 @@ class GRPOLearner:
         if any(not x for x in encoded):
             raise ValueError("a prompt encodes to no tokens; the learner needs at least one prompt token")
         prompt_ids = _pad(encoded, tok.pad_token_id, "left")
-        comp_ids = [list(x)[:cap] for x in tok(list(completions), add_special_tokens=False)["input_ids"]]
-        comp_ids = [[*x, tok.eos_token_id] if len(x) < cap else x for x in comp_ids]
+        if completion_ids is not None:
+            comp_ids = [list(x)[:cap] for x in completion_ids]
+        else:
+            comp_ids = [list(x)[:cap] for x in tok(list(completions), add_special_tokens=False)["input_ids"]]
+            comp_ids = [[*x, tok.eos_token_id] if len(x) < cap else x for x in comp_ids]
         completion = _pad(comp_ids, tok.pad_token_id, "right")
         return _Batch(prompt_ids[0], prompt_ids[1], prompt_index, completion[0], completion[1].float())
 

@@ -24,7 +24,7 @@ import torch
 
 from agents.base import load_base
 from agents.batched_lora import stacked_lora
-from agents.generation import decode
+from agents.generation import decode_tokens, texts_of
 from agents.policy import LoRAPolicy
 
 Strategy = Literal["stacked", "peft_mixed", "loop"]
@@ -269,6 +269,7 @@ class LoRAPopulation:
         *,
         strategy: Strategy = "stacked",
         ignore_eos: bool = False,
+        share_prefill: bool = True,
     ) -> list[str]:
         """Generate one continuation per prompt, row ``i`` with adapter ``adapters[i]``.
 
@@ -282,11 +283,50 @@ class LoRAPopulation:
             strategy: ``stacked`` (one batch, gathered factors; the fast path), ``peft_mixed`` (one batch,
                 PEFT's ``adapter_names=``) or ``loop`` (PEFT ``set_adapter`` per adapter, one sub-batch each).
             ignore_eos: keep generating past EOS (fixed token counts for benchmarks).
+            share_prefill: rows with the same prompt and adapter (a GRPO group) run the prompt once and
+                share its KV cache (see :func:`agents.generation.decode_tokens`); same texts either way.
 
         Returns:
             The continuations, in prompt order.
         """
+        rows = self.generate_tokens(
+            prompts,
+            adapters,
+            max_new_tokens,
+            temperature,
+            seed,
+            top_p,
+            strategy=strategy,
+            ignore_eos=ignore_eos,
+            share_prefill=share_prefill,
+        )
+        return texts_of(self.tokenizer, rows)
+
+    def generate_tokens(
+        self,
+        prompts: Sequence[str],
+        adapters: Sequence[str],
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        top_p: float = 1.0,
+        *,
+        strategy: Strategy = "stacked",
+        ignore_eos: bool = False,
+        share_prefill: bool = True,
+    ) -> list[list[int]]:
+        """Generate as :meth:`generate` (same arguments, same tokens) and return token ids instead of text.
+
+        A learner given these trains on exactly the sampled tokens; re-tokenising the decoded text can split it
+        differently under BPE, and drops sampled special tokens.
+
+        Returns:
+            Per prompt, the generated ids up to and including the first EOS (no EOS when the row used its
+            whole budget without stopping, or with ``ignore_eos``).
+        """
         _check_generate_args(prompts, adapters, max_new_tokens, temperature, top_p)
+        if strategy not in ("stacked", "peft_mixed", "loop"):
+            raise ValueError(f"strategy must be 'stacked', 'peft_mixed' or 'loop', got {strategy!r}")
         for name in dict.fromkeys(adapters):
             self._check(name)
         args: dict[str, Any] = dict(
@@ -295,41 +335,37 @@ class LoRAPopulation:
             seed=seed,
             top_p=top_p,
             ignore_eos=ignore_eos,
+            share_prefill=share_prefill,
         )
         was_training, active = self.model.training, self.model.active_adapter
         self.model.eval()
         try:
-            if strategy == "stacked":
-                with stacked_lora(self.model, adapters):
-                    return decode(self.model, self.tokenizer, prompts, **args)
-            if strategy == "peft_mixed":
-                names = list(adapters)
-                return decode(
-                    self.model,
-                    self.tokenizer,
-                    prompts,
-                    forward_kwargs=lambda: {"adapter_names": names},
-                    **args,
-                )
             if strategy == "loop":
                 return self._generate_loop(prompts, adapters, args)
-            raise ValueError(f"strategy must be 'stacked', 'peft_mixed' or 'loop', got {strategy!r}")
+            setup = _stacked_setup if strategy == "stacked" else _peft_mixed_setup
+            return decode_tokens(
+                self.model,
+                self.tokenizer,
+                prompts,
+                row_keys=adapters,
+                row_setup=lambda rows: setup(self.model, [adapters[i] for i in rows]),
+                **args,
+            )
         finally:
             self.model.train(was_training)
             self.set_active(active)
 
     def _generate_loop(
         self, prompts: Sequence[str], adapters: Sequence[str], args: dict[str, Any]
-    ) -> list[str]:
-        texts = [""] * len(prompts)
+    ) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in prompts]
         for name in dict.fromkeys(adapters):
             rows = [i for i, a in enumerate(adapters) if a == name]
             self.model.set_adapter(name)
-            for i, text in zip(
-                rows, decode(self.model, self.tokenizer, [prompts[i] for i in rows], **args), strict=True
-            ):
-                texts[i] = text
-        return texts
+            generated = decode_tokens(self.model, self.tokenizer, [prompts[i] for i in rows], **args)
+            for i, ids in zip(rows, generated, strict=True):
+                out[i] = ids
+        return out
 
     # ----------------------------------------------------------------------------------------------------
     # Persistence
@@ -411,6 +447,19 @@ class LoRAPopulation:
         """
         self._check(name)
         return LoRAPolicy(self, name, **kwargs)
+
+
+@contextmanager
+def _stacked_setup(model: Any, row_adapters: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """Row setup of the ``stacked`` strategy: gathered LoRA factors per row, no extra forward arguments."""
+    with stacked_lora(model, row_adapters):
+        yield {}
+
+
+@contextmanager
+def _peft_mixed_setup(model: Any, row_adapters: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """Row setup of the ``peft_mixed`` strategy: PEFT's ``adapter_names=`` on every forward."""
+    yield {"adapter_names": list(row_adapters)}
 
 
 def _check_name(name: str) -> None:

@@ -17,9 +17,11 @@ gradient accumulation, the same torch thread count. TRL runs with ``report_to="n
 it is measured twice: with gradient checkpointing off (its faster setting at this size; the headline
 ratio) and with its default (on).
 
-Where the difference comes from: our update runs each distinct prompt once and shares its KV cache with
-the group's completions (TRL runs every row's full prompt + completion), and the population decodes with
-its own KV-cached loop. Throughput is completions per second from the median step time after the
+Where the difference comes from: both our generation and our update run each distinct prompt once and
+share its KV cache with the group's completions (TRL runs every row's full prompt, in generation and in the
+loss); the population decodes with its own KV-cached loop, whose cache appends in place where transformers'
+``DynamicCache`` (TRL's, through ``generate``) copies the whole cache at every token; and the update trains on
+the generated token ids as they are (TRL does too; no re-tokenisation). Throughput is completions per second from the median step time after the
 first (warm-up) step, timed around whole steps (generate, score, update). Completion lengths differ run to
 run (sampling stops at EOS), so tokens per second are reported too.
 

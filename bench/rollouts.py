@@ -11,7 +11,8 @@ tokens per second, the ratios (``stacked_speedup_vs_loop``: target >= 3; ``stack
 base vs loading the 8-adapter population (one base plus adapters), each in a fresh subprocess after the
 imports, and exact parameter bytes. All four paths
 run through the same KV-cached decoding loop (``agents.generation.decode``) with greedy decoding and EOS
-ignored, in interleaved rounds, so only the forward pass differs. The default base is the tiny offline base
+ignored, in interleaved rounds, so only the forward pass differs; the prompts are distinct, so the loop's
+shared prefill of repeated (prompt, adapter) rows never applies here. The default base is the tiny offline base
 (built on first use, ~1 minute). Progress goes to stderr.
 """
 

@@ -394,3 +394,33 @@ def test_with_lora_population(tiny_base_dir: Any) -> None:
     # The population's own invariants still hold afterwards: every adapter trainable, base frozen.
     flags = {n: p.requires_grad for n, p in pop.model.named_parameters()}
     assert all(flags[n] == ("lora_" in n) for n in flags)
+
+
+def test_step_trains_on_the_generated_token_ids(tiny_base_dir: Any) -> None:
+    # LoRAPopulation hands the learner the sampled ids; a non-canonical BPE split must survive the update.
+    from agents.generation import texts_of
+    from agents.population import LoRAPopulation
+
+    pop = LoRAPopulation.from_pretrained(tiny_base_dir, names=["p0"], rank=4)
+    cfg = GRPOConfig(learning_rate=1e-3, group_size=4, max_new_tokens=8, seed=3)
+    prompts = ["def f(x):\n    return", "```python\n"]
+    expanded = [p for p in prompts for _ in range(cfg.group_size)]
+    ids = pop.generate_tokens(expanded, ["p0"] * len(expanded), 8, 1.0, seed=3)  # step 0 uses cfg.seed
+    result = GRPOLearner(pop, cfg).step("p0", prompts, lambda p, c: float(len(c) % 3))
+    assert result.completions == tuple(texts_of(pop.tokenizer, ids))
+    assert result.stats.num_tokens == sum(len(row) for row in ids)
+
+    word = "return"
+    canonical = pop.tokenizer(word, add_special_tokens=False)["input_ids"]
+    chars = pop.tokenizer.convert_tokens_to_ids(list(word))
+    assert len(canonical) < len(chars)  # the tiny BPE merges the word
+    learner = GRPOLearner(pop, cfg)
+    eos = pop.tokenizer.eos_token_id
+    as_ids = learner.update(
+        "p0", [prompts[0]] * 2, [word] * 2, [0.0, 1.0], [0, 0], completion_ids=[chars, [*chars, eos]]
+    )
+    as_text = learner.update("p0", [prompts[0]] * 2, [word] * 2, [0.0, 1.0], [0, 0])
+    assert as_ids.num_tokens == 2 * len(chars) + 1
+    assert as_text.num_tokens == 2 * (len(canonical) + 1)  # re-tokenised, EOS appended
+    with pytest.raises(ValueError, match="completion_ids"):
+        learner.update("p0", [prompts[0]], [word], [1.0], [0], completion_ids=[[]])

@@ -20,7 +20,7 @@ from agents import base as base_module  # noqa: E402
 from agents.base import BaseModelLoadError, TinyBaseConfig, build_tiny_base, load_base, tiny_base_key  # noqa: E402
 from agents.batched_lora import lora_linear_layers, stacked_lora  # noqa: E402
 from agents.corpus import EXAMPLE_KINDS, generate_examples  # noqa: E402
-from agents.generation import filter_top_p  # noqa: E402
+from agents.generation import filter_top_p, share_rows  # noqa: E402
 from agents.population import LoRAPopulation  # noqa: E402
 from tests.agents_fixtures import one_torch_thread, tiny_base_dir  # noqa: E402
 
@@ -289,6 +289,84 @@ def test_sampling_is_reproducible_for_a_seed(pop: LoRAPopulation) -> None:
     nucleus = pop.generate(text, rows, 10, temperature=1.0, seed=3, top_p=0.9)
     assert pop.generate(text, rows, 10, temperature=1.0, seed=3, top_p=0.9) == nucleus
     assert torch.equal(state, torch.random.get_rng_state())  # the global RNG was not used
+
+
+def test_growing_cache_holds_what_the_dynamic_cache_holds(pop: LoRAPopulation) -> None:
+    from transformers import DynamicCache
+
+    from agents.generation import cache_kwarg
+    from agents.kv_cache import growing_cache
+
+    enc = pop.tokenizer(prompts(2), return_tensors="pt", padding=True)
+    index = torch.tensor([1, 0, 1])
+    runs = []
+    for cache in (DynamicCache(), growing_cache()):
+        key, mask = cache_kwarg(pop.model), enc["attention_mask"]
+        with torch.no_grad():
+            logits = [pop.model(**enc, use_cache=True, **{key: cache}).logits[:, -1]]
+            # The first step outgrows the prefill's exact-size buffer; then rows are repeated and reordered.
+            for step in (
+                torch.tensor([[5], [6]]),
+                None,
+                torch.tensor([[7], [8], [9]]),
+                torch.tensor([[4]] * 3),
+            ):
+                if step is None:
+                    cache.batch_select_indices(index)
+                    mask = mask[index]
+                    continue
+                mask = torch.cat([mask, torch.ones_like(step)], dim=1)
+                logits.append(pop.model(input_ids=step, attention_mask=mask, **{key: cache}).logits[:, -1])
+        runs.append((logits, [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]))
+    (expected, expected_kv), (got, got_kv) = runs
+    assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+    assert all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(expected_kv, got_kv, strict=True)
+    )
+
+
+def test_share_rows_groups_by_prompt_and_key() -> None:
+    first, inverse = share_rows(["a", "a", "b", "a", "b"], ["x", "x", "x", "y", "x"])
+    assert (first, inverse) == ([0, 2, 3], [0, 0, 1, 2, 1])
+    assert share_rows(["a", "b", "a"], None) == ([0, 1], [0, 1, 0])
+
+
+@pytest.mark.parametrize("strategy", ["stacked", "peft_mixed", "loop"])
+def test_shared_prefill_equals_every_row_prefilled(pop: LoRAPopulation, strategy: str) -> None:
+    # GRPO-like groups (one prompt, one adapter, several rows) mixed with a prompt under two adapters
+    # and prompts of different lengths (left padding), in an interleaved row order.
+    a, b = prompts(2)
+    batch = [a, a, b, a, b, a, b]
+    rows = ["student_0", "student_0", "teacher_0", "teacher_0", "teacher_0", "student_0", "student_1"]
+    assert len(share_rows(batch, rows)[0]) == 4  # 7 rows, 4 prefills
+    for temperature in (0.0, 1.0):
+        args = dict(max_new_tokens=10, temperature=temperature, seed=5, strategy=strategy)
+        shared = pop.generate_tokens(batch, rows, **args)
+        assert pop.generate_tokens(batch, rows, share_prefill=False, **args) == shared
+        assert pop.generate(batch, rows, **args) == pop.generate(batch, rows, share_prefill=False, **args)
+    sampled = pop.generate(batch, rows, 10, temperature=1.0, seed=5, strategy=strategy)
+    assert sampled[0] != sampled[1]  # rows sharing a prefill still draw their own tokens
+
+
+def test_generated_tokens_end_on_eos_or_the_budget(pop: LoRAPopulation) -> None:
+    text, rows = prompts(6), [NAMES[i % 3] for i in range(6)]
+    eos = pop.tokenizer.eos_token_id
+
+    def likely_eos(module: object, inputs: object, logits: torch.Tensor) -> torch.Tensor:
+        return logits + 4.0 * torch.nn.functional.one_hot(torch.tensor(eos), logits.shape[-1])
+
+    hook = pop.model.get_output_embeddings().register_forward_hook(likely_eos)
+    try:
+        ids = pop.generate_tokens(text, rows, 24, temperature=1.0, seed=2)
+        texts = pop.generate(text, rows, 24, temperature=1.0, seed=2)
+    finally:
+        hook.remove()
+    assert any(row[-1] == eos for row in ids) and any(len(row) > 1 for row in ids)
+    for row in ids:
+        assert 1 <= len(row) <= 24 and eos not in row[:-1]
+        assert row[-1] == eos or len(row) == 24
+    stripped = [row[:-1] if row[-1] == eos else row for row in ids]
+    assert texts == [pop.tokenizer.decode(row, skip_special_tokens=True) for row in stripped]
 
 
 def test_top_p_keeps_the_smallest_nucleus() -> None:
