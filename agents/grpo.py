@@ -1,8 +1,9 @@
-"""The GRPO learner for one LoRA adapter of a population: config, update, and the generate-score-update step.
+"""The GRPO learner for one LoRA adapter of a population: update, and the generate-score-update step.
 
-The maths lives in `agents.grpo_loss` (pure functions); this module batches text into tensors, runs the
-inner epochs with gradient accumulation, keeps one AdamW state per adapter name, and guards against
-non-finite numbers. The schedule follows TRL's `GRPOTrainer` with `steps_per_generation ==
+The maths lives in `agents.grpo_loss` (pure functions), the config and result records in
+`agents.grpo_config` (re-exported here), tokenising and shared-prefix log-probs in `agents.grpo_batch`.
+This module runs the inner epochs with gradient accumulation, keeps one AdamW state per adapter name, and
+guards against non-finite numbers. The schedule follows TRL's `GRPOTrainer` with `steps_per_generation ==
 gradient_accumulation_steps`: one generation batch is one optimizer step, repeated `num_inner_epochs`
 times (TRL's `num_iterations`, μ in the GRPO paper).
 """
@@ -13,14 +14,25 @@ import contextlib
 import copy
 import logging
 import math
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
-from agents.generation import cache_kwarg, texts_of
+from agents.generation import texts_of
+from agents.grpo_batch import TokenBatch, encode_batch, only_trainable, shared_prefix_logps
+from agents.grpo_config import (
+    LOSS_TYPES,
+    SCALE_REWARDS,
+    GRPOConfig,
+    LossType,
+    ScaleRewards,
+    SkipReason,
+    StepResult,
+    UpdateStats,
+)
 from agents.grpo_loss import (
     AGGREGATIONS,
     AggregationContext,
@@ -34,17 +46,25 @@ from agents.grpo_loss import (
     masked_mean,
     probability_ratio,
     segment_index,
-    token_log_probs,
 )
+
+__all__ = [
+    "LOSS_TYPES",
+    "SCALE_REWARDS",
+    "GRPOConfig",
+    "GRPOLearner",
+    "LossType",
+    "ScaleRewards",
+    "SkipReason",
+    "StepResult",
+    "TokenGeneratingPopulation",
+    "TrainablePopulation",
+    "UpdateStats",
+]
 
 logger = logging.getLogger(__name__)
 
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
-ScaleRewards = Literal["group", "batch", "none", "task_relative"]
-SkipReason = Literal["non_finite_reward", "non_finite_loss", "non_finite_grad_norm"]
 
-LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
-SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none", "task_relative")
 GROUP_ADVANTAGES = {"group": advantages_group, "batch": advantages_batch, "none": advantages_unscaled}
 
 
@@ -77,141 +97,6 @@ class TokenGeneratingPopulation(Protocol):
     def generate_tokens(
         self, prompts: list[str], adapters: list[str], max_new_tokens: int, temperature: float, seed: int
     ) -> list[list[int]]: ...
-
-
-@dataclass(frozen=True)
-class GRPOConfig:
-    """Hyper-parameters of the GRPO learner (defaults follow TRL's `GRPOConfig` unless said otherwise)."""
-
-    learning_rate: float = 1e-5
-    """AdamW learning rate for the adapter's parameters (LoRA usually wants more than full fine-tuning)."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay."""
-    loss_type: LossType = "dapo"
-    """Aggregation of per-token losses, TRL's names: "grpo", "bnpo", "dr_grpo" or "dapo" (TRL's default)."""
-    scale_rewards: ScaleRewards = "group"
-    """Advantage normalisation: "group" (std of the prompt's group), "batch" (std of the batch), "none"
-    (centre only, Dr. GRPO) or "task_relative" (AZR's TRR++: mean/std per (role, task type) key; needs
-    `task_keys`)."""
-    epsilon_low: float = 0.2
-    """Lower clip: ratios below 1 - epsilon_low stop the gradient of negative-advantage tokens."""
-    epsilon_high: float = 0.2
-    """Upper clip: ratios above 1 + epsilon_high stop positive-advantage tokens (DAPO recommends 0.28)."""
-    beta: float = 0.0
-    """k3 KL coefficient towards the base model (the adapter switched off); 0 turns the KL term off."""
-    num_inner_epochs: int = 1
-    """Optimizer passes over each generated batch (μ); old log-probs are computed once before them."""
-    grad_accum_steps: int = 1
-    """Micro-batches per optimizer step; the batch is split into this many near-equal chunks."""
-    max_grad_norm: float = 1.0
-    """Clip the adapter's gradient to this global L2 norm before each optimizer step."""
-    group_size: int = 8
-    """Completions per prompt in `step` (TRL's `num_generations`)."""
-    temperature: float = 1.0
-    """Sampling temperature; log-probs are computed from logits / temperature to match the sampler."""
-    max_new_tokens: int = 64
-    """Completion length cap for generation, and Dr. GRPO's constant normaliser."""
-    seed: int = 0
-    """Base seed: generation in `step` uses seed + the number of earlier `step` calls of this learner."""
-
-    def __post_init__(self) -> None:
-        _check(self.loss_type in LOSS_TYPES, "loss_type", f"one of {LOSS_TYPES}", self.loss_type)
-        _check(
-            self.scale_rewards in SCALE_REWARDS,
-            "scale_rewards",
-            f"one of {SCALE_REWARDS}",
-            self.scale_rewards,
-        )
-        _check(
-            _finite(self.learning_rate) and self.learning_rate > 0, "learning_rate", "> 0", self.learning_rate
-        )
-        _check(
-            _finite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay
-        )
-        _check(
-            _finite(self.epsilon_low) and 0 <= self.epsilon_low < 1,
-            "epsilon_low",
-            "in [0, 1)",
-            self.epsilon_low,
-        )
-        _check(
-            _finite(self.epsilon_high) and self.epsilon_high >= 0, "epsilon_high", ">= 0", self.epsilon_high
-        )
-        _check(_finite(self.beta) and self.beta >= 0, "beta", ">= 0 (0 = no KL)", self.beta)
-        for name in ("num_inner_epochs", "grad_accum_steps", "max_new_tokens"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value >= 1, name, "an int >= 1", value)
-        _check(
-            isinstance(self.group_size, int) and self.group_size >= 2,
-            "group_size",
-            "an int >= 2",
-            self.group_size,
-        )
-        _check(
-            _finite(self.max_grad_norm) and self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm
-        )
-        _check(_finite(self.temperature) and self.temperature > 0, "temperature", "> 0", self.temperature)
-        _check(isinstance(self.seed, int) and self.seed >= 0, "seed", "an int >= 0", self.seed)
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
-
-
-def _check(ok: bool, name: str, allowed: str, value: object) -> None:
-    if not ok:
-        raise ValueError(f"GRPOConfig.{name} must be {allowed}, got {value!r}")
-
-
-@dataclass(frozen=True)
-class UpdateStats:
-    """What one `GRPOLearner.update` did."""
-
-    adapter: str
-    """The adapter that was (or would have been) trained."""
-    skipped: bool
-    """True when the update was abandoned; the adapter and its optimizer state are then unchanged."""
-    skip_reason: SkipReason | None
-    """Why it was skipped, or None."""
-    loss: float
-    """Mean over optimizer steps of the summed micro-batch losses (nan when skipped)."""
-    kl: float | None
-    """Mean k3 KL to the base over active tokens (None when beta == 0)."""
-    clip_fraction: float
-    """Mean share of active tokens whose ratio was clipped (TRL's clip_ratio/region_mean)."""
-    grad_norm: float
-    """Mean pre-clipping gradient norm over optimizer steps (nan when skipped before any)."""
-    mean_reward: float
-    """Mean of the rewards given."""
-    num_samples: int
-    """Completions in the batch."""
-    num_tokens: int
-    """Active completion tokens in the batch."""
-    optimizer_steps: int
-    """Optimizer steps taken (num_inner_epochs unless skipped)."""
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """One generate-score-update cycle."""
-
-    completions: tuple[str, ...]
-    """Generated completions, group_size per prompt, prompt-major."""
-    rewards: tuple[float, ...]
-    """reward_fn(prompt, completion) for each completion."""
-    stats: UpdateStats
-    """The update's record."""
-
-
-@dataclass
-class _Batch:
-    """Token tensors: each distinct prompt once (left-padded), completions right-padded, one per row."""
-
-    prompt_ids: torch.Tensor  # (U, P) distinct prompts
-    prompt_mask: torch.Tensor  # (U, P)
-    prompt_index: torch.Tensor  # (N,) row -> distinct prompt
-    completion_ids: torch.Tensor  # (N, C)
-    completion_mask: torch.Tensor  # (N, C) float, 1 on real completion tokens
 
 
 @dataclass
@@ -299,7 +184,9 @@ class GRPOLearner:
             return self._skip(adapter, "non_finite_reward", where, len(rewards), mean_reward)
 
         advantages = self._advantages(reward_t, group_ids, task_keys)  # (N,)
-        batch = self._encode(prompts, completions, completion_ids)
+        batch = encode_batch(
+            self.population.tokenizer, prompts, completions, completion_ids, cfg.max_new_tokens
+        )
         chunks = [c for c in torch.arange(len(prompts)).tensor_split(cfg.grad_accum_steps) if c.numel() > 0]
         ctx = AggregationContext(
             grad_accum_steps=len(chunks),
@@ -312,7 +199,7 @@ class GRPOLearner:
         self.population.set_active(adapter)
         self.optimizer_for(adapter)  # creates the adapter's optimizer slot on first use
         try:
-            with _only_trainable(model, self._optimizers[adapter].params):
+            with only_trainable(model, self._optimizers[adapter].params):
                 ref_logps = self._no_grad_logps(batch, chunks, reference=True) if cfg.beta > 0 else None
                 # With one inner epoch the old policy is the current one: use logps.detach() (TRL does too).
                 old_logps = self._no_grad_logps(batch, chunks) if cfg.num_inner_epochs > 1 else None
@@ -325,7 +212,7 @@ class GRPOLearner:
     def _optimise(
         self,
         adapter: str,
-        batch: _Batch,
+        batch: TokenBatch,
         chunks: list[torch.Tensor],
         ctx: AggregationContext,
         advantages: torch.Tensor,
@@ -343,7 +230,9 @@ class GRPOLearner:
             step_loss = 0.0
             for k, rows in enumerate(chunks):
                 mask = batch.completion_mask[rows]
-                logps = self._logps(batch, rows)  # (b, C)
+                logps = shared_prefix_logps(
+                    self.population.model, self.population.device, batch, rows, self.config.temperature
+                )  # (b, C)
                 old = old_logps[k] if old_logps is not None else logps.detach()
                 ratio = probability_ratio(logps, old)
                 per_token = clipped_surrogate_loss(ratio, advantages[rows], cfg.epsilon_low, cfg.epsilon_high)
@@ -474,84 +363,18 @@ class GRPOLearner:
             return advantages_task_relative(rewards, segment_index(task_keys))
         return GROUP_ADVANTAGES[self.config.scale_rewards](rewards, segment_index(group_ids))
 
-    def _encode(
-        self,
-        prompts: Sequence[str],
-        completions: Sequence[str],
-        completion_ids: Sequence[Sequence[int]] | None = None,
-    ) -> _Batch:
-        """Tokenise: prompt with the tokenizer's special tokens; completion as generated, or re-tokenised.
-
-        Generated ids (`completion_ids`) are used as they are (EOS included when generation stopped on it).
-        Without them the completion text is re-tokenised without special tokens; one shorter than
-        max_new_tokens stopped on EOS, which is then appended so that stopping is trained too.
-        """
-        tok = self.population.tokenizer
-        cap = self.config.max_new_tokens
-        position = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
-        distinct = list(position)
-        prompt_index = torch.tensor([position[p] for p in prompts], dtype=torch.long)
-        encoded = [list(x) for x in tok(distinct, add_special_tokens=True)["input_ids"]]
-        if any(not x for x in encoded):
-            raise ValueError("a prompt encodes to no tokens; the learner needs at least one prompt token")
-        prompt_ids = _pad(encoded, tok.pad_token_id, "left")
-        if completion_ids is not None:
-            comp_ids = [list(x)[:cap] for x in completion_ids]
-        else:
-            comp_ids = [list(x)[:cap] for x in tok(list(completions), add_special_tokens=False)["input_ids"]]
-            comp_ids = [[*x, tok.eos_token_id] if len(x) < cap else x for x in comp_ids]
-        completion = _pad(comp_ids, tok.pad_token_id, "right")
-        return _Batch(prompt_ids[0], prompt_ids[1], prompt_index, completion[0], completion[1].float())
-
-    def _logps(self, batch: _Batch, rows: torch.Tensor) -> torch.Tensor:
-        """Per-token log-probs (b, C) of the completion tokens of `rows` under the active model.
-
-        Shared-prefix forward: each distinct prompt runs once, its KV cache is gathered to the rows that
-        share it (a GRPO group shares one prompt), then the completions run on top of it. Gradients flow
-        through the cache, so this equals the forward of every full sequence with G times less prompt work.
-        Positions count real tokens only, so padding shifts nothing (as in generation).
-        """
-        from transformers import DynamicCache
-
-        model, device = self.population.model, self.population.device
-        distinct, inverse = torch.unique(batch.prompt_index[rows], return_inverse=True)
-        inverse = inverse.to(device)
-        p_ids, p_mask = (
-            batch.prompt_ids[distinct].to(device),
-            batch.prompt_mask[distinct].to(device),
-        )  # (u, P)
-        c_ids = batch.completion_ids[rows].to(device)  # (b, C)
-        cache, key = DynamicCache(), cache_kwarg(model)
-        prefix = model(
-            input_ids=p_ids,
-            attention_mask=p_mask,
-            position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
-            use_cache=True,
-            logits_to_keep=1,
-            **{key: cache},
-        )
-        cache.batch_select_indices(inverse)
-        c_len = c_ids.size(1)
-        out = model(
-            input_ids=c_ids,
-            attention_mask=torch.cat([p_mask[inverse], batch.completion_mask[rows].to(device).long()], dim=1),
-            position_ids=p_mask.sum(-1, keepdim=True)[inverse] + torch.arange(c_len, device=device),
-            use_cache=True,
-            **{key: cache},
-        )
-        # Token t of the completion is predicted by the prompt's last position (t = 0) or completion t - 1.
-        logits = torch.cat(
-            [prefix.logits[:, -1:, :][inverse], out.logits[:, : c_len - 1, :]], dim=1
-        )  # (b, C, V)
-        return token_log_probs(logits.float() / self.config.temperature, c_ids).cpu()
-
     @torch.no_grad()
     def _no_grad_logps(
-        self, batch: _Batch, chunks: list[torch.Tensor], reference: bool = False
+        self, batch: TokenBatch, chunks: list[torch.Tensor], reference: bool = False
     ) -> list[torch.Tensor]:
         ctx = self.population.reference() if reference else contextlib.nullcontext()
         with ctx:
-            return [self._logps(batch, rows) for rows in chunks]
+            return [
+                shared_prefix_logps(
+                    self.population.model, self.population.device, batch, rows, self.config.temperature
+                )
+                for rows in chunks
+            ]
 
     def _abort(
         self,
@@ -607,31 +430,3 @@ class _Snapshot:
             for p, saved in zip(slot.params, self.tensors, strict=True):
                 p.copy_(saved)
         slot.optimizer.load_state_dict(self.optimizer_state)
-
-
-def _pad(
-    rows: list[list[int]], pad_id: int, side: Literal["left", "right"]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad token lists to one length; returns (ids, mask), both (len(rows), max_len) long tensors."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        span = slice(width - len(r), width) if side == "left" else slice(0, len(r))
-        ids[i, span] = torch.tensor(r, dtype=torch.long)
-        mask[i, span] = 1
-    return ids, mask
-
-
-@contextlib.contextmanager
-def _only_trainable(model: nn.Module, params: list[nn.Parameter]) -> Iterator[None]:
-    """Let gradients flow into `params` only (base weights and other adapters frozen), then restore flags."""
-    keep = {id(p) for p in params}
-    before = [(p, p.requires_grad) for p in model.parameters()]
-    for p, _ in before:
-        p.requires_grad_(id(p) in keep)
-    try:
-        yield
-    finally:
-        for p, flag in before:
-            p.requires_grad_(flag)

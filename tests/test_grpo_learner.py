@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from agents.grpo import GRPOConfig, GRPOLearner, LossType, UpdateStats  # noqa: E402
+from agents.grpo_batch import encode_batch, shared_prefix_logps  # noqa: E402
 from tests.agents_fixtures import one_torch_thread, tiny_base_dir  # noqa: E402
 
 __all__ = ["one_torch_thread", "tiny_base_dir"]  # fixtures are used by name
@@ -156,7 +157,7 @@ def test_config_is_frozen_and_every_field_documented() -> None:
     import ast
     import inspect
 
-    import agents.grpo as module
+    import agents.grpo_config as module
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         GRPOConfig().beta = 1.0  # type: ignore[misc]
@@ -221,11 +222,11 @@ def test_first_inner_epoch_is_on_policy() -> None:
     # step, is not. Check the stored old log-probs against a fresh forward pass before any step.
     cfg2 = dataclasses.replace(cfg, num_inner_epochs=2)
     learner2 = GRPOLearner(pop, cfg2)
-    enc = learner2._encode(batch[0], batch[1])
+    enc = encode_batch(pop.tokenizer, batch[0], batch[1], None, cfg2.max_new_tokens)
     rows = [torch.arange(len(batch[0]))]
     pop.set_active("p0")
     old = learner2._no_grad_logps(enc, rows)[0]
-    fresh = learner2._logps(enc, rows[0]).detach()
+    fresh = shared_prefix_logps(pop.model, pop.device, enc, rows[0], cfg2.temperature).detach()
     assert torch.equal(torch.exp(fresh - old), torch.ones_like(old))
     stats = learner2.update("p0", *batch)
     assert stats.optimizer_steps == 2 and stats.clip_fraction > 0.0
@@ -242,9 +243,9 @@ def test_log_probs_match_an_unpadded_full_forward() -> None:
     prompts, completions, _, _ = _batch(pop, "p0", group_size=3)
     completions[0] = ""  # an empty completion still trains its EOS
     pop.set_active("p0")
-    batch = learner._encode(prompts, completions)
+    batch = encode_batch(pop.tokenizer, prompts, completions, None, learner.config.max_new_tokens)
     with torch.no_grad():
-        got = learner._logps(batch, torch.arange(len(prompts)))
+        got = shared_prefix_logps(pop.model, pop.device, batch, torch.arange(len(prompts)), 0.7)
     tok = pop.tokenizer
     for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
         p_ids = tok(prompt)["input_ids"]

@@ -1,0 +1,149 @@
+"""Configuration and result records of the GRPO learner (`agents.grpo`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "LOSS_TYPES",
+    "SCALE_REWARDS",
+    "GRPOConfig",
+    "LossType",
+    "ScaleRewards",
+    "SkipReason",
+    "StepResult",
+    "UpdateStats",
+]
+
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+ScaleRewards = Literal["group", "batch", "none", "task_relative"]
+SkipReason = Literal["non_finite_reward", "non_finite_loss", "non_finite_grad_norm"]
+
+LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
+SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none", "task_relative")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Hyper-parameters of the GRPO learner (defaults follow TRL's `GRPOConfig` unless said otherwise)."""
+
+    learning_rate: float = 1e-5
+    """AdamW learning rate for the adapter's parameters (LoRA usually wants more than full fine-tuning)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    loss_type: LossType = "dapo"
+    """Aggregation of per-token losses, TRL's names: "grpo", "bnpo", "dr_grpo" or "dapo" (TRL's default)."""
+    scale_rewards: ScaleRewards = "group"
+    """Advantage normalisation: "group" (std of the prompt's group), "batch" (std of the batch), "none"
+    (centre only, Dr. GRPO) or "task_relative" (AZR's TRR++: mean/std per (role, task type) key; needs
+    `task_keys`)."""
+    epsilon_low: float = 0.2
+    """Lower clip: ratios below 1 - epsilon_low stop the gradient of negative-advantage tokens."""
+    epsilon_high: float = 0.2
+    """Upper clip: ratios above 1 + epsilon_high stop positive-advantage tokens (DAPO recommends 0.28)."""
+    beta: float = 0.0
+    """k3 KL coefficient towards the base model (the adapter switched off); 0 turns the KL term off."""
+    num_inner_epochs: int = 1
+    """Optimizer passes over each generated batch (μ); old log-probs are computed once before them."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; the batch is split into this many near-equal chunks."""
+    max_grad_norm: float = 1.0
+    """Clip the adapter's gradient to this global L2 norm before each optimizer step."""
+    group_size: int = 8
+    """Completions per prompt in `step` (TRL's `num_generations`)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are computed from logits / temperature to match the sampler."""
+    max_new_tokens: int = 64
+    """Completion length cap for generation, and Dr. GRPO's constant normaliser."""
+    seed: int = 0
+    """Base seed: generation in `step` uses seed + the number of earlier `step` calls of this learner."""
+
+    def __post_init__(self) -> None:
+        _check(self.loss_type in LOSS_TYPES, "loss_type", f"one of {LOSS_TYPES}", self.loss_type)
+        _check(
+            self.scale_rewards in SCALE_REWARDS,
+            "scale_rewards",
+            f"one of {SCALE_REWARDS}",
+            self.scale_rewards,
+        )
+        _check(
+            _finite(self.learning_rate) and self.learning_rate > 0, "learning_rate", "> 0", self.learning_rate
+        )
+        _check(
+            _finite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay
+        )
+        _check(
+            _finite(self.epsilon_low) and 0 <= self.epsilon_low < 1,
+            "epsilon_low",
+            "in [0, 1)",
+            self.epsilon_low,
+        )
+        _check(
+            _finite(self.epsilon_high) and self.epsilon_high >= 0, "epsilon_high", ">= 0", self.epsilon_high
+        )
+        _check(_finite(self.beta) and self.beta >= 0, "beta", ">= 0 (0 = no KL)", self.beta)
+        for name in ("num_inner_epochs", "grad_accum_steps", "max_new_tokens"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value >= 1, name, "an int >= 1", value)
+        _check(
+            isinstance(self.group_size, int) and self.group_size >= 2,
+            "group_size",
+            "an int >= 2",
+            self.group_size,
+        )
+        _check(
+            _finite(self.max_grad_norm) and self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm
+        )
+        _check(_finite(self.temperature) and self.temperature > 0, "temperature", "> 0", self.temperature)
+        _check(isinstance(self.seed, int) and self.seed >= 0, "seed", "an int >= 0", self.seed)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _check(ok: bool, name: str, allowed: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"GRPOConfig.{name} must be {allowed}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one `GRPOLearner.update` did."""
+
+    adapter: str
+    """The adapter that was (or would have been) trained."""
+    skipped: bool
+    """True when the update was abandoned; the adapter and its optimizer state are then unchanged."""
+    skip_reason: SkipReason | None
+    """Why it was skipped, or None."""
+    loss: float
+    """Mean over optimizer steps of the summed micro-batch losses (nan when skipped)."""
+    kl: float | None
+    """Mean k3 KL to the base over active tokens (None when beta == 0)."""
+    clip_fraction: float
+    """Mean share of active tokens whose ratio was clipped (TRL's clip_ratio/region_mean)."""
+    grad_norm: float
+    """Mean pre-clipping gradient norm over optimizer steps (nan when skipped before any)."""
+    mean_reward: float
+    """Mean of the rewards given."""
+    num_samples: int
+    """Completions in the batch."""
+    num_tokens: int
+    """Active completion tokens in the batch."""
+    optimizer_steps: int
+    """Optimizer steps taken (num_inner_epochs unless skipped)."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One generate-score-update cycle."""
+
+    completions: tuple[str, ...]
+    """Generated completions, group_size per prompt, prompt-major."""
+    rewards: tuple[float, ...]
+    """reward_fn(prompt, completion) for each completion."""
+    stats: UpdateStats
+    """The update's record."""
