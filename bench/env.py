@@ -12,14 +12,16 @@ Prints one JSON line with:
     scripted teachers and executing students (real verifier);
   * peer_tictactoe_steps_per_s: ``pettingzoo.classic.tictactoe_v3`` with random legal actions, the
     same loop (``last`` + ``step``);
-and the ratios of the stub figures to the peer. Actions are precomputed where possible so that the
-figures time the env, not the policies. Progress goes to stderr.
+and the ratios of the stub figures to the peer. Each stub and peer figure is the median of ``--repeats``
+runs. Actions are precomputed where possible so that the figures time the env, not the policies.
+Progress goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -144,12 +146,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20_000, help="timed steps per stub/peer figure")
     parser.add_argument("--rounds", type=int, default=20, help="rounds of the 4x4 structured game")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per stub/peer figure (median kept)")
     args = parser.parse_args()
+
+    def median_rate(fn, *fn_args) -> float:  # the first run of a config also pays one-time warm-up costs
+        return statistics.median(fn(*fn_args) for _ in range(args.repeats))
+
     print("peer tictactoe ...", file=sys.stderr)
-    peer = peer_tictactoe(args.steps)
+    peer = median_rate(peer_tictactoe, args.steps)
     print("stub text / structured ...", file=sys.stderr)
-    s_text, s_struct = stub_text(args.steps), stub_structured(args.steps)
-    s_raw = stub_text(args.steps, raw=True)
+    s_text, s_struct = median_rate(stub_text, args.steps), median_rate(stub_structured, args.steps)
+    s_raw = median_rate(stub_text, args.steps, True)
     print("real verifier ...", file=sys.stderr)
     r_text = real_text(max(200, args.steps // 50))
     r_rounds = real_structured_rounds(args.rounds)
