@@ -233,7 +233,8 @@ class LoRAMember:
         weakref.finalize(self, shared.forget, self.adapter)
         o = self.options
         self.policy = LoRAPolicy(self.population, self.adapter, max_new_tokens=o.max_new_tokens,
-                                 temperature=o.temperature, seed=seed, top_p=o.top_p, prefill=o.prefill)  # fmt: skip
+                                 temperature=o.temperature, seed=seed, top_p=o.top_p, prefill=o.prefill,
+                                 keep_ids=True)  # fmt: skip
 
     def act(self, observation: Any, agent: str) -> str:
         """The adapter's generated answer (raw text; the env scores malformed text as a format error)."""
@@ -286,7 +287,8 @@ def grpo_inputs(experience: Sequence[Transition], prefill: bool) -> dict[str, li
 
 # ----- the learner --------------------------------------------------------------------------------------------
 class GRPOMemberLearner:
-    """``LEARNERS["grpo"]``: one GRPO update of a LoRA member's adapter per generation.
+    """``LEARNERS["grpo"]``: one GRPO update of a LoRA member's adapter per generation, on the token ids
+    the member sampled (the text re-tokenised when they are not known).
 
     GRPO's hyper-parameters come from ``member_options["grpo"]`` (through the member); ``learner_config``
     (REINFORCE's) must stay at its default so that no setting is silently ignored. The state is the
@@ -312,7 +314,15 @@ class GRPOMemberLearner:
             raise ValueError("a GRPOMemberLearner updates only the member it was built for")
         if not experience:
             return LearnStats(float("nan"), 0)
-        stats = self.grpo.update(self.policy.adapter, **grpo_inputs(experience, self.policy.options.prefill))
+        inputs = grpo_inputs(experience, self.policy.options.prefill)
+        # Train on the sampled token ids (re-tokenising the text can split it otherwise under BPE); a
+        # transition this member did not generate since its last reseed falls back to the text.
+        ids = [
+            self.policy.policy.sampled_ids(p, c)
+            for p, c in zip(inputs["prompts"], inputs["completions"], strict=True)
+        ]
+        completion_ids = ids if all(row for row in ids) else None
+        stats = self.grpo.update(self.policy.adapter, **inputs, completion_ids=completion_ids)
         return LearnStats(stats.loss, stats.num_samples)
 
     def state_dict(self) -> dict[str, Any]:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from agents.generation import texts_of
 from populora_env.tasks import TASK_TYPES
 from populora_env.text_format import format_answer, format_proposal
 
 # Separator between prompt and answer in the tiny base's corpus (``agents.corpus.Example.answer``).
 ANSWER_SEPARATOR = "\n\n"
+MAX_KEPT_IDS = 65_536
+"""Most (prompt, completion) -> token ids entries a ``keep_ids`` policy holds (oldest dropped first)."""
 _PHASES = {1: "propose", 2: "solve"}  # the env's ``phase`` field (0 is idle)
 
 
@@ -92,6 +96,9 @@ class LoRAPolicy:
         seed: base seed of the sampling generator.
         top_p: nucleus mass in ``(0, 1]``.
         prefill: start every answer with the env's answer scaffold (see :func:`answer_prefill`).
+        keep_ids: remember the sampled token ids of each (prompt, completion) until ``reseed`` (at most
+            ``MAX_KEPT_IDS`` of them), so a learner can train on exactly the sampled tokens
+            (:meth:`sampled_ids`); needs a population with ``generate_tokens``.
     """
 
     def __init__(
@@ -104,6 +111,7 @@ class LoRAPolicy:
         seed: int = 0,
         top_p: float = 1.0,
         prefill: bool = False,
+        keep_ids: bool = False,
     ) -> None:
         names = getattr(population, "adapter_names", None)
         if names is not None and adapter not in names:
@@ -121,12 +129,15 @@ class LoRAPolicy:
         self.top_p = top_p
         self.seed = seed
         self.prefill = prefill
+        self.keep_ids = keep_ids
         self._calls = 0
+        self._ids: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
 
     def reseed(self, seed: int) -> None:
         """Restarts the policy's sampling seeds from ``seed``."""
         self.seed = seed
         self._calls = 0
+        self._ids.clear()
 
     def act(self, observation: Any, agent: str) -> str:
         """The generated answer of ``agent`` to one text-mode observation."""
@@ -149,12 +160,28 @@ class LoRAPolicy:
         self._calls += 1
         if not inputs:
             return []
-        texts = self.population.generate(
-            [prompt for prompt, _ in inputs],
+        args: dict[str, Any] = dict(
             adapters=[self.adapter] * len(inputs),
             max_new_tokens=self.max_new_tokens,
             temperature=self.temperature,
             seed=seed,
             top_p=self.top_p,
         )
+        prompts = [prompt for prompt, _ in inputs]
+        generate_tokens = getattr(self.population, "generate_tokens", None)
+        tokenizer = getattr(self.population, "tokenizer", None)
+        if self.keep_ids and generate_tokens is not None and tokenizer is not None:
+            rows = generate_tokens(prompts, **args)
+            texts = texts_of(tokenizer, rows)  # what `generate` returns
+            for prompt, text, ids in zip(prompts, texts, rows, strict=True):
+                self._ids[(prompt, text)] = list(ids)
+                while len(self._ids) > MAX_KEPT_IDS:
+                    self._ids.popitem(last=False)
+        else:
+            texts = self.population.generate(prompts, **args)
         return [prefix + text for (_, prefix), text in zip(inputs, texts, strict=True)]
+
+    def sampled_ids(self, prompt: str, completion: str) -> list[int] | None:
+        """The token ids sampled for ``completion`` after ``prompt`` (the model input, prefill included)
+        since the last ``reseed``; ``None`` if not kept (``keep_ids=False`` or not generated here)."""
+        return self._ids.get((prompt, completion))

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from agents.grpo import UpdateStats
 from agents.members import (
     GRPOMemberLearner,
     LoRAMember,
@@ -271,3 +272,41 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
     ]
     assert main([*argv[:-3], "--rank", "4", "--no-tensorboard"]) == 2  # another config in that folder
     assert "another config" in capsys.readouterr().err
+
+
+def test_grpo_learner_trains_on_the_sampled_token_ids(
+    tiny_base_dir: Path, verifier: Any, monkeypatch: Any
+) -> None:
+    """The member keeps the ids it sampled and the learner passes them on, instead of re-tokenising text."""
+    options = lora_options(tiny_base_dir)
+    env = teacher_student_v0.env(config=text_env(), verifier=verifier)
+    member = LoRAMember(env, "student", 3, options)
+    learner = LEARNERS["grpo"](member, LearnerConfig())
+    obs: list[dict[str, Any]] = [
+        {"prompt": f"## Solve a deduction task {i}", "phase": 2, "task_type": 0, "attempt": 0}
+        for i in (0, 0, 1)
+    ]
+    member.reseed(11)
+    actions = member.act_batch(obs, ["student_0"] * len(obs))
+    experience = [
+        Transition("student_0", "student", o, a, r, 0) for o, a, r in zip(obs, actions, [1.0, -1.0, 0.0])
+    ]
+    inputs = grpo_inputs(experience, prefill=True)
+    expected = member.population.generate_tokens(
+        inputs["prompts"],
+        [member.adapter] * len(obs),
+        member.options.max_new_tokens,
+        member.options.temperature,
+        11,
+    )  # the same call the policy made: its first after reseed(11) samples with seed 11
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(learner.grpo, "update", lambda adapter, **kwargs: seen.update(kwargs) or _stats())
+    learner.update(member, experience)
+    assert seen["completion_ids"] == expected and seen["completions"] == inputs["completions"]
+    member.reseed(12)  # a new generation forgets the ids: transitions it did not sample fall back to text
+    learner.update(member, experience)
+    assert seen["completion_ids"] is None
+
+
+def _stats() -> UpdateStats:
+    return UpdateStats("a", False, None, 0.0, None, 0.0, 0.0, 0.0, 3, 3, 1)
