@@ -287,7 +287,7 @@ def test_config_names_resolve_without_importing_the_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "registered: random, scripted, torch; optional: sb3" in out.stdout
+    assert "registered: random, scripted, torch; optional: lora, sb3" in out.stdout
 
 
 @pytest.mark.slow
