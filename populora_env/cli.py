@@ -1,4 +1,4 @@
-"""The ``populora`` command line: ``populora verify ...``, ``populora train ...`` and ``populora plot ...``.
+"""The ``populora`` command line: ``populora verify``, ``train``, ``plot`` and ``base build``.
 
 Subcommands import their heavy dependencies (torch, ``agents``, ``evolve``) inside their functions, so that
 ``populora --help`` and ``populora verify`` stay light and ``populora_env`` does not import those packages.
@@ -18,7 +18,18 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-__all__ = ["COMMANDS", "PlotArgs", "TrainArgs", "VerifyArgs", "main", "plot", "train", "verify"]
+__all__ = [
+    "COMMANDS",
+    "BaseArgs",
+    "PlotArgs",
+    "TrainArgs",
+    "VerifyArgs",
+    "base",
+    "main",
+    "plot",
+    "train",
+    "verify",
+]
 
 
 @dataclass(frozen=True)
@@ -245,6 +256,42 @@ def train(args: TrainArgs) -> int:
 
 
 @dataclass(frozen=True)
+class BaseArgs:
+    """Build the tiny offline base into the cache (a BPE tokenizer and a small Llama pretrained on generated
+    programs in the game's format), or print where the cached one is. `populora train` builds it on first
+    use too; it demonstrates the mechanics, research runs use a real base on a GPU."""
+
+    action: Annotated[Literal["build"], tyro.conf.Positional]
+    """What to do: build (or find in the cache) and print its model directory."""
+    cache_dir: Path | None = None
+    """Cache root (default: $POPULORA_CACHE_DIR or ~/.cache/populora)."""
+    steps: int = 360
+    """Pretraining steps (the default base: 360, a few CPU-minutes)."""
+    corpus_documents: int = 6000
+    """Generated documents for the tokenizer and pretraining."""
+    seed: int = 0
+    """Seed of the corpus, the weights and the batch order."""
+    threads: int | None = None
+    """Torch threads during the build (default: torch's)."""
+
+
+def base(args: BaseArgs) -> int:
+    """Runs ``populora base build``; prints the model directory and returns the exit status."""
+    from agents.base import TinyBaseConfig, build_tiny_base
+
+    try:
+        warmup = min(TinyBaseConfig.warmup_steps, max(args.steps, 0))  # a short build warms up less
+        config = TinyBaseConfig(
+            steps=args.steps, warmup_steps=warmup, corpus_documents=args.corpus_documents, seed=args.seed
+        )
+        print(build_tiny_base(args.cache_dir, config, num_threads=args.threads))
+    except (OSError, ValueError) as error:
+        print(f"populora base: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+@dataclass(frozen=True)
 class PlotArgs:
     """Draw a run's learning curves (solve and invalid rates, rewards, fitness, difficulty) into a PNG."""
 
@@ -271,6 +318,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "verify": (VerifyArgs, verify),
     "train": (TrainArgs, train),
     "plot": (PlotArgs, plot),
+    "base": (BaseArgs, base),
 }
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+from populora_env.cli import main
 from populora_env.verifier.jsonl import load_records
 
 EXPECTED = {  # example id -> (verdict, status)
@@ -75,3 +77,17 @@ def test_load_records_reports_malformed_lines(tmp_path):
         (1, "not a JSON object"),
         (2, "field 'output' is not a string"),
     ]
+
+
+def test_base_build_caches_the_tiny_base_and_names_bad_values(tmp_path, capsys):
+    """`populora base build` with a shortened pretraining: a Hugging Face model directory, reused from the
+    cache on the second call; a bad value is exit status 2 naming the field."""
+    args = ["base", "build", "--steps", "2", "--corpus-documents", "300", "--threads", "1",
+            "--cache-dir", str(tmp_path)]  # fmt: skip
+    assert main(args) == 0
+    built = Path(capsys.readouterr().out.strip())
+    assert built.parent == tmp_path and (built / "config.json").is_file()
+    assert list(built.glob("tokenizer*.json")) and list(built.glob("*.safetensors"))
+    assert main(args) == 0 and Path(capsys.readouterr().out.strip()) == built  # from the cache
+    assert main(["base", "build", "--steps", "0", "--cache-dir", str(tmp_path)]) == 2
+    assert "steps" in capsys.readouterr().err
