@@ -183,5 +183,6 @@ class LoRAPolicy:
 
     def sampled_ids(self, prompt: str, completion: str) -> list[int] | None:
         """The token ids sampled for ``completion`` after ``prompt`` (the model input, prefill included)
-        since the last ``reseed``; ``None`` if not kept (``keep_ids=False`` or not generated here)."""
+        since the last ``reseed``; ``None`` if not kept (``keep_ids=False`` or not generated here). Two
+        samples that decode to the same text share the later one's ids (both spell that text)."""
         return self._ids.get((prompt, completion))
