@@ -112,7 +112,8 @@ def _load_message(ref: str, reason: str) -> str:
     )
     return (
         f"cannot load base model {ref!r}: {reason}. {hub}. "
-        "For an offline base, build one with agents.build_tiny_base() and pass the directory it returns."
+        "For an offline base, build one with `populora base build` (or agents.build_tiny_base()) and pass the "
+        "directory it prints (returns)."
     )
 
 
