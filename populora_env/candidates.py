@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -31,18 +32,13 @@ def with_candidates(task: Task, verifier: Any, rng: np.random.Generator, k: int)
     if base is None:
         raise ValueError("structured candidates need a DSL task")
     local = random.Random(int(rng.integers(2**31)))
-    pool: list[tuple[str, dsl.DslProgram | None]]
-    if task.task_type == "abduction":
-        variants = [dsl.perturb_input(base, local) for _ in range(3 * k)]
-        pool = [(dsl.render(v)[1], None) for v in variants]
-    else:
-        variants = [dsl.perturb_program(base, local) for _ in range(3 * k)]
-        rendered = [dsl.render(v) for v in variants]
-        if task.task_type == "induction":
-            pool = [(source, v) for (source, _), v in zip(rendered, variants, strict=True)]
-        else:
-            runs = verifier.run_many(rendered)
-            pool = [(str(r.output), None) for r in runs if r.status == "ok" and r.output is not None]
+    pool: Iterable[tuple[str, dsl.DslProgram | None]]
+    if task.task_type == "deduction":  # outputs: all variants go to the verifier in one batch
+        rendered = [dsl.render(dsl.perturb_program(base, local)) for _ in range(3 * k)]
+        runs = verifier.run_many(rendered)
+        pool = [(str(r.output), None) for r in runs if r.status == "ok" and r.output is not None]
+    else:  # texts only: variants are drawn in the same order, but only until k distinct texts are found
+        pool = _text_variants(base, task.task_type, local, 3 * k)
     texts, programs = [task.gold], [base if task.task_type == "induction" else None]
     for text, program in pool:
         if len(texts) >= k:
@@ -54,6 +50,19 @@ def with_candidates(task: Task, verifier: Any, rng: np.random.Generator, k: int)
     candidates = [Candidate(t, ok, p) for t, ok, p in zip(texts, flags, programs, strict=True)]
     order = rng.permutation(len(candidates))
     return replace(task, candidates=tuple(candidates[int(i)] for i in order))
+
+
+def _text_variants(
+    base: dsl.DslProgram, task_type: str, local: random.Random, n: int
+) -> Iterator[tuple[str, dsl.DslProgram | None]]:
+    """Up to ``n`` distractor texts drawn one by one: another input (abduction) or a nearby program's source
+    with the program (induction)."""
+    for _ in range(n):
+        if task_type == "abduction":
+            yield dsl.render(dsl.perturb_input(base, local))[1], None
+        else:
+            variant = dsl.perturb_program(base, local)
+            yield dsl.render(variant)[0], variant
 
 
 def _correct_flags(task: Task, texts: list[str], verifier: Any) -> list[bool]:
