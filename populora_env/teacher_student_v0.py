@@ -183,7 +183,8 @@ class raw_env(AECEnv):
         self._log: list[str] = []
         self._prompt_cache: dict[tuple[Any, ...], str] = {}
         self._candidate_width = max(dsl.program_width(self.config.n_slots), dsl.VALUE_WIDTH)
-        self._array_cache: dict[str, tuple[Task | None, dict[str, np.ndarray]]] = {}
+        # id(task) -> (task, arrays); holding the task keeps its id from being reused while cached
+        self._array_cache: dict[int, tuple[Task | None, dict[str, np.ndarray]]] = {}
         self._build_spaces()
 
     # ----- spaces -----------------------------------------------------------------------------
@@ -408,9 +409,9 @@ class raw_env(AECEnv):
 
     def _task_arrays(self, task: Task | None) -> dict[str, np.ndarray]:
         """A student's task encoding, computed once per task and cached for its attempts."""
-        key = task.task_id if task is not None else ""
+        key = id(task)  # by object: the same program proposed twice (by two teachers) has other candidates
         hit = self._array_cache.get(key)
-        if hit is not None and hit[0] is task:  # identity: a re-proposed task gets new candidates
+        if hit is not None and hit[0] is task:
             return hit[1]
         if len(self._array_cache) > 256:
             self._array_cache.clear()
