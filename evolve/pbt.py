@@ -58,8 +58,9 @@ class PBTConfig:
     """The game (structured mode for torch members); its ``n_teachers``/``n_students`` are the seats."""
     teachers: str = "torch"
     """Teacher members, a kind in ``evolve.members.POLICIES``: evolving ``torch`` policies, fixed
-    ``scripted``/``random`` ones (one per seat), or any registered kind (``lora``: LoRA LLM adapters on one
-    shared base, registered by importing ``agents``; text mode, ``learner="grpo"``)."""
+    ``scripted``/``random`` ones (one per seat), ``lora`` (LoRA adapters on one shared base, text mode,
+    ``learner="grpo"``), ``sb3`` (SB3 PPO / MaskablePPO, structured mode, ``learner="ppo"``), or any
+    registered kind; ``lora`` and ``sb3`` are imported on first use."""
     students: str = "torch"
     """Student members, as ``teachers``."""
     population: int = 4
