@@ -80,6 +80,18 @@ class Example:
 # ---------------------------------------------------------------------------------------------------------
 # Programs
 # ---------------------------------------------------------------------------------------------------------
+# Integer expression forms over a sub-expression ``a`` and a constant ``k`` (``k1 = k + 1``, never 0).
+_INT_FORMS = (
+    "{a} + {k}",
+    "{a} - {k}",
+    "{a} * {k}",
+    "{a} % {k1}",
+    "{a} // {k}",
+    "abs({a} - {k})",
+    "max({a}, {k})",
+)
+
+
 def _int_expr(rng: random.Random, var: str, depth: int) -> str:
     """A random integer expression over ``var`` (never divides by a variable, so it cannot raise)."""
     if depth <= 0 or rng.random() < 0.3:
@@ -87,21 +99,9 @@ def _int_expr(rng: random.Random, var: str, depth: int) -> str:
     a = _int_expr(rng, var, depth - 1)
     a = a if a.isidentifier() or a.isdigit() else f"({a})"
     k = rng.randint(1, 9)
-    form = rng.randrange(8)
-    if form == 0:
-        return f"{a} + {k}"
-    if form == 1:
-        return f"{a} - {k}"
-    if form == 2:
-        return f"{a} * {k}"
-    if form == 3:
-        return f"{a} % {k + 1}"
-    if form == 4:
-        return f"{a} // {k}"
-    if form == 5:
-        return f"abs({a} - {k})"
-    if form == 6:
-        return f"max({a}, {k})"
+    form = rng.randrange(len(_INT_FORMS) + 1)
+    if form < len(_INT_FORMS):
+        return _INT_FORMS[form].format(a=a, k=k, k1=k + 1)
     return f"min({a}, {_int_expr(rng, var, depth - 1)})"
 
 
