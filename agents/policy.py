@@ -32,6 +32,22 @@ class GeneratingPopulation(Protocol):
     ) -> list[str]: ...
 
 
+def generate_with_ids(
+    population: GeneratingPopulation, prompts: Sequence[str], *, want_ids: bool = True, **args: Any
+) -> tuple[list[str], list[list[int]] | None]:
+    """``population.generate(prompts, **args)`` and, when wanted and the population can give them
+    (``generate_tokens`` and a ``tokenizer``), the sampled token ids of each text (else ``None``).
+
+    The texts are the same either way: ``generate`` is ``generate_tokens`` decoded.
+    """
+    generate_tokens = getattr(population, "generate_tokens", None)
+    tokenizer = getattr(population, "tokenizer", None)
+    if not want_ids or generate_tokens is None or tokenizer is None:
+        return list(population.generate(prompts, **args)), None
+    rows = [list(ids) for ids in generate_tokens(prompts, **args)]
+    return texts_of(tokenizer, rows), rows
+
+
 def prompt_of(observation: Any) -> str:
     """The model input for a text-mode observation: the env's own ``prompt`` field, unchanged.
 
@@ -168,17 +184,11 @@ class LoRAPolicy:
             top_p=self.top_p,
         )
         prompts = [prompt for prompt, _ in inputs]
-        generate_tokens = getattr(self.population, "generate_tokens", None)
-        tokenizer = getattr(self.population, "tokenizer", None)
-        if self.keep_ids and generate_tokens is not None and tokenizer is not None:
-            rows = generate_tokens(prompts, **args)
-            texts = texts_of(tokenizer, rows)  # what `generate` returns
-            for prompt, text, ids in zip(prompts, texts, rows, strict=True):
-                self._ids[(prompt, text)] = list(ids)
-                while len(self._ids) > MAX_KEPT_IDS:
-                    self._ids.popitem(last=False)
-        else:
-            texts = self.population.generate(prompts, **args)
+        texts, rows = generate_with_ids(self.population, prompts, want_ids=self.keep_ids, **args)
+        for prompt, text, ids in zip(prompts, texts, rows or [], strict=False):
+            self._ids[(prompt, text)] = ids
+            while len(self._ids) > MAX_KEPT_IDS:
+                self._ids.popitem(last=False)
         return [prefix + text for (_, prefix), text in zip(inputs, texts, strict=True)]
 
     def sampled_ids(self, prompt: str, completion: str) -> list[int] | None:

@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from agents.policy import GeneratingPopulation, model_input
+from agents.policy import GeneratingPopulation, generate_with_ids, model_input
 from populora_env.credit import ProposalLedger
 
 __all__ = [
@@ -51,6 +51,7 @@ class Learner(Protocol):
         rewards: Sequence[float],
         group_ids: Sequence[Hashable],
         task_keys: Sequence[Hashable] | None = None,
+        completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> Any: ...
 
 
@@ -102,6 +103,8 @@ class StepRecord:
         verdict: the env's verdict (``correct``/``wrong``/``format_error``, ``valid``/``invalid``/...).
         status: the env's status (verifier status or format-error reason).
         info: the step's info from the env (without a teacher's ``resolved`` list).
+        completion_ids: the sampled token ids of an adapter's completion (``None`` for outside policies or
+            a population that cannot return them).
     """
 
     index: int
@@ -120,6 +123,7 @@ class StepRecord:
     verdict: str
     status: str
     info: Mapping[str, Any] = field(repr=False, compare=False)
+    completion_ids: tuple[int, ...] | None = field(default=None, repr=False)
 
     @property
     def group_key(self) -> tuple[str, int, str, str]:
@@ -160,6 +164,8 @@ class GRPOBatch:
         rewards: env rewards.
         group_ids: ``(episode position, agent, round, phase, task id)``: completions on one observation.
         task_keys: ``(role, task type)`` per completion.
+        completion_ids: the sampled token ids of every completion, or ``None`` when any is unknown (the
+            learner then re-tokenises the texts).
     """
 
     adapter: str
@@ -168,6 +174,7 @@ class GRPOBatch:
     rewards: tuple[float, ...]
     group_ids: tuple[Hashable, ...]
     task_keys: tuple[tuple[Role, str], ...]
+    completion_ids: tuple[tuple[int, ...], ...] | None = None
 
     def fields(self) -> dict[str, Any]:
         """Keyword arguments of ``GRPOLearner.update`` (all but ``adapter``)."""
@@ -177,6 +184,7 @@ class GRPOBatch:
             "rewards": list(self.rewards),
             "group_ids": list(self.group_ids),
             "task_keys": list(self.task_keys),
+            "completion_ids": None if self.completion_ids is None else [list(i) for i in self.completion_ids],
         }
 
     @property
@@ -249,11 +257,11 @@ class RolloutCollector:
                 observation = env.observe(agent)
                 if observation != planned:
                     raise RuntimeError(f"{agent}'s observation changed within its phase")
-                prompt, completion, action = texts.get(i) or self._outside(agent, observation)
+                prompt, completion, action, ids = texts.get(i) or self._outside(agent, observation)
                 env.step(action)
                 for name, reward in env.rewards.items():
                     returns[name] += float(reward)
-                steps.append(self._record(env, len(steps), agent, prompt, completion, action))
+                steps.append(self._record(env, len(steps), agent, prompt, completion, action, ids))
                 if steps[-1].role == "teacher":
                     ledger.record(env, agent, len(steps) - 1)
                 for index, reward in ledger.settle(env):  # each proposal its own reward
@@ -268,14 +276,16 @@ class RolloutCollector:
     # ----- helpers ----------------------------------------------------------------------------------
     def _generate_phase(
         self, turns: list[tuple[str, dict[str, Any]]], seed: int
-    ) -> dict[int, tuple[str, str, str]]:
-        """One mixed-adapter generation for every adapter-played turn: index -> (prompt, completion, action)."""
+    ) -> dict[int, tuple[str, str, str, tuple[int, ...] | None]]:
+        """One mixed-adapter generation for every adapter-played turn:
+        index -> (prompt, completion, action, sampled token ids or ``None``)."""
         cfg = self.config
         rows = [i for i, (agent, _) in enumerate(turns) if agent in self.adapters]
         if not rows:
             return {}
         inputs = [model_input(turns[i][1], cfg.prefill) for i in rows]
-        texts = self.population.generate(
+        texts, ids = generate_with_ids(
+            self.population,
             [prompt for prompt, _ in inputs],
             adapters=[self.adapters[turns[i][0]] for i in rows],
             max_new_tokens=cfg.max_new_tokens,
@@ -283,18 +293,26 @@ class RolloutCollector:
             seed=seed,
             top_p=cfg.top_p,
         )
+        row_ids = [tuple(r) for r in ids] if ids is not None else [None] * len(rows)
         return {
-            i: (prompt, text, prefix + text)
-            for i, (prompt, prefix), text in zip(rows, inputs, texts, strict=True)
+            i: (prompt, text, prefix + text, r)
+            for i, (prompt, prefix), text, r in zip(rows, inputs, texts, row_ids, strict=True)
         }
 
-    def _outside(self, agent: str, observation: dict[str, Any]) -> tuple[str, str, str]:
+    def _outside(self, agent: str, observation: dict[str, Any]) -> tuple[str, str, str, None]:
         action = self.policies[agent].act(observation, agent)
         text = action if isinstance(action, str) else repr(action)
-        return str(observation.get("prompt", "")), text, action
+        return str(observation.get("prompt", "")), text, action, None
 
     def _record(
-        self, env: Any, index: int, agent: str, prompt: str, completion: str, action: str
+        self,
+        env: Any,
+        index: int,
+        agent: str,
+        prompt: str,
+        completion: str,
+        action: str,
+        completion_ids: tuple[int, ...] | None,
     ) -> StepRecord:
         info = {k: v for k, v in env.infos[agent].items() if k != "resolved"}
         role: Role = "teacher" if agent.startswith("teacher") else "student"
@@ -316,6 +334,7 @@ class RolloutCollector:
             verdict=str(info.get("verdict", "")),
             status=str(info.get("status", "")),
             info=info,
+            completion_ids=completion_ids,
         )
 
 
@@ -338,9 +357,16 @@ def grpo_batches(rollouts: Sequence[EpisodeRollout]) -> dict[str, GRPOBatch]:
             column["rewards"].append(step.reward)
             column["group_ids"].append((position, *step.group_key))
             column["task_keys"].append(step.task_key)
+            column["completion_ids"].append(step.completion_ids)
     return {
         adapter: GRPOBatch(
-            adapter, *(tuple(c[k]) for k in ("prompts", "completions", "rewards", "group_ids", "task_keys"))
+            adapter,
+            prompts=tuple(c["prompts"]),
+            completions=tuple(c["completions"]),
+            rewards=tuple(c["rewards"]),
+            group_ids=tuple(c["group_ids"]),
+            task_keys=tuple(c["task_keys"]),
+            completion_ids=None if None in c["completion_ids"] else tuple(c["completion_ids"]),
         )
         for adapter, c in columns.items()
     }

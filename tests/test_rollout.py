@@ -17,6 +17,7 @@ pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
 from agents.base import build_tiny_base  # noqa: E402
+from agents.generation import texts_of  # noqa: E402
 from agents.grpo import GRPOConfig, GRPOLearner  # noqa: E402
 from agents.policy import LoRAPolicy, answer_prefill  # noqa: E402
 from agents.population import LoRAPopulation  # noqa: E402
@@ -192,6 +193,34 @@ def test_collector_trajectory_equals_agent_by_agent_play(tiny_base_dir: Path, ve
     assert solves and all(s.action == answer_prefill(o) + s.completion for s, (_, o, _) in zip(
         rollout.steps, log, strict=True) if s.adapter)  # fmt: skip
     assert rollout.metrics == env2.unwrapped.episode_metrics()
+
+
+def test_collector_keeps_the_sampled_token_ids_for_the_learner(tiny_base_dir: Path, verifier: Any) -> None:
+    """Adapter steps carry the ids they were sampled as (they decode to the completion) and the batches hand
+    them to the learner; a population without ``generate_tokens`` leaves them unknown (``None``)."""
+    pop = make_pop(tiny_base_dir, ["t", "s"])
+    randomize_b(pop, "s", seed=1)
+    cfg = RolloutConfig(max_new_tokens=8, temperature=1.0, prefill=True, seed=4)
+    env = make_env(verifier, n_teachers=1, n_students=1, rounds=1, student_group_size=2)
+
+    def teacher() -> dict[str, Any]:  # valid tasks, so the student adapter plays; fresh for each run
+        return {"teacher_0": easy_teacher(env, 9)}
+
+    [rollout] = RolloutCollector(pop, {"student_0": "s"}, cfg, policies=teacher()).collect(env, seed=2)
+    played = [s for s in rollout.steps if s.adapter]
+    assert played and all(s.completion_ids for s in played)
+    assert texts_of(pop.tokenizer, [list(s.completion_ids or ()) for s in played]) == [
+        s.completion for s in played
+    ]
+    batch = grpo_batches([rollout])["s"]
+    assert batch.fields()["completion_ids"] == [
+        list(s.completion_ids or ()) for s in played if s.adapter == "s"
+    ]
+    spy = CountingPopulation(pop)  # generate only: the learner re-tokenises
+    [again] = RolloutCollector(spy, {"student_0": "s"}, cfg, policies=teacher()).collect(env, seed=2)  # type: ignore[arg-type]
+    assert [s.completion for s in again.steps] == [s.completion for s in rollout.steps]
+    assert all(s.completion_ids is None for s in again.steps)
+    assert grpo_batches([again])["s"].fields()["completion_ids"] is None
 
 
 # ----- GRPO groups ----------------------------------------------------------------------------------------
