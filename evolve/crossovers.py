@@ -59,15 +59,14 @@ def _concatenate(terms: list[tuple[float, Genome]], batch: PairBatch) -> tuple[t
     """``(b_cat_t (G, R, m), a_cat (G, R, n))`` of ``Σ c_i B_i A_i`` for a batch, written straight from the
     genomes (the weight fused into ``B``'s transposing copy; see ``lowrank.reproject_concatenated``)."""
     (out_features, rank), in_features = batch.b_shape, batch.a_shape[1]
-    device = terms[0][1][batch.pairs[0].a_key].device
-    width = len(terms) * rank
-    b_cat_t = torch.empty(len(batch.pairs), width, out_features, dtype=batch.dtype, device=device)
-    a_cat = torch.empty(len(batch.pairs), width, in_features, dtype=batch.dtype, device=device)
+    count, device = len(batch.pairs), terms[0][1][batch.pairs[0].a_key].device
+    b_cat_t = torch.empty(count, len(terms) * rank, out_features, dtype=batch.dtype, device=device)
     for j, pair in enumerate(batch.pairs):
         for i, (c, parent) in enumerate(terms):
             torch.mul(parent[pair.b_key].mT.to(batch.dtype), c, out=b_cat_t[j, i * rank : (i + 1) * rank])
-            a_cat[j, i * rank : (i + 1) * rank] = parent[pair.a_key]
-    return b_cat_t, a_cat
+    # the A rows need no transpose: one concatenation in (module, term) order is the whole batch
+    a_rows = torch.cat([parent[pair.a_key] for pair in batch.pairs for _, parent in terms])
+    return b_cat_t, a_rows.to(batch.dtype).view(count, len(terms) * rank, in_features)
 
 
 def linear_combination(parents: Sequence[Genome], coeffs: Sequence[float]) -> Genome:
@@ -109,6 +108,9 @@ def dare(
     ancestor when there is one. For LoRA this acts on ``A`` and ``B`` separately: meaningful for parents
     that share a gauge (e.g. descendants of one adapter), not a ΔW merge.
 
+    The drops are decided by 15-bit random integers, so ``drop`` takes effect rounded to a multiple of
+    ``2⁻¹⁵`` (0.5, 0.25, ... exactly) and the rescale uses the rounded value, keeping the merge unbiased.
+
     Args:
         parents: One or more genomes.
         rng: Source of all randomness.
@@ -126,15 +128,47 @@ def dare(
     first = parents[0]
     mixed = _mixed_keys(first, lora_pairs(first))
     child = copy_others(first, mixed)
+    # A draw below the threshold drops its entry: drop probability threshold / levels (see the docstring).
+    threshold = min(round(drop * _MASK_LEVELS), _MASK_LEVELS - 1)
+    # the mean of the kept deltas, rescaled by the kept fraction
+    scale = 1 / (len(parents) * (1 - threshold / _MASK_LEVELS))
     for key in first:
         if key not in mixed:
             continue
         dtype = compute_dtype(first[key].dtype)
-        stack = torch.stack([p[key].to(dtype) for p in parents])  # (n, ...)
-        centre = stack.mean(dim=0) if base is None else base[key].to(dtype)
-        keep = torch.rand(stack.shape, generator=rng, device=rng.device, dtype=dtype).to(stack.device) >= drop
-        child[key] = (centre + ((stack - centre) * keep).mean(dim=0) / (1 - drop)).to(first[key].dtype)
+        work = [p[key].to(dtype) for p in parents]
+        centre = _mean(work) if base is None else base[key].to(dtype)
+        draws = _mask_draws(torch.Size((len(work), *centre.shape)), rng).to(centre.device)
+        keep = torch.ge(draws, threshold).to(dtype)  # a float mask: mixed bool-float arithmetic is slow
+        merged = centre.clone()
+        for tensor, kept in zip(work, keep, strict=True):
+            merged.addcmul_(tensor - centre, kept, value=scale)
+        child[key] = merged.to(first[key].dtype)
     return ordered_like(child, first)
+
+
+def _mean(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The entry-wise mean of same-shape tensors, in a new tensor (no ``(n, ...)`` stack)."""
+    total = tensors[0].clone()
+    for tensor in tensors[1:]:
+        total.add_(tensor)
+    return total.div_(len(tensors))
+
+
+_MASK_BITS = 15
+_MASK_LEVELS = 1 << _MASK_BITS
+
+
+def _mask_draws(shape: torch.Size, rng: torch.Generator) -> torch.Tensor:
+    """Independent uniform integers in ``[0, 2**15)``, one per entry of ``shape`` (int16, on ``rng``'s device).
+
+    Four draws come from each 64-bit word of the generator (its low 15 bits of each 16-bit lane; an int64
+    ``random_`` leaves the top bit zero): a quarter of the generator calls of ``torch.rand``, which draws
+    one 24-bit float per entry and is most of DARE's cost on a LoRA genome.
+    """
+    count = shape.numel()
+    words = torch.empty((count + 3) // 4, dtype=torch.int64, device=rng.device).random_(generator=rng)
+    return words.view(torch.int16)[:count].bitwise_and_(_MASK_LEVELS - 1).view(shape)
 
 
 def uniform(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None) -> Genome:

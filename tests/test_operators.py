@@ -203,6 +203,29 @@ def test_reprojection_is_exact_when_the_rank_fits_and_optimal_otherwise():
     torch.testing.assert_close(b.norm(dim=-2), a.norm(dim=-1))  # balanced gauge: √S on both sides
 
 
+def test_factor_product_expansion_equals_the_reflectors_and_falls_back_per_matrix(monkeypatch):
+    """``to_factors`` expands through ``X @ R⁻¹`` where that is accurate: same factors as ``ormqr``; a
+    zero ``B`` in the batch (a fresh adapter: null components) takes the reflectors, the others do not.
+    A rank-deficient but non-zero factor (a parent crossed with itself) stays on the fast path: the
+    expanded vectors avoid its deficient direction, which the check measures."""
+    g = torch.Generator().manual_seed(0)
+    b, a = torch.randn(3, 40, 8, generator=g), torch.randn(3, 8, 30, generator=g)
+    b[1] = 0.0  # a fresh adapter's B
+    b[2, :, 4:] = b[2, :, :4]  # [B, B], like a parent crossed with itself
+    svd = lowrank.lowrank_svd(b, a)
+    u, s, v = (lowrank.take_columns(x, 4) for x in (svd.u, svd.s, svd.v))
+    accurate = lowrank.coordinates(svd.b_reflectors, u)
+    assert accurate is not None and accurate[1].tolist() == [True, False, True]
+    fast = lowrank.to_factors(svd, u, s, v, lowrank.row_scale(a))
+    monkeypatch.setattr(lowrank, "MAX_AMPLIFICATION", 0.0)  # every matrix through the reflectors
+    slow = lowrank.to_factors(svd, u, s, v, lowrank.row_scale(a))
+    for ours, reference in zip(fast, slow, strict=True):
+        torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-4)
+    dense_u, dense_s, dense_vh = torch.linalg.svd(b @ a)  # Eckart-Young: the best rank-4 approximation
+    best = dense_u[..., :4] * dense_s[:, None, :4] @ dense_vh[..., :4, :]
+    torch.testing.assert_close(fast[0] @ fast[1], best, atol=1e-4, rtol=1e-4)
+
+
 def test_null_components_keep_a_trainable_a_row():
     """A fresh adapter (B = 0) through a ΔW-space operator must not come back with A = 0 too."""
     parents = [lora_genome(1), lora_genome(2)]
