@@ -212,10 +212,9 @@ def svd_splice(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitn
     pairs = require_lora(first, "svd_splice")
     child = copy_others(first, lora_keys(pairs))
     for batch in pair_batches(first, pairs):
-        (b_top, a_top), (b_rest, a_rest) = stack_factors(top, batch), stack_factors(rest, batch)
-        count, rank = b_top.shape[0], batch.a_shape[0]
-        a = torch.cat([a_top, a_rest])  # (2G, r, in): one batched SVD for both parents
-        svd, u, s, v = adapter_svd(torch.cat([b_top, b_rest]), a)
+        b, a = stack_factors([top, rest], batch)  # (2G, ...): one batched SVD for both parents
+        count, rank = len(batch.pairs), batch.a_shape[0]
+        svd, u, s, v = adapter_svd(b, a)
         b, a = to_factors(svd, u, s, v, row_scale(a))
         low, high = (1, rank) if rank > 1 else (0, 2)
         k = torch.randint(low, high, (count, 1), generator=rng, device=rng.device).to(b.device)

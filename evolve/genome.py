@@ -182,14 +182,16 @@ def pair_batches(genome: Genome, pairs: Sequence[LoraPair]) -> list[PairBatch]:
     ]
 
 
-def stack_factors(genome: Genome, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack a batch's factors in the compute dtype.
+def stack_factors(genomes: Sequence[Genome], batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack a batch's factors of one or more genomes in the compute dtype, genome by genome.
 
     Returns:
-        ``(b, a)`` with shapes ``(G, out, r)`` and ``(G, r, in)``; always fresh tensors, never views.
+        ``(b, a)`` with shapes ``(len(genomes) * G, out, r)`` and ``(len(genomes) * G, r, in)``; always fresh
+        tensors, never views of the genomes. ``b`` is column-major (``b.mT`` is contiguous): the layout
+        LAPACK's QR works in, so ``torch.geqrf`` need not copy it again.
     """
-    b = torch.stack([genome[p.b_key] for p in batch.pairs]).to(batch.dtype)  # (G, out, r)
-    a = torch.stack([genome[p.a_key] for p in batch.pairs]).to(batch.dtype)  # (G, r, in)
+    b = torch.stack([genome[p.b_key].mT for genome in genomes for p in batch.pairs]).to(batch.dtype).mT
+    a = torch.stack([genome[p.a_key] for genome in genomes for p in batch.pairs]).to(batch.dtype)
     return b, a
 
 

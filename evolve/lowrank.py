@@ -8,9 +8,10 @@ This is the textbook route to the SVD of a matrix given as a product of thin fac
 each factor, decompose the small core; Golub & Van Loan, *Matrix Computations*, 4th ed., chapters on the
 QR factorisation and the SVD) and the one DESIGN.md measured against PEFT's dense ``svd`` merge.
 
-The orthonormal ``Q`` factors are never formed: ``torch.geqrf`` keeps them as Householder reflectors and
-``torch.ormqr`` applies them to the small ``R x r`` result: measured here about 1.8x faster on CPU than
-``torch.linalg.qr`` followed by a matmul, on Qwen2.5-0.5B-shaped factors.
+The orthonormal ``Q`` factors are never formed: ``torch.geqrf`` keeps them as Householder reflectors.
+Results are expanded through them as ``Q w = X (R⁻¹ w)``, one matrix product with the factor ``X``
+itself, wherever a per-matrix check bounds the rounding that ``R⁻¹`` could amplify (``coordinates``), and
+by ``torch.ormqr`` applying the reflectors elsewhere (a rank-deficient factor, a null component).
 
 Gauge. ``B A = (B M)(M⁻¹ A)`` for any invertible ``M``, so a factorisation needs a rule. Operators return
 the balanced one, ``B = U √S`` and ``A = √S Vᵀ``, except for (near-)null components: with ``√s`` below

@@ -48,7 +48,7 @@ def _edit_lora(genome: Genome, operator: str, edit: FactorEdit) -> Genome:
     pairs = require_lora(genome, operator)
     child = copy_others(genome, lora_keys(pairs))
     for batch in pair_batches(genome, pairs):
-        b, a = stack_factors(genome, batch)
+        b, a = stack_factors([genome], batch)
         store_factors(child, batch, *edit(b, a), like=genome)
     return ordered_like(child, genome)
 
