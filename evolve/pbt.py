@@ -25,7 +25,7 @@ from evolve.backends import make_backend
 from evolve.checkpoint import atomic_write_bytes, load_latest, remove_temp_files, save_checkpoint
 from evolve.learners import LEARNERS, LearnerConfig
 from evolve.members import POLICIES, NetConfig
-from evolve.population import Population, run_generation
+from evolve.population import Population, extend, run_generation
 from evolve.ratings import RatingTable
 from evolve.runlog import RunLog
 from populora_env.game import TeacherStudentConfig
@@ -51,7 +51,8 @@ class PBTConfig:
     seed: int = 0
     """Seed of everything random in the run."""
     generations: int = 10
-    """Generations to run."""
+    """Generations to run. Raising it and running again on the same ``run_dir`` extends a run (finished
+    or not) to exactly what an uninterrupted run of that length gives; it cannot be lowered."""
     episodes_per_generation: int = 4
     """Episodes played per generation."""
     env: TeacherStudentConfig = field(default_factory=_structured_default)
@@ -191,18 +192,30 @@ def _stable_description(value: Any) -> str:
     return f"<function {value.__module__}.{value.__qualname__} sha256:{digest[:16]}>"
 
 
-def _check_same_run(saved: dict[str, Any], config: PBTConfig) -> None:
+def _check_same_run(saved: dict[str, Any], config: PBTConfig) -> int:
+    """Checks that ``config`` continues the saved run; returns the generations that run was configured for.
+
+    ``generations`` may be raised (the run is extended) but not lowered; every other field must match.
+    """
     old, new = json.loads(saved["config"]), config.fingerprint()
-    if old != new:
-        differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    saved_generations = int(old.get("generations", config.generations))
+    differ = sorted(k for k in set(old) | set(new) if k != "generations" and old.get(k) != new.get(k))
+    if differ:
         raise ValueError(f"{config.run_dir} holds a run with another config (fields {differ} differ)")
+    if config.generations < saved_generations:
+        raise ValueError(
+            f"generations: {config.run_dir} holds a run of {saved_generations} generations; a run can be "
+            f"extended (generations >= {saved_generations}), not shortened (got {config.generations})"
+        )
+    return saved_generations
 
 
 def run_pbt(config: PBTConfig) -> Path:
     """Runs (or resumes) PBT and returns the run folder.
 
     A run folder with checkpoints is resumed from its newest one (verified by checksum; a corrupt one raises
-    ``CheckpointError``). The resumed run finishes bit-identical to an uninterrupted run with the same seed.
+    ``CheckpointError``). The resumed run finishes bit-identical to an uninterrupted run with the same seed,
+    also when ``generations`` was raised since (an extended run; see ``evolve.population.extend``).
 
     Returns:
         ``run_dir``, holding ``config.json``, ``metrics.jsonl`` (one ``GenerationMetrics`` per line),
@@ -212,8 +225,7 @@ def run_pbt(config: PBTConfig) -> Path:
     ckpt_dir = run_dir / "checkpoints"
     remove_temp_files(ckpt_dir)
     saved = load_latest(ckpt_dir)
-    if saved is not None:
-        _check_same_run(saved, config)
+    saved_generations = _check_same_run(saved, config) if saved is not None else config.generations
     table = RatingTable()
     backend = make_backend(config, table)
     log: RunLog | None = None
@@ -221,10 +233,13 @@ def run_pbt(config: PBTConfig) -> Path:
         population = Population.create(config, backend.env, table)
         if saved is not None:
             population.restore(saved)
-        else:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            config_json = json.dumps(config.fingerprint(), indent=2, sort_keys=True).encode()
-            atomic_write_bytes(run_dir / "config.json", config_json)
+            if config.generations > saved_generations:
+                logger.info("extending %s from %d to %d generations", run_dir, saved_generations,
+                            config.generations)  # fmt: skip
+                extend(population, saved_generations)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_json = json.dumps(config.fingerprint(), indent=2, sort_keys=True).encode()
+        atomic_write_bytes(run_dir / "config.json", config_json)
         log = RunLog(run_dir, config.tensorboard, population.generation)
         log.rewrite(population.history, [r.to_json() for r in population.lineage])
         bar = tqdm(

@@ -226,6 +226,34 @@ def _replace(pop: Population, role: str, fitness: list[float], generation: int) 
     return records
 
 
+def replace_weakest(pop: Population, fitness: Mapping[int, float], generation: int) -> list[LineageRecord]:
+    """Select and replace in every evolving role from the generation's fitness (by member id); the new
+    members' lineage records are added to ``pop.lineage`` and returned."""
+    children: list[LineageRecord] = []
+    for role, group in pop.groups.items():
+        if group and group[0].evolves:
+            children += _replace(pop, role, [fitness[m.id] for m in group], generation)
+    pop.lineage += children
+    return children
+
+
+def extend(pop: Population, saved_generations: int) -> None:
+    """Prepares a restored population for more generations than its run was configured for.
+
+    The last generation of a run skips selection and replacement (its children would never play), so a
+    run that finished ``saved_generations`` first does that generation's replacement now, from its
+    recorded fitness and with the generators as the checkpoint left them (exactly where an uninterrupted
+    longer run draws them), and adds the children to that generation's record. A run stopped earlier
+    needs nothing: it had replaced after every generation it played.
+    """
+    if pop.generation != saved_generations or not pop.history:
+        return
+    record = pop.history[-1]
+    children = replace_weakest(pop, {int(k): v for k, v in record["fitness"].items()}, pop.generation - 1)
+    record["operator_use"] = operator_use(children)
+    record["lineage"] = [r.to_json() for r in children]
+
+
 def run_generation(
     pop: Population, backend: Backend, config: PBTConfig, generation: int
 ) -> GenerationMetrics:
@@ -255,10 +283,7 @@ def run_generation(
     # ----- select and replace (not after the last generation: its children would never play) ---------------
     children: list[LineageRecord] = []
     if generation + 1 < config.generations:
-        for role, group in pop.groups.items():
-            if group and group[0].evolves:
-                children += _replace(pop, role, [fitness[m.id] for m in group], generation)
-    pop.lineage += children
+        children = replace_weakest(pop, fitness, generation)
     record = GenerationMetrics(
         generation=generation,
         fitness={str(k): v for k, v in fitness.items()},

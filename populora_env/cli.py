@@ -142,7 +142,8 @@ class TrainArgs:
     run_dir: Path = Path("runs/populora-train")
     """Run folder: metrics.jsonl, lineage.jsonl, tb/ (TensorBoard), checkpoints/."""
     generations: int = 10
-    """PBT generations (play, GRPO update, rate, replace the weakest by crossover and mutation)."""
+    """PBT generations (play, GRPO update, rate, replace the weakest by crossover and mutation); raise it
+    on an existing --run-dir to extend that run."""
     seed: int = 0
     """Seed of everything random in the run."""
     base: str | None = None
@@ -251,7 +252,8 @@ def train(args: TrainArgs) -> int:
     if args.tensorboard:
         print(f"  tensorboard  tensorboard --logdir {run_dir / 'tb'}")
     print(f"  curves       {plot_run(run_dir)}")
-    print(f"  checkpoints  {run_dir / 'checkpoints'} (rerun the same command to resume)")
+    print(f"  checkpoints  {run_dir / 'checkpoints'} (rerun the same command to resume, with a larger "
+          "--generations to extend)")  # fmt: skip
     return 0
 
 

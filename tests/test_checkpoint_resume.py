@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -52,11 +53,11 @@ run_pbt(tiny_config(sys.argv[1]))
 """
 
 
-def tiny_config(run_dir: str) -> PBTConfig:
+def tiny_config(run_dir: str, generations: int = GENERATIONS) -> PBTConfig:
     """2x2 torch teachers and students, four members per role, a few seconds per run."""
     env = TeacherStudentConfig(mode="structured", n_teachers=2, n_students=2, rounds=1, n_slots=3)
     return PBTConfig(
-        run_dir=run_dir, seed=3, generations=GENERATIONS, episodes_per_generation=2, env=env, population=4,
+        run_dir=run_dir, seed=3, generations=generations, episodes_per_generation=2, env=env, population=4,
         pfsp=True, progress=False, tensorboard=False,
     )  # fmt: skip
 
@@ -140,6 +141,22 @@ def test_sigkilled_run_resumes_bit_identical(tmp_path: Path) -> None:
     # a finished run re-run is a no-op that returns the same folder
     assert run_pbt(tiny_config(str(run))) == run
     _assert_same_run(reference, run)
+
+
+@pytest.mark.slow
+def test_a_finished_run_extended_equals_an_uninterrupted_longer_run(tmp_path: Path) -> None:
+    """3 generations, then the same folder with generations=5: bit-identical to a 5-generation run (the
+    finished run's last generation skipped its replacement; the extension makes it up)."""
+    reference = run_pbt(tiny_config(str(tmp_path / "reference")))
+    run = run_pbt(tiny_config(str(tmp_path / "extended"), generations=3))
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["generation"] == 2 and last["lineage"] == []  # no children after a run's last generation
+    with pytest.raises(ValueError, match=r"generations: .* not shortened"):
+        run_pbt(tiny_config(str(run), generations=2))
+    assert run_pbt(tiny_config(str(run))) == run
+    _assert_same_run(reference, run)
+    with pytest.raises(ValueError, match="another config"):  # other fields still have to match
+        run_pbt(dataclasses.replace(tiny_config(str(run), generations=6), seed=4))
 
 
 def test_checkpoint_roundtrip_and_pruning(tmp_path: Path) -> None:
