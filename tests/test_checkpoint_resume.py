@@ -73,9 +73,10 @@ def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 120.0)
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None:
+            assert proc.stderr is not None
             raise AssertionError(
                 f"child exited early ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}"
-            )  # type: ignore[union-attr]
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {path}")
         time.sleep(0.02)
