@@ -165,6 +165,21 @@ def test_lora_run_resumes_bit_identical_after_an_interruption(
 
 
 # ----- the learner's inputs and state ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_lora_members_on_ray_equal_local(tmp_path: Path, tiny_base_dir: Path) -> None:
+    """Ray actors build LoRA members (each actor loads the base itself) and run GRPO with the learner state
+    the coordinator sends: the run equals the local one, bit for bit."""
+    pytest.importorskip("ray")
+    local = run_pbt(lora_config(tmp_path / "local", tiny_base_dir))
+    on_ray = run_pbt(lora_config(tmp_path / "ray", tiny_base_dir, backend="ray", ray_num_cpus=2))
+    for name in ("metrics.jsonl", "lineage.jsonl", "config.json"):
+        assert (local / name).read_bytes() == (on_ray / name).read_bytes(), name
+    a, b = load_latest(local / "checkpoints"), load_latest(on_ray / "checkpoints")
+    assert a is not None and b is not None and a["generation"] == b["generation"] == 2
+    assert same(a, b)
+    assert any(h["lineage"] for h in records(local / "metrics.jsonl"))  # children were made and played
+
+
 def test_grpo_learner_maps_transitions_and_keeps_per_adapter_state(
     tiny_base_dir: Path, verifier: Any
 ) -> None:
