@@ -340,8 +340,9 @@ class GRPOMemberLearner:
 
 
 def _lora_member(env: Any, role: str, seed: int, config: Any) -> LoRAMember:
-    if config.learner not in ("grpo", "none"):
-        raise ValueError(f"lora members learn with learner='grpo' (or 'none'), got {config.learner!r}")
+    learner = config.learner_for(role)
+    if learner not in ("grpo", "none"):
+        raise ValueError(f"lora members learn with learner='grpo' (or 'none'), got {learner!r} for {role}s")
     return LoRAMember(env, role, seed, config.member_options)
 
 

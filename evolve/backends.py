@@ -306,7 +306,7 @@ class MemberWorker:
 
     def __init__(self, config: PBTConfig, kind: str, role: str) -> None:
         self.policy = POLICIES[kind](teacher_student_v0.raw_env(config=config.env), role, 0, config)
-        self.learner = LEARNERS[config.learner](self.policy, config.learner_config)
+        self.learner = LEARNERS[config.learner_for(role)](self.policy, config.learner_config)
 
     def learn(
         self, genome: dict[str, Any], state: dict[str, Any], experience: Sequence[Transition]

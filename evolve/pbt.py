@@ -75,6 +75,9 @@ class PBTConfig:
     learner: str = "reinforce"
     """Members' learner, a name in ``evolve.learners.LEARNERS`` (``reinforce``, ``none``, or a registered
     one such as ``grpo`` for ``lora`` members)."""
+    learners: dict[str, str] = field(default_factory=dict)
+    """Per-role learners overriding ``learner``: keys ``teacher`` and ``student`` (``both`` with
+    ``self_play``), e.g. ``{"student": "ppo"}`` for ``torch`` teachers and ``sb3`` students."""
     learner_config: LearnerConfig = field(default_factory=LearnerConfig)
     """The learner's hyper-parameters."""
     net: NetConfig = field(default_factory=NetConfig)
@@ -159,6 +162,11 @@ class PBTConfig:
         for name in self.mutations:
             operators.MUTATIONS[name]
         LEARNERS[self.learner]
+        roles = ("both",) if self.self_play else ("teacher", "student")
+        if not isinstance(self.learners, dict) or not set(self.learners) <= set(roles):
+            raise ValueError(f"learners: keys must be among {list(roles)}, got {self.learners!r}")
+        for name in self.learners.values():
+            LEARNERS[name]
         if not isinstance(self.member_options, dict) or not all(
             isinstance(k, str) for k in self.member_options
         ):
@@ -170,9 +178,15 @@ class PBTConfig:
         if self.backend not in ("local", "ray"):
             raise ValueError(f"backend must be 'local' or 'ray', got {self.backend!r}")
 
+    def learner_for(self, role: str) -> str:
+        """The learner of a role's members (``teacher``, ``student`` or ``both``)."""
+        return self.learners.get(role, self.learner)
+
     def fingerprint(self) -> dict[str, Any]:
         """The fields that define the run's results (not where it is written or how it is shown)."""
         data = dataclasses.asdict(self)
+        if not self.learners:  # absent from runs made before the field existed: they stay resumable
+            data.pop("learners")
         for key in ("run_dir", "progress", "tensorboard", "keep_checkpoints", "backend", "ray_address",
                     "ray_num_cpus"):  # fmt: skip
             data.pop(key)

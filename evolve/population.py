@@ -90,7 +90,7 @@ class Population:
         policy = POLICIES[kind](env, role, seed, self.config)
         if not is_evolvable(policy):
             return Member(member_id, role, kind, slot, policy, None)
-        learner = LEARNERS[self.config.learner](policy, self.config.learner_config)
+        learner = LEARNERS[self.config.learner_for(role)](policy, self.config.learner_config)
         return Member(member_id, role, kind, slot, policy, learner)
 
     def members(self) -> list[Member]:

@@ -248,6 +248,24 @@ def test_sb3_teachers_learn_too(tmp_path: Path, kwargs: dict[str, Any]) -> None:
         assert {k.split(".")[0] for k in member["genome"]} == roles
 
 
+def test_each_role_can_have_its_own_learner(tmp_path: Path) -> None:
+    """Torch teachers with REINFORCE next to sb3 students with PPO in one run (``learners`` per role)."""
+    config = _config(tmp_path / "run", generations=2, teachers="torch", learner="reinforce",
+                     learners={"student": "ppo"})  # fmt: skip
+    assert (config.learner_for("teacher"), config.learner_for("student")) == ("reinforce", "ppo")
+    history = _history(run_pbt(config))
+    state = load_latest(tmp_path / "run" / "checkpoints")
+    assert state is not None
+    assert all(set(h["losses"]) == set(h["fitness"]) for h in history)  # every member learned
+    assert all(v is not None for h in history for v in h["losses"].values())
+    assert all("optimizers" in m["learner"] for m in state["groups"]["student"])  # PPO's state
+    assert all("optimizers" not in m["learner"] for m in state["groups"]["teacher"])  # REINFORCE's
+    with pytest.raises(ValueError, match=r"learners: keys must be among \['teacher', 'student'\]"):
+        _config(tmp_path / "bad", learners={"critic": "ppo"})
+    with pytest.raises(KeyError, match="ppo"):  # the registry's message lists the learners
+        _config(tmp_path / "bad", learners={"student": "nope"})
+
+
 # ----- bad input ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("options", "message"),
