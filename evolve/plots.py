@@ -4,6 +4,10 @@
 solve rate, invalid-proposal rate), mean reward per decision by role, fitness per role (mean and best
 member), and the difficulty and coverage of valid proposals — with the generations that produced children
 marked. It reads only the metrics file, so it works on a finished run, a running one or a resumed one.
+
+``compare_runs(run_dirs, out)`` overlays several runs (e.g. ``--preset self-play``, ``1t1s`` and ``4t8s``
+with one seed) on the curves where self-play variants differ — solve rate, invalid rate, teacher reward,
+difficulty and coverage — and ``summary_rows`` gives the same comparison as numbers.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_run"]
+__all__ = ["compare_runs", "plot_run", "summary_rows"]
 
 
 def _load(run_dir: Path) -> list[dict[str, Any]]:
@@ -93,6 +97,90 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig.suptitle(f"{run_dir.name}: {len(rows)} generations")
     fig.tight_layout()
     target = Path(out) if out is not None else run_dir / "curves.png"
+    fig.savefig(target, dpi=100)
+    plt.close(fig)
+    return target
+
+
+# (title, metric of one generation's record) of the comparison panels
+_COMPARED: tuple[tuple[str, Any], ...] = (
+    ("student solve rate", lambda r: r["solve_rate"]),
+    ("invalid proposals", lambda r: r["invalid_rate"]),
+    ("teacher reward per proposal", lambda r: r["mean_reward"].get("teacher", float("nan"))),
+    ("AST depth of valid proposals", lambda r: r["difficulty"]["depth"]),
+    ("cyclomatic complexity", lambda r: r["difficulty"]["cyclomatic"]),
+    ("coverage (distinct AST shapes)", lambda r: r["coverage"]),
+)
+
+
+def _label(run_dir: Path) -> str:
+    """The run's folder name and its setup (seats, self-play) from its ``config.json`` when readable."""
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+        env = config["env"]
+        setup = "self-play" if config.get("self_play") else f"{env['n_teachers']}T x {env['n_students']}S"
+    except (OSError, ValueError, KeyError, TypeError):
+        return run_dir.name
+    return f"{run_dir.name} ({setup}, pop {config.get('population', '?')})"
+
+
+def summary_rows(run_dirs: list[str | Path], last: float = 1 / 3) -> list[dict[str, Any]]:
+    """One row per run: its label, generations, and each compared metric averaged over the last ``last``
+    fraction of its generations (at least one), where a run's trend has settled.
+
+    Raises:
+        FileNotFoundError / ValueError: as ``plot_run``, naming the run.
+    """
+    rows = []
+    for run_dir in map(Path, run_dirs):
+        records = _load(run_dir)
+        tail = records[-max(1, round(len(records) * last)) :]
+        row: dict[str, Any] = {"run": _label(run_dir), "generations": len(records)}
+        for title, metric in _COMPARED:
+            row[title] = sum(metric(r) for r in tail) / len(tail)
+        rows.append(row)
+    return rows
+
+
+def compare_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
+    """Overlays several runs' curves in one PNG (one colour per run, one panel per metric).
+
+    Args:
+        run_dirs: run folders written by ``run_pbt`` (each holding ``metrics.jsonl``).
+        out: where to write the figure.
+
+    Returns:
+        The path of the written PNG.
+
+    Raises:
+        FileNotFoundError: a folder without ``metrics.jsonl``.
+        ValueError: no run given, a malformed line (its file and number are named) or an empty run.
+    """
+    if not run_dirs:
+        raise ValueError("run_dirs: give at least one run folder")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    runs = [(Path(d), _load(Path(d))) for d in run_dirs]
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7), sharex=True)
+    for (title, metric), ax in zip(_COMPARED, axes.flat, strict=True):
+        for index, (run_dir, records) in enumerate(runs):  # markers too: equal curves stay visible
+            ax.plot([r["generation"] for r in records], [metric(r) for r in records],
+                    marker="osD^vx"[index % 6], markersize=7 - index % 4, alpha=0.85, label=_label(run_dir))  # fmt: skip
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.flat[0].set_ylim(-0.02, 1.02)
+    axes.flat[1].set_ylim(-0.02, 1.02)
+    axes.flat[0].legend(fontsize=8)
+    for ax in axes[1]:
+        ax.set_xlabel("generation")
+    fig.suptitle(f"{len(runs)} runs compared")
+    fig.tight_layout()
+    target = Path(out)
     fig.savefig(target, dpi=100)
     plt.close(fig)
     return target

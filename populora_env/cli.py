@@ -1,4 +1,4 @@
-"""The ``populora`` command line: ``populora verify``, ``train``, ``plot`` and ``base build``.
+"""The ``populora`` command line: ``verify``, ``train``, ``plot`` (one run or a comparison), ``base build``.
 
 Subcommands import their heavy dependencies (torch, ``agents``, ``evolve``) inside their functions, so that
 ``populora --help`` and ``populora verify`` stay light and ``populora_env`` does not import those packages.
@@ -295,20 +295,42 @@ def base(args: BaseArgs) -> int:
 
 @dataclass(frozen=True)
 class PlotArgs:
-    """Draw a run's learning curves (solve and invalid rates, rewards, fitness, difficulty) into a PNG."""
+    """Draw a run's learning curves (solve and invalid rates, rewards, fitness, difficulty) into a PNG, or
+    compare several runs (e.g. the self-play, 1t1s and 4t8s presets) in one figure and a table."""
 
-    run_dir: Annotated[Path, tyro.conf.Positional]
-    """Run folder of populora train / run_pbt (holding metrics.jsonl)."""
+    run_dirs: Annotated[tuple[Path, ...], tyro.conf.Positional]
+    """Run folders of populora train / run_pbt (holding metrics.jsonl); two or more are compared."""
     out: Path | None = None
-    """Where to write the PNG (default: RUN_DIR/curves.png)."""
+    """Where to write the PNG (default: RUN_DIR/curves.png for one run, ./compare.png for several)."""
+
+
+def _comparison_table(rows: list[dict[str, Any]]) -> str:
+    """``summary_rows`` as aligned text: one line per run, one column per metric."""
+    columns = [("solve", "student solve rate"), ("invalid", "invalid proposals"),
+               ("teacher", "teacher reward per proposal"), ("depth", "AST depth of valid proposals"),
+               ("cyclo", "cyclomatic complexity"), ("coverage", "coverage (distinct AST shapes)")]  # fmt: skip
+    width = max(len(row["run"]) for row in rows)
+    lines = [f"{'run':<{width}}  {'gens':>4}  " + "  ".join(f"{name:>8}" for name, _ in columns)]
+    lines.append("-" * len(lines[0]))
+    for row in rows:
+        values = "  ".join(f"{row[key]:8.3f}" for _, key in columns)
+        lines.append(f"{row['run']:<{width}}  {row['generations']:>4}  {values}")
+    return "\n".join(lines) + "\n(means over the last third of each run's generations)"
 
 
 def plot(args: PlotArgs) -> int:
     """Runs ``populora plot``; returns the exit status."""
-    from evolve.plots import plot_run
+    from evolve.plots import compare_runs, plot_run, summary_rows
 
     try:
-        print(plot_run(args.run_dir, args.out))
+        if not args.run_dirs:
+            raise ValueError("give at least one run folder")
+        if len(args.run_dirs) == 1:
+            print(plot_run(args.run_dirs[0], args.out))
+        else:
+            runs: list[str | Path] = list(args.run_dirs)
+            print(_comparison_table(summary_rows(runs)))
+            print(compare_runs(runs, args.out if args.out is not None else Path("compare.png")))
     except (OSError, ValueError) as error:
         print(f"populora plot: {error}", file=sys.stderr)
         return 2

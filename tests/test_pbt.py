@@ -254,6 +254,34 @@ def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
     assert cli.main(["plot", str(tmp_path / "bad")]) == 2
 
 
+def test_compare_runs_overlays_variants_and_tabulates_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import matplotlib.image
+
+    from evolve.plots import compare_runs, summary_rows
+
+    common = dict(generations=3, episodes_per_generation=2, seed=1, env=_env(1), population=2, learner="none",
+                  replace_fraction=0.5, progress=False, tensorboard=False)  # fmt: skip
+    pair = run_pbt(PBTConfig(run_dir=str(tmp_path / "pair"), **common))
+    solo = run_pbt(PBTConfig(run_dir=str(tmp_path / "solo"), self_play=True, **common))
+    rows = summary_rows([pair, solo])
+    assert [r["run"] for r in rows] == ["pair (1T x 1S, pop 2)", "solo (self-play, pop 2)"]
+    history = [json.loads(line) for line in (solo / "metrics.jsonl").read_text().splitlines()]
+    assert rows[1]["generations"] == 3
+    assert rows[1]["student solve rate"] == pytest.approx(history[-1]["solve_rate"])  # last third of 3
+    png = compare_runs([pair, solo], tmp_path / "cmp.png")
+    assert matplotlib.image.imread(png).shape == (700, 1400, 4)
+    out = tmp_path / "cli.png"
+    assert cli.main(["plot", str(pair), str(solo), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "pair (1T x 1S, pop 2)" in printed and "solo (self-play, pop 2)" in printed and str(out) in printed
+    assert out.stat().st_size > 10_000
+    assert cli.main(["plot", str(pair), str(tmp_path / "nowhere")]) == 2
+    with pytest.raises(ValueError, match="at least one"):
+        compare_runs([], tmp_path / "x.png")
+
+
 def _halve(solve_rate: float) -> float:
     return 0.5 * (1.0 - solve_rate)
 
