@@ -27,7 +27,7 @@ from evolve.learners import LEARNERS, LearnerConfig
 from evolve.members import POLICIES, NetConfig
 from evolve.population import Population, extend, run_generation
 from evolve.ratings import RatingTable
-from evolve.runlog import RunLog
+from evolve.runlog import GenerationMetrics, RunLog
 from populora_env.game import TeacherStudentConfig
 
 logger = logging.getLogger(__name__)
@@ -245,17 +245,20 @@ def run_pbt(config: PBTConfig) -> Path:
     log: RunLog | None = None
     try:
         population = Population.create(config, backend.env, table)
+        amended = False  # a finished run's last record gains its children when the run is extended
         if saved is not None:
             population.restore(saved)
             if config.generations > saved_generations:
                 logger.info("extending %s from %d to %d generations", run_dir, saved_generations,
                             config.generations)  # fmt: skip
-                extend(population, saved_generations)
+                amended = extend(population, saved_generations)
         run_dir.mkdir(parents=True, exist_ok=True)
         config_json = json.dumps(config.fingerprint(), indent=2, sort_keys=True).encode()
         atomic_write_bytes(run_dir / "config.json", config_json)
-        log = RunLog(run_dir, config.tensorboard, population.generation)
+        log = RunLog(run_dir, config.tensorboard, population.generation - amended)
         log.rewrite(population.history, [r.to_json() for r in population.lineage])
+        if amended:
+            log.scalars(GenerationMetrics(**population.history[-1]))
         bar = tqdm(
             total=config.generations, initial=population.generation, disable=not config.progress, desc="PBT"
         )

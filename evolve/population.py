@@ -237,7 +237,7 @@ def replace_weakest(pop: Population, fitness: Mapping[int, float], generation: i
     return children
 
 
-def extend(pop: Population, saved_generations: int) -> None:
+def extend(pop: Population, saved_generations: int) -> bool:
     """Prepares a restored population for more generations than its run was configured for.
 
     The last generation of a run skips selection and replacement (its children would never play), so a
@@ -245,13 +245,17 @@ def extend(pop: Population, saved_generations: int) -> None:
     recorded fitness and with the generators as the checkpoint left them (exactly where an uninterrupted
     longer run draws them), and adds the children to that generation's record. A run stopped earlier
     needs nothing: it had replaced after every generation it played.
+
+    Returns:
+        Whether the last record of ``pop.history`` was amended.
     """
     if pop.generation != saved_generations or not pop.history:
-        return
+        return False
     record = pop.history[-1]
     children = replace_weakest(pop, {int(k): v for k, v in record["fitness"].items()}, pop.generation - 1)
     record["operator_use"] = operator_use(children)
     record["lineage"] = [r.to_json() for r in children]
+    return True
 
 
 def run_generation(

@@ -133,10 +133,12 @@ class RunLog:
                 handle.flush()
                 os.fsync(handle.fileno())
         if self.writer is not None:
-            self._scalars(record)
+            self.scalars(record)
 
-    def _scalars(self, record: GenerationMetrics) -> None:
-        assert self.writer is not None
+    def scalars(self, record: GenerationMetrics) -> None:
+        """Writes one generation's TensorBoard scalars (nothing without TensorBoard)."""
+        if self.writer is None:
+            return
         step = record.generation
         scalars: dict[str, float] = {
             "env/solve_rate": record.solve_rate,
