@@ -28,41 +28,48 @@ def with_candidates(task: Task, verifier: Any, rng: np.random.Generator, k: int)
     a distractor that happens to be right (``1`` vs ``True``, a second input with the same output, an
     equivalent program) is marked correct. All runs of one task go to the verifier in one batch.
     """
+    return replace(task, candidates=make_candidates(task, verifier, rng, k))
+
+
+def make_candidates(task: Task, verifier: Any, rng: np.random.Generator, k: int) -> tuple[Candidate, ...]:
+    """The candidates ``with_candidates`` gives ``task`` (the same draws from ``rng``), without the copy."""
     base = task.program_dsl
     if base is None:
         raise ValueError("structured candidates need a DSL task")
     local = random.Random(int(rng.integers(2**31)))
-    pool: Iterable[tuple[str, dsl.DslProgram | None]]
+    pool: Iterable[tuple[str, dsl.Slots | None]]
     if task.task_type == "deduction":  # outputs: all variants go to the verifier in one batch
-        rendered = [dsl.render(dsl.perturb_program(base, local)) for _ in range(3 * k)]
-        runs = verifier.run_many(rendered)
+        args = dsl.input_text(base.input_type, base.input_index)
+        variants = dsl.perturbed_slots(base, local, 3 * k)
+        runs = verifier.run_many([(dsl.render_source(base.input_type, slots), args) for slots in variants])
         pool = [(str(r.output), None) for r in runs if r.status == "ok" and r.output is not None]
     else:  # texts only: variants are drawn in the same order, but only until k distinct texts are found
         pool = _text_variants(base, task.task_type, local, 3 * k)
     texts, programs = [task.gold], [base if task.task_type == "induction" else None]
-    for text, program in pool:
+    for text, slots in pool:
         if len(texts) >= k:
             break
         if text not in texts:
             texts.append(text)
-            programs.append(program)
+            programs.append(
+                None if slots is None else dsl.DslProgram(base.input_type, base.input_index, slots)
+            )
     flags = _correct_flags(task, texts, verifier)
     candidates = [Candidate(t, ok, p) for t, ok, p in zip(texts, flags, programs, strict=True)]
-    order = rng.permutation(len(candidates))
-    return replace(task, candidates=tuple(candidates[int(i)] for i in order))
+    return tuple([candidates[i] for i in rng.permutation(len(candidates)).tolist()])
 
 
 def _text_variants(
     base: dsl.DslProgram, task_type: str, local: random.Random, n: int
-) -> Iterator[tuple[str, dsl.DslProgram | None]]:
+) -> Iterator[tuple[str, dsl.Slots | None]]:
     """Up to ``n`` distractor texts drawn one by one: another input (abduction) or a nearby program's source
-    with the program (induction)."""
-    for _ in range(n):
-        if task_type == "abduction":
-            yield dsl.render(dsl.perturb_input(base, local))[1], None
-        else:
-            variant = dsl.perturb_program(base, local)
-            yield dsl.render(variant)[0], variant
+    with its slots (induction)."""
+    if task_type == "abduction":
+        for _ in range(n):
+            yield dsl.input_text(base.input_type, dsl.perturbed_input_index(base, local)), None
+    else:
+        for slots in dsl.perturbed_slots(base, local, n):
+            yield dsl.render_source(base.input_type, slots), slots
 
 
 def _correct_flags(task: Task, texts: list[str], verifier: Any) -> list[bool]:
@@ -70,19 +77,16 @@ def _correct_flags(task: Task, texts: list[str], verifier: Any) -> list[bool]:
         return [_outputs_equal(t, task.outputs[0]) for t in texts]
     if task.task_type == "abduction":
         runs = verifier.run_many([(task.program, t) for t in texts])
-        return [
-            r.status == "ok" and r.output is not None and _outputs_equal(r.output, task.outputs[0])
-            for r in runs
-        ]
+        return [_produced(r, task.outputs[0]) for r in runs]
     hidden = task.hidden_pairs
-    runs = iter(verifier.run_many([(t, args) for t in texts for args, _ in hidden]))
-    flags = []
-    for _ in texts:
-        results = [next(runs) for _ in hidden]
-        flags.append(
-            all(
-                r.status == "ok" and r.output is not None and _outputs_equal(r.output, out)
-                for r, (_, out) in zip(results, hidden, strict=True)
-            )
-        )
-    return flags
+    runs = list(verifier.run_many([(t, args) for t in texts for args, _ in hidden]))
+    n = len(hidden)  # runs[i * n : (i + 1) * n] are text i's runs on the hidden pairs
+    return [
+        all(_produced(r, out) for r, (_, out) in zip(runs[i * n : (i + 1) * n], hidden, strict=True))
+        for i in range(len(texts))
+    ]
+
+
+def _produced(run: Any, expected: str) -> bool:
+    """Whether a verifier run succeeded with an output ``==`` to ``expected``."""
+    return run.status == "ok" and run.output is not None and _outputs_equal(run.output, expected)

@@ -11,13 +11,18 @@ output caps, for example).
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 ValueType = Literal["int", "list", "str"]
+Slots = tuple[tuple[int, int], ...]
+"""A program's ``(op, arg)`` slots."""
 VALUE_TYPES: tuple[ValueType, ...] = ("int", "list", "str")
 N_ARGS = 8
 N_INPUTS = 16
@@ -120,32 +125,38 @@ class DslProgram:
 
     input_type: int
     input_index: int
-    slots: tuple[tuple[int, int], ...]
+    slots: Slots
 
     def encode(self) -> np.ndarray:
         """Returns the MultiDiscrete action vector for this program (int64)."""
-        flat = [self.input_type, self.input_index]
-        for op, arg in self.slots:
-            flat += [op, arg]
-        return np.asarray(flat, dtype=np.int64)
+        return np.asarray(self.vector(), dtype=np.int64)
+
+    def vector(self) -> tuple[int, ...]:
+        """The action vector as plain ints: input type, input index, then each slot's op and arg."""
+        return (self.input_type, self.input_index, *itertools.chain.from_iterable(self.slots))
 
 
 def action_nvec(n_slots: int) -> np.ndarray:
     """The ``nvec`` of the teacher's MultiDiscrete action for ``n_slots`` op slots."""
-    return np.asarray([len(VALUE_TYPES), N_INPUTS] + [N_OPS, N_ARGS] * n_slots, dtype=np.int64)
+    return np.asarray(_nvec(n_slots), dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _nvec(n_slots: int) -> tuple[int, ...]:
+    return (len(VALUE_TYPES), N_INPUTS, *[N_OPS, N_ARGS] * n_slots)
 
 
 def decode(action: np.ndarray, n_slots: int) -> DslProgram:
     """Decodes a MultiDiscrete action vector; raises ValueError if it lies outside the space."""
     vec = np.asarray(action).reshape(-1)
-    nvec = action_nvec(n_slots)
-    if vec.shape != nvec.shape or not np.issubdtype(vec.dtype, np.integer):
-        raise ValueError(f"structured action must be an integer vector of shape {nvec.shape}, got {vec!r}")
-    if np.any(vec < 0) or np.any(vec >= nvec):
-        raise ValueError(f"structured action {vec.tolist()} lies outside MultiDiscrete({nvec.tolist()})")
-    ints = [int(v) for v in vec]
-    slots = tuple((ints[i], ints[i + 1]) for i in range(2, len(ints), 2))
-    return DslProgram(ints[0], ints[1], slots)
+    nvec = _nvec(n_slots)
+    # issubclass on the scalar type is what np.issubdtype(vec.dtype, np.integer) checks, minus its overhead
+    if vec.shape != (len(nvec),) or not issubclass(vec.dtype.type, np.integer):
+        raise ValueError(f"structured action must be an integer vector of shape {(len(nvec),)}, got {vec!r}")
+    ints = vec.tolist()  # Python ints: the bounds check and the slots need no numpy scalars
+    if min(ints) < 0 or not all(map(operator.lt, ints, nvec)):
+        raise ValueError(f"structured action {ints} lies outside MultiDiscrete({list(nvec)})")
+    return DslProgram(ints[0], ints[1], tuple(zip(ints[2::2], ints[3::2], strict=True)))
 
 
 def input_value(input_type: int, index: int) -> int | list[int] | str:
@@ -156,6 +167,12 @@ def input_value(input_type: int, index: int) -> int | list[int] | str:
     if kind == "list":
         return [(index * 7 + 3 * j * j) % 11 - 2 for j in range(index % 6 + 1)]
     return WORDS[index]
+
+
+@functools.lru_cache(maxsize=1024)
+def input_text(input_type: int, index: int) -> str:
+    """The argument-list text of an input choice, ``repr(input_value(...))`` (a small fixed table, cached)."""
+    return repr(input_value(input_type, index))
 
 
 def _arg_value(op: Op, a: int) -> str:
@@ -170,17 +187,24 @@ def _arg_value(op: Op, a: int) -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=8192)
 def render(program: DslProgram) -> tuple[str, str]:
-    """Renders a program to Python source and its argument-list text (pure, so cached).
+    """Renders a program to Python source and its argument-list text.
 
     Returns:
         ``(source, args)``: ``source`` defines ``def f(x)``; ``args`` is the literal text of the input.
     """
-    kind: ValueType = VALUE_TYPES[program.input_type]
+    source = render_source(program.input_type, program.slots)
+    return source, input_text(program.input_type, program.input_index)
+
+
+@functools.lru_cache(maxsize=8192)
+def render_source(input_type: int, slots: Slots) -> str:
+    """The Python source of the program with these slots on an input of this type (pure, so cached; the
+    input value itself does not appear in the source)."""
+    kind: ValueType = VALUE_TYPES[input_type]
     lines: list[str] = []
     pending: list[tuple[Op, int]] = []
-    for op_index, a in program.slots:
+    for op_index, a in slots:
         if op_index == 0:
             continue
         op = OPS[op_index - 1]
@@ -203,7 +227,7 @@ def render(program: DslProgram) -> tuple[str, str]:
         kind = op.out_type
         pending.clear()
     body = "\n".join([*lines, "    return x"])
-    return f"def f(x):\n{body}", repr(input_value(program.input_type, program.input_index))
+    return f"def f(x):\n{body}"
 
 
 def random_program(rng: random.Random, n_slots: int, difficulty: float) -> DslProgram:
@@ -237,30 +261,44 @@ def random_program(rng: random.Random, n_slots: int, difficulty: float) -> DslPr
 def perturb_program(program: DslProgram, rng: random.Random) -> DslProgram:
     """Returns a nearby program on the same input: one arg changed or one op swapped for a
     same-signature op. Used to make plausible distractor answers for structured-mode students."""
+    slots = next(perturbed_slots(program, rng, 1))
+    return program if slots is program.slots else DslProgram(program.input_type, program.input_index, slots)
+
+
+def perturbed_slots(program: DslProgram, rng: random.Random, n: int) -> Iterator[Slots]:
+    """The slots of ``n`` nearby programs, drawn lazily: the same draws as ``n`` calls of ``perturb_program``.
+
+    Candidate generation renders and deduplicates many such variants and keeps few, so it works on slots
+    and builds a ``DslProgram`` only for the variants it keeps. A program without ops yields its own slots.
+    """
     used = [i for i, (op, _) in enumerate(program.slots) if op != 0]
-    if not used:
-        return program
-    slots = list(program.slots)
-    i = rng.choice(used)
-    op, a = slots[i]
-    if rng.random() < 0.5:
-        slots[i] = (op, (a + rng.randrange(1, N_ARGS)) % N_ARGS)
-    else:
-        slots[i] = (rng.choice(_SAME_SIGNATURE[op]), a)
-    return DslProgram(program.input_type, program.input_index, tuple(slots))
+    for _ in range(n):
+        if not used:
+            yield program.slots
+            continue
+        slots = list(program.slots)
+        i = rng.choice(used)
+        op, a = slots[i]
+        if rng.random() < 0.5:
+            slots[i] = (op, (a + rng.randrange(1, N_ARGS)) % N_ARGS)
+        else:
+            slots[i] = (rng.choice(_SAME_SIGNATURE[op]), a)
+        yield tuple(slots)
 
 
 def perturb_input(program: DslProgram, rng: random.Random) -> DslProgram:
     """Returns the same program on another input of the same type."""
-    new_index = (program.input_index + rng.randrange(1, N_INPUTS)) % N_INPUTS
-    return DslProgram(program.input_type, new_index, program.slots)
+    return DslProgram(program.input_type, perturbed_input_index(program, rng), program.slots)
+
+
+def perturbed_input_index(program: DslProgram, rng: random.Random) -> int:
+    """The input index ``perturb_input`` moves ``program`` to (the same draw), without building the program."""
+    return (program.input_index + rng.randrange(1, N_INPUTS)) % N_INPUTS
 
 
 def induction_inputs(program: DslProgram, n: int) -> tuple[str, ...]:
     """The ``n`` argument lists of a structured induction task: consecutive inputs of the chosen type."""
-    return tuple(
-        repr(input_value(program.input_type, (program.input_index + j) % N_INPUTS)) for j in range(n)
-    )
+    return tuple(input_text(program.input_type, (program.input_index + j) % N_INPUTS) for j in range(n))
 
 
 # ----- observation encodings (structured mode) ------------------------------------------------------
@@ -277,15 +315,22 @@ def encode_value(text: str) -> np.ndarray:
     Text that is not a plain literal encodes as zeros. Parsing uses the verifier's safe literal parser.
     Returns a fresh array on every call.
     """
-    return np.asarray(_encode_value(text), dtype=np.float32)
+    return value_row(text).copy()
+
+
+@functools.lru_cache(maxsize=4096)
+def value_row(text: str) -> np.ndarray:
+    """``encode_value(text)`` as one shared read-only array (a pure function of the text, so cached)."""
+    row = np.asarray(_value_features(text), dtype=np.float32)
+    row.flags.writeable = False
+    return row
 
 
 def _clip(v: int) -> float:
     return float(max(-VALUE_CLIP, min(VALUE_CLIP, v)))
 
 
-@functools.lru_cache(maxsize=4096)
-def _encode_value(text: str) -> tuple[float, ...]:
+def _value_features(text: str) -> tuple[float, ...]:
     from populora_env.verifier.literals import parse_literal
 
     out = [0.0] * VALUE_WIDTH

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from populora_env import dsl
-from populora_env.candidates import with_candidates
+from populora_env.candidates import make_candidates
 from populora_env.matchmaking import Matchmaker
 from populora_env.metrics import EpisodeMetrics, summarize_episode
 from populora_env.tasks import TASK_TYPES, Task, TaskBuffer, TaskType, task_id_for
@@ -356,20 +356,21 @@ class Game:
         bad = next((r for r in runs if r.status != "ok" or r.output is None), None)
         if bad is not None:
             return None, "invalid", str(bad.status)
-        n_shown = max(1, len(runs) // 2) if turn.task_type == "induction" else 1
-        task = Task(
-            task_id_for(turn.task_type, action.program, action.inputs),
-            turn.task_type,
-            action.program,
-            action.inputs,
-            tuple(str(r.output) for r in runs),
-            message=action.message,
-            n_shown=n_shown,
-            source=turn.agent,
-            program_dsl=program_dsl,
-        )
-        if cfg.mode == "structured":
-            task = with_candidates(task, self.verifier, self._rng, cfg.n_candidates)
+        fields: dict[str, Any] = {
+            "task_id": task_id_for(turn.task_type, action.program, action.inputs),
+            "task_type": turn.task_type,
+            "program": action.program,
+            "inputs": action.inputs,
+            "outputs": tuple(str(r.output) for r in runs),
+            "message": action.message,
+            "n_shown": max(1, len(runs) // 2) if turn.task_type == "induction" else 1,
+            "source": turn.agent,
+            "program_dsl": program_dsl,
+        }
+        task = Task(**fields)
+        if cfg.mode == "structured":  # a second construction: cheaper than dataclasses.replace
+            candidates = make_candidates(task, self.verifier, self._rng, cfg.n_candidates)
+            task = Task(**fields, candidates=candidates)
         return task, "valid", "ok"
 
     def _solve(self, turn: Turn, action: Any) -> StepOutcome:
@@ -387,8 +388,14 @@ class Game:
         solved = verdict == "correct"
         self._attempts.setdefault(task.task_id, []).append((turn.agent, solved))
         self.attempt_log.append((turn.agent, task.task_id, solved))
-        info = self._base_info(turn)
-        info.update(task_id=task.task_id, verdict=verdict, status=status, score=score, gold=task.gold)
+        info = {
+            **self._base_info(turn),
+            "task_id": task.task_id,
+            "verdict": verdict,
+            "status": status,
+            "score": score,
+            "gold": task.gold,
+        }
         return StepOutcome({turn.agent: reward}, {turn.agent: info}, False)
 
     def _score(self, task: Task, action: Any) -> float:

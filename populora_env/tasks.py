@@ -128,7 +128,7 @@ class TaskBuffer:
         if not bucket or k <= 0:
             return ()
         picks = rng.choice(len(bucket), size=min(k, len(bucket)), replace=False)
-        return tuple(bucket[int(i)] for i in picks)
+        return tuple([bucket[i] for i in picks.tolist()])
 
 
 @dataclass(frozen=True)

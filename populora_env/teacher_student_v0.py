@@ -105,10 +105,17 @@ class OrderEnforcingWrapper(wrappers.OrderEnforcingWrapper):
     """PettingZoo's ``OrderEnforcingWrapper`` with a direct path for the two calls of every turn.
 
     Before ``reset`` (and for ``step`` after the last agent is done) it behaves exactly as PettingZoo's
-    wrapper, errors and warnings included; after ``reset``, ``last`` and ``step`` go straight to the env
-    instead of resolving each of the attributes they read through two ``__getattr__`` layers (that
-    forwarding cost as much as the env's own step: bench/env.py).
+    wrapper, errors and warnings included; after ``reset``, ``last``, ``step`` and ``agent_selection`` go
+    straight to the env instead of resolving each of the attributes they read through two ``__getattr__``
+    layers (that forwarding cost as much as the env's own step: bench/env.py).
     """
+
+    @property
+    def agent_selection(self) -> str:
+        """The wrapped env's ``agent_selection`` (PettingZoo's ``AttributeError`` before ``reset``)."""
+        if not self._has_reset:  # an AttributeError here makes Python ask __getattr__: PettingZoo's error
+            raise AttributeError("agent_selection")
+        return self.env.agent_selection
 
     def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """``AECEnv.last`` of the wrapped env (PettingZoo's error before ``reset``)."""
@@ -185,6 +192,7 @@ class raw_env(AECEnv):
         self._candidate_width = max(dsl.program_width(self.config.n_slots), dsl.VALUE_WIDTH)
         # id(task) -> (task, arrays); holding the task keeps its id from being reused while cached
         self._array_cache: dict[int, tuple[Task | None, dict[str, np.ndarray]]] = {}
+        self._reference_cache: dict[int, tuple[Task, np.ndarray]] = {}  # id(task) -> (task, program vector)
         self._build_spaces()
 
     # ----- spaces -----------------------------------------------------------------------------
@@ -306,11 +314,10 @@ class raw_env(AECEnv):
         assert turn is not None and turn.agent == agent
         outcome = game.step(self._parse(turn, action))
         self._cumulative_rewards[agent] = 0.0
-        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self.rewards = rewards = dict.fromkeys(self.agents, 0.0)
         for name, reward in outcome.rewards.items():
-            self.rewards[name] += reward
-        for name, info in outcome.infos.items():
-            self.infos[name] = info
+            rewards[name] += reward
+        self.infos.update(outcome.infos)
         if self.render_mode is not None:
             self._log_step(agent, outcome)
         if outcome.done:
@@ -320,7 +327,10 @@ class raw_env(AECEnv):
             nxt = game.current
             assert nxt is not None
             self.agent_selection = nxt.agent
-        self._accumulate_rewards()
+        # PettingZoo's _accumulate_rewards, over the agents paid at this step: adding the others' 0.0 to a
+        # cumulative reward (never -0.0: it starts at 0.0) leaves it unchanged
+        for name in outcome.rewards:
+            self._cumulative_rewards[name] += rewards[name]
         if self.render_mode == "human":
             self.render()
 
@@ -349,6 +359,8 @@ class raw_env(AECEnv):
 
     def _candidate_index(self, turn: Turn, action: Any) -> int:
         assert turn.task is not None
+        if type(action) is int and 0 <= action < len(turn.task.candidates):
+            return action  # the common case, decided without numpy's conversions
         arr = np.asarray(action)
         if arr.shape != () or not np.issubdtype(arr.dtype, np.integer):
             raise ValueError(f"a student's structured action must be an integer, got {action!r}")
@@ -401,11 +413,26 @@ class raw_env(AECEnv):
             refs = np.zeros((cfg.n_references, dsl.program_width(cfg.n_slots)), dtype=np.float32)
             for i, ref in enumerate(turn.references if turn else ()):
                 if ref.program_dsl is not None:
-                    refs[i] = ref.program_dsl.encode()
+                    refs[i] = self._reference_row(ref)
             return {**head, "references": refs}
-        arrays = self._task_arrays(turn.task if turn else None)
         # fresh copies: Gymnasium's checker rejects observations that share mutable objects
-        return {**head, **{key: value.copy() for key, value in arrays.items()}}
+        for key, value in self._task_arrays(turn.task if turn else None).items():
+            head[key] = value.copy()
+        return head
+
+    def _reference_row(self, task: Task) -> np.ndarray:
+        """A reference task's program vector, computed once per task object: buffer tasks are shown again
+        and again, and writing a row from an array is far cheaper for numpy than from Python ints."""
+        hit = self._reference_cache.get(id(task))
+        if hit is not None and hit[0] is task:
+            return hit[1]
+        if len(self._reference_cache) >= 1024:
+            self._reference_cache.clear()
+        assert task.program_dsl is not None
+        row = task.program_dsl.encode()
+        row.flags.writeable = False
+        self._reference_cache[id(task)] = (task, row)
+        return row
 
     def _task_arrays(self, task: Task | None) -> dict[str, np.ndarray]:
         """A student's task encoding, computed once per task and cached for its attempts."""
@@ -422,7 +449,7 @@ class raw_env(AECEnv):
         mask = np.zeros(cfg.n_candidates, dtype=np.int8)
         if task is not None:
             if task.program_dsl is not None and task.task_type != "induction":
-                program[:] = task.program_dsl.encode()
+                program[:] = task.program_dsl.vector()
                 if task.task_type == "abduction":
                     program[1] = 0  # the input index is the abduction answer: hide it
             pairs = (
@@ -430,13 +457,13 @@ class raw_env(AECEnv):
             )
             for i, (args, out) in enumerate(pairs[: values.shape[0]]):
                 if task.task_type != "abduction":
-                    values[i, 0] = dsl.encode_value(args)
+                    values[i, 0] = dsl.value_row(args)
                 if task.task_type != "deduction":
-                    values[i, 1] = dsl.encode_value(out)
+                    values[i, 1] = dsl.value_row(out)
             for i, cand in enumerate(task.candidates):
-                row = cand.program.encode() if cand.program is not None else dsl.encode_value(cand.text)
-                candidates[i, : row.shape[0]] = row
-                mask[i] = 1
+                row = cand.program.vector() if cand.program is not None else dsl.value_row(cand.text)
+                candidates[i, : len(row)] = row
+            mask[: len(task.candidates)] = 1
         arrays: dict[str, np.ndarray] = {
             "program": program,
             "pairs": values,
