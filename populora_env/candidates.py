@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,20 +18,15 @@ def _outputs_equal(a: str, b: str) -> bool:
     return a == b or bool(outputs_equal(a, b))
 
 
-def with_candidates(task: Task, verifier: Any, rng: np.random.Generator, k: int) -> Task:
-    """Returns ``task`` with up to ``k`` shuffled, text-distinct candidates, each marked correct by execution.
+def make_candidates(task: Task, verifier: Any, rng: np.random.Generator, k: int) -> tuple[Candidate, ...]:
+    """Up to ``k`` shuffled, text-distinct candidates for ``task``, each marked correct by execution.
 
-    Distractors come from nearby programs (``dsl.perturb_program``) on the same input for deduction
+    Distractors come from nearby programs (``dsl.perturbed_slots``) on the same input for deduction
     (their outputs) and induction (their sources), and from other inputs for abduction. Correctness is
     decided by running through the verifier and comparing canonical literals, never by text identity:
     a distractor that happens to be right (``1`` vs ``True``, a second input with the same output, an
     equivalent program) is marked correct. All runs of one task go to the verifier in one batch.
     """
-    return replace(task, candidates=make_candidates(task, verifier, rng, k))
-
-
-def make_candidates(task: Task, verifier: Any, rng: np.random.Generator, k: int) -> tuple[Candidate, ...]:
-    """The candidates ``with_candidates`` gives ``task`` (the same draws from ``rng``), without the copy."""
     base = task.program_dsl
     if base is None:
         raise ValueError("structured candidates need a DSL task")

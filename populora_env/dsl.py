@@ -258,15 +258,9 @@ def random_program(rng: random.Random, n_slots: int, difficulty: float) -> DslPr
     return DslProgram(kind_index, rng.randrange(N_INPUTS), tuple(slots[:n_slots]))
 
 
-def perturb_program(program: DslProgram, rng: random.Random) -> DslProgram:
-    """Returns a nearby program on the same input: one arg changed or one op swapped for a
-    same-signature op. Used to make plausible distractor answers for structured-mode students."""
-    slots = next(perturbed_slots(program, rng, 1))
-    return program if slots is program.slots else DslProgram(program.input_type, program.input_index, slots)
-
-
 def perturbed_slots(program: DslProgram, rng: random.Random, n: int) -> Iterator[Slots]:
-    """The slots of ``n`` nearby programs, drawn lazily: the same draws as ``n`` calls of ``perturb_program``.
+    """The slots of ``n`` nearby programs on the same input, drawn lazily: each has one arg changed or one
+    op swapped for a same-signature op. Plausible distractor answers for structured-mode students.
 
     Candidate generation renders and deduplicates many such variants and keeps few, so it works on slots
     and builds a ``DslProgram`` only for the variants it keeps. A program without ops yields its own slots.
@@ -286,13 +280,8 @@ def perturbed_slots(program: DslProgram, rng: random.Random, n: int) -> Iterator
         yield tuple(slots)
 
 
-def perturb_input(program: DslProgram, rng: random.Random) -> DslProgram:
-    """Returns the same program on another input of the same type."""
-    return DslProgram(program.input_type, perturbed_input_index(program, rng), program.slots)
-
-
 def perturbed_input_index(program: DslProgram, rng: random.Random) -> int:
-    """The input index ``perturb_input`` moves ``program`` to (the same draw), without building the program."""
+    """Another input index of the same type for ``program`` (its abduction distractors' inputs)."""
     return (program.input_index + rng.randrange(1, N_INPUTS)) % N_INPUTS
 
 
@@ -308,19 +297,14 @@ VALUE_CLIP = 1000.0
 _TYPE_CODES = {int: 1.0, list: 2.0, str: 3.0, bool: 4.0, tuple: 5.0}
 
 
-def encode_value(text: str) -> np.ndarray:
+@functools.lru_cache(maxsize=4096)
+def value_row(text: str) -> np.ndarray:
     """Encodes a literal text as ``[type code, length, first elements...]`` (float32, clipped).
 
     Ints are their value; list/tuple elements are ints (non-ints encode as 0); strings are code points.
     Text that is not a plain literal encodes as zeros. Parsing uses the verifier's safe literal parser.
-    Returns a fresh array on every call.
+    Returns one shared read-only array per text (a pure function of the text, so cached): copy it to write.
     """
-    return value_row(text).copy()
-
-
-@functools.lru_cache(maxsize=4096)
-def value_row(text: str) -> np.ndarray:
-    """``encode_value(text)`` as one shared read-only array (a pure function of the text, so cached)."""
     row = np.asarray(_value_features(text), dtype=np.float32)
     row.flags.writeable = False
     return row
