@@ -252,10 +252,14 @@ def run_pbt(config: PBTConfig) -> Path:
                 logger.info("extending %s from %d to %d generations", run_dir, saved_generations,
                             config.generations)  # fmt: skip
                 amended = extend(population, saved_generations)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config_json = json.dumps(config.fingerprint(), indent=2, sort_keys=True).encode()
-        atomic_write_bytes(run_dir / "config.json", config_json)
-        log = RunLog(run_dir, config.tensorboard, population.generation - amended)
+        if saved is None or config.generations > saved_generations:  # a new run, or its length changed
+            run_dir.mkdir(parents=True, exist_ok=True)
+            config_json = json.dumps(config.fingerprint(), indent=2, sort_keys=True).encode()
+            atomic_write_bytes(run_dir / "config.json", config_json)
+        # TensorBoard drops what a killed process logged from here on (and the amended record's old scalars)
+        log = RunLog(
+            run_dir, config.tensorboard, population.generation - 1 if amended else population.generation
+        )
         log.rewrite(population.history, [r.to_json() for r in population.lineage])
         if amended:
             log.scalars(GenerationMetrics(**population.history[-1]))
