@@ -6,8 +6,6 @@ import random
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import numpy as np
-
 from populora_env import dsl
 from populora_env.tasks import Candidate, Task
 from populora_env.verifier.literals import outputs_equal
@@ -18,7 +16,7 @@ def _outputs_equal(a: str, b: str) -> bool:
     return a == b or bool(outputs_equal(a, b))
 
 
-def make_candidates(task: Task, verifier: Any, rng: np.random.Generator, k: int) -> tuple[Candidate, ...]:
+def make_candidates(task: Task, verifier: Any, rng: random.Random, k: int) -> tuple[Candidate, ...]:
     """Up to ``k`` shuffled, text-distinct candidates for ``task``, each marked correct by execution.
 
     Distractors come from nearby programs (``dsl.perturbed_slots``) on the same input for deduction
@@ -26,19 +24,19 @@ def make_candidates(task: Task, verifier: Any, rng: np.random.Generator, k: int)
     decided by running through the verifier and comparing canonical literals, never by text identity:
     a distractor that happens to be right (``1`` vs ``True``, a second input with the same output, an
     equivalent program) is marked correct. All runs of one task go to the verifier in one batch.
+    Every random draw (the variants, then the order) comes from ``rng``.
     """
     base = task.program_dsl
     if base is None:
         raise ValueError("structured candidates need a DSL task")
-    local = random.Random(int(rng.integers(2**31)))
     pool: Iterable[tuple[str, dsl.Slots | None]]
     if task.task_type == "deduction":  # outputs: all variants go to the verifier in one batch
         args = dsl.input_text(base.input_type, base.input_index)
-        variants = dsl.perturbed_slots(base, local, 3 * k)
+        variants = dsl.perturbed_slots(base, rng, 3 * k)
         runs = verifier.run_many([(dsl.render_source(base.input_type, slots), args) for slots in variants])
         pool = [(str(r.output), None) for r in runs if r.status == "ok" and r.output is not None]
     else:  # texts only: variants are drawn in the same order, but only until k distinct texts are found
-        pool = _text_variants(base, task.task_type, local, 3 * k)
+        pool = _text_variants(base, task.task_type, rng, 3 * k)
     texts, programs = [task.gold], [base if task.task_type == "induction" else None]
     for text, slots in pool:
         if len(texts) >= k:
@@ -50,7 +48,8 @@ def make_candidates(task: Task, verifier: Any, rng: np.random.Generator, k: int)
             )
     flags = _correct_flags(task, texts, verifier)
     candidates = [Candidate(t, ok, p) for t, ok, p in zip(texts, flags, programs, strict=True)]
-    return tuple([candidates[i] for i in rng.permutation(len(candidates)).tolist()])
+    rng.shuffle(candidates)
+    return tuple(candidates)
 
 
 def _text_variants(

@@ -8,6 +8,7 @@ the solve rates and valid tasks join the buffer. The AEC env in ``teacher_studen
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -267,13 +268,21 @@ class Game:
         self._proposals: list[tuple[Turn, Task | None, TeacherVerdict, str]] = []
         self._attempts: dict[str, list[tuple[str, bool]]] = {}
         self._rng = np.random.default_rng(0)
+        self._local = random.Random(0)
         self._phase: Phase = "propose"
         self._fresh_buffer = True
 
     # ----- episode control ---------------------------------------------------------------------
     def reset(self, rng: np.random.Generator) -> None:
-        """Starts a new episode drawing every random choice from ``rng``."""
+        """Starts a new episode drawing every random choice from ``rng``.
+
+        The game's own small draws (reference tasks, candidate distractors and their order) come from a
+        ``random.Random`` seeded here from ``rng``: a few scalar draws from it cost a fraction of numpy's
+        per-call overhead, and the episode stays a pure function of ``rng``'s state. The matchmaker gets
+        ``rng`` itself (its protocol takes a numpy generator).
+        """
         self._rng = rng
+        self._local = random.Random(int(rng.integers(2**63)))
         if self._fresh_buffer or not self.config.persist_buffer:
             self.buffer = TaskBuffer(self.config.buffer_capacity)
             for task in self.seed_tasks:
@@ -313,7 +322,7 @@ class Game:
         self._phase = "propose"
         for i, teacher in enumerate(self.teachers):
             task_type = cfg.task_types[(self.round * len(self.teachers) + i) % len(cfg.task_types)]
-            refs = self.buffer.sample(task_type, cfg.n_references, self._rng)
+            refs = self.buffer.sample(task_type, cfg.n_references, self._local)
             for g in range(cfg.teacher_group_size):
                 self.queue.append(Turn(teacher, "propose", task_type, g, self.round, references=refs))
 
@@ -369,7 +378,7 @@ class Game:
         }
         task = Task(**fields)
         if cfg.mode == "structured":  # a second construction: cheaper than dataclasses.replace
-            candidates = make_candidates(task, self.verifier, self._rng, cfg.n_candidates)
+            candidates = make_candidates(task, self.verifier, self._local, cfg.n_candidates)
             task = Task(**fields, candidates=candidates)
         return task, "valid", "ok"
 

@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-
 from populora_env import dsl
 from populora_env.verifier.jsonl import load_records
 
@@ -122,13 +120,12 @@ class TaskBuffer:
         self._ids.add(task.task_id)
         return True
 
-    def sample(self, task_type: TaskType, k: int, rng: np.random.Generator) -> tuple[Task, ...]:
-        """Up to ``k`` distinct tasks of a type, drawn uniformly without replacement."""
+    def sample(self, task_type: TaskType, k: int, rng: random.Random) -> tuple[Task, ...]:
+        """Up to ``k`` distinct tasks of a type, drawn uniformly without replacement, in random order."""
         bucket = self._tasks[task_type]
         if not bucket or k <= 0:
             return ()
-        picks = rng.choice(len(bucket), size=min(k, len(bucket)), replace=False)
-        return tuple([bucket[i] for i in picks.tolist()])
+        return tuple(rng.sample(bucket, min(k, len(bucket))))
 
 
 @dataclass(frozen=True)

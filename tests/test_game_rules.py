@@ -216,8 +216,12 @@ def test_buffer_dedups_caps_and_keeps_seeds():
         assert buf.add(_task(i))
     kept = [t.program[-1] for t in buf.tasks("deduction")]
     assert kept == ["0", "3", "4"] and len(buf) == 3
-    picks = buf.sample("deduction", 2, np.random.default_rng(0))
-    assert len(set(picks)) == 2 and buf.sample("induction", 2, np.random.default_rng(0)) == ()
+    picks = buf.sample("deduction", 2, random.Random(0))
+    assert len(set(picks)) == 2 and set(picks) <= set(buf.tasks("deduction"))
+    assert sorted(t.program for t in buf.sample("deduction", 5, random.Random(0))) == sorted(
+        t.program for t in buf.tasks("deduction")
+    )
+    assert buf.sample("induction", 2, random.Random(0)) == ()
 
 
 def test_matchmakers():
