@@ -12,7 +12,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -29,9 +29,9 @@ Phase = Literal["propose", "solve"]
 TeacherVerdict = Literal["valid", "invalid", "format_error"]
 
 
-@dataclass(frozen=True)
-class Turn:
-    """One pending AEC step.
+class Turn(NamedTuple):
+    """One pending AEC step (an immutable record; a named tuple because the game makes one per step and a
+    frozen dataclass costs several times as much to build).
 
     Attributes:
         agent: who acts.
@@ -85,9 +85,8 @@ class ResolvedProposal:
     task: Task | None = field(default=None, repr=False)
 
 
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one game step changed.
+class StepOutcome(NamedTuple):
+    """What one game step changed (an immutable record, made once per step: a named tuple, like ``Turn``).
 
     Attributes:
         rewards: reward per agent produced by this step.

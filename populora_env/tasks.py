@@ -8,7 +8,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from populora_env import dsl
 from populora_env.verifier.jsonl import load_records
@@ -20,9 +20,9 @@ TASK_TYPES: tuple[TaskType, ...] = ("deduction", "abduction", "induction")
 MAX_JSONL_FIELD_CHARS = 4000
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One answer a structured-mode student may pick.
+class Candidate(NamedTuple):
+    """One answer a structured-mode student may pick (an immutable record; a named tuple, cheap to build:
+    every valid structured proposal makes several).
 
     Attributes:
         text: the answer text (an output literal, an argument list, or a program source).
