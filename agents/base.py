@@ -12,6 +12,7 @@ default 360 steps (~9 CPU-minutes on one thread) gave 34/36 and 22/24.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -20,6 +21,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,36 @@ def native_bf16(device: torch.device) -> bool:
         checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
         return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
     return False
+
+
+# cuBLAS is deterministic only with a workspace setting such as this one (":16:8" is the other), read when
+# cuBLAS starts (PyTorch's "Reproducibility" notes); torch.use_deterministic_algorithms(True) refuses cuBLAS
+# calls without one.
+_CUBLAS_WORKSPACE = ":4096:8"
+
+
+@contextlib.contextmanager
+def deterministic_kernels(device: torch.device, enabled: bool = True) -> Iterator[None]:
+    """PyTorch's deterministic kernels for the block when ``device`` is CUDA (the previous setting is
+    restored after); a no-op on CPU or when ``enabled`` is False.
+
+    CUDA's default memory-efficient attention backward accumulates with atomics, so two identical updates
+    can differ in the last bits; with this on, PyTorch picks its deterministic variants and raises
+    ``RuntimeError`` for an operation that has none (rather than silently breaking exact resume).
+    """
+    if not enabled or device.type != "cuda":
+        yield
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", _CUBLAS_WORKSPACE)
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
 def default_device() -> torch.device:
@@ -100,6 +132,8 @@ def load_base(
     tokenizer.padding_side = "left"
     model.requires_grad_(False)
     model.eval()
+    if target.type == "cuda":  # before cuBLAS starts: deterministic_kernels needs it (see there)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", _CUBLAS_WORKSPACE)
     model.to(target)  # type: ignore[arg-type]  # transformers' stub types .to() narrowly
     return model, tokenizer
 

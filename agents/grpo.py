@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from agents.base import deterministic_kernels
 from agents.generation import texts_of
 from agents.grpo_batch import TokenBatch, encode_batch, only_trainable, shared_prefix_logps
 from agents.grpo_config import (
@@ -199,7 +200,10 @@ class GRPOLearner:
         self.population.set_active(adapter)
         self.optimizer_for(adapter)  # creates the adapter's optimizer slot on first use
         try:
-            with only_trainable(model, self._optimizers[adapter].params):
+            with (
+                deterministic_kernels(self.population.device, cfg.deterministic),
+                only_trainable(model, self._optimizers[adapter].params),
+            ):
                 ref_logps = self._no_grad_logps(batch, chunks, reference=True) if cfg.beta > 0 else None
                 # With one inner epoch the old policy is the current one: use logps.detach() (TRL does too).
                 old_logps = self._no_grad_logps(batch, chunks) if cfg.num_inner_epochs > 1 else None
