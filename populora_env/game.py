@@ -25,6 +25,7 @@ from populora_env.text_format import Answer, FormatError, Proposal
 
 __all__ = ["Game", "ResolvedProposal", "StepOutcome", "TeacherStudentConfig", "Turn", "teacher_reward"]
 
+_INDEX_TYPES = (int, np.integer)  # a structured student's candidate index
 Phase = Literal["propose", "solve"]
 TeacherVerdict = Literal["valid", "invalid", "format_error"]
 
@@ -396,8 +397,11 @@ class Game:
         solved = verdict == "correct"
         self._attempts.setdefault(task.task_id, []).append((turn.agent, solved))
         self.attempt_log.append((turn.agent, task.task_id, solved))
-        info = {
-            **self._base_info(turn),
+        info = {  # _base_info's keys, spelled out: this is the env's most frequent step
+            "round": turn.round,
+            "phase": turn.phase,
+            "task_type": turn.task_type,
+            "attempt": turn.attempt,
             "task_id": task.task_id,
             "verdict": verdict,
             "status": status,
@@ -408,7 +412,7 @@ class Game:
 
     def _score(self, task: Task, action: Any) -> float:
         """1.0/0.0 for deduction and abduction, the fraction of hidden pairs matched for induction."""
-        if isinstance(action, int | np.integer) and not isinstance(action, bool):
+        if isinstance(action, _INDEX_TYPES) and not isinstance(action, bool):
             return 1.0 if task.candidates[int(action)].correct else 0.0
         if not isinstance(action, Answer):
             return 0.0

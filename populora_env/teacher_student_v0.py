@@ -87,6 +87,7 @@ from populora_env.text_format import (
 __all__ = ["TeacherStudentConfig", "env", "parallel_env", "raw_env", "shared_verifier"]
 
 PHASES = {"idle": 0, "propose": 1, "solve": 2}
+_TASK_TYPE_INDEX = {task_type: i for i, task_type in enumerate(TASK_TYPES)}
 _SHARED: list[Any] = []
 
 
@@ -386,7 +387,7 @@ class raw_env(AECEnv):
             return {"phase": 0, "task_type": 0, "attempt": 0}
         return {
             "phase": PHASES[turn.phase],
-            "task_type": TASK_TYPES.index(turn.task_type),
+            "task_type": _TASK_TYPE_INDEX[turn.task_type],
             "attempt": turn.attempt,
         }
 
