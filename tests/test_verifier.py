@@ -58,6 +58,11 @@ LEGAL = [
     ("def f():\n    return None", "", "None"),
     ("import math\nfrom collections import Counter\ndef f(xs):\n    return math.gcd(*xs), dict(Counter(xs))",
      "[4, 6, 4]", "(2, {4: 2, 6: 1})"),
+    # codecs Python imports lazily: the child may not read the installation (uid drop, Landlock)
+    ("def f(s):\n    return s.encode('shift_jis'), s.encode('cp1252', 'replace')", "'日本'",
+     "(b'\\x93\\xfa\\x96{', b'??')"),
+    ("def f(s, b):\n    return s.encode('idna'), s.encode('punycode'), b.decode('koi8_r'), 'ab'.encode('utf-16-le')",
+     "'bücher', b'\\xc1\\xc2'", "(b'xn--bcher-kva', b'bcher-kva', 'аб', b'a\\x00b\\x00')"),
 ]  # fmt: skip
 
 
