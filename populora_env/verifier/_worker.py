@@ -67,11 +67,11 @@ class Worker:
             seccomp_error = "the worker was given no seccomp filter"
         self.devnull = os.open("/dev/null", os.O_RDWR)
         self.report = sandbox.isolate_worker() if isolate else {"errors": []}
-        self.bpf: bytes | None = None  # the child's own filter, on top of the worker's
+        self.bpf: sandbox.SeccompProgram | None = None  # the child's own filter, on top of the worker's
         if programs is not None:
             try:
                 sandbox.load_seccomp_program(programs[0])
-                self.bpf = programs[1]
+                self.bpf = sandbox.SeccompProgram(programs[1])
             except OSError as e:
                 seccomp_error = f"cannot load the seccomp filter: {e}"
         self.report["seccomp"] = self.bpf is not None
@@ -137,7 +137,7 @@ class Worker:
         _child.set_recursion_limit(int(request["recursion_limit"]))
         sandbox.apply_child_limits(cpu_seconds, int(request["memory_mb"]) << 20)
         if self.bpf is not None:
-            sandbox.load_seccomp_program(self.bpf)
+            self.bpf.load()
 
     def _collect(self, pid: int, fd: int, n_calls: int, timeout: float, max_output: int) -> list[list[Any]]:
         results: list[list[Any]] = []
