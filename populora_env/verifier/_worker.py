@@ -133,7 +133,9 @@ class Worker:
             os.dup2(self.devnull, fd)
         os.closerange(3, write_fd)
         os.closerange(write_fd + 1, 1 << 16)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # SIGINT stays ignored as in the worker: nothing can send it to a child (its own process group in
+        # the worker's session, no terminal; seccomp stops kill() of other processes), and resetting the
+        # handler here cost each child ~20 copy-on-write page faults.
         _child.set_recursion_limit(int(request["recursion_limit"]))
         sandbox.apply_child_limits(cpu_seconds, int(request["memory_mb"]) << 20)
         if self.bpf is not None:
