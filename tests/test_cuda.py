@@ -19,11 +19,17 @@ pytest.importorskip("transformers")
 
 from agents.grpo import GRPOConfig, GRPOLearner  # noqa: E402
 from agents.population import LoRAPopulation  # noqa: E402
-from evolve import operators, pbt  # noqa: E402
+from evolve import operators  # noqa: E402
 from evolve.checkpoint import load_latest  # noqa: E402
 from evolve.pbt import run_pbt  # noqa: E402
 from tests.agents_fixtures import tiny_base_dir  # noqa: E402
-from tests.test_lora_members import Crash, lora_config, lora_options, records, same  # noqa: E402
+from tests.test_lora_members import (  # noqa: E402
+    crash_after_first_checkpoint_then_resume,
+    lora_config,
+    lora_options,
+    records,
+    same,
+)
 from tests.test_operators import delta_w, lora_genome  # noqa: E402
 
 __all__ = ["tiny_base_dir"]  # a fixture, used by name
@@ -148,19 +154,7 @@ def test_lora_pbt_on_cuda_resumes_bit_identical(
 
     reference = run_pbt(config("reference"))
     resumed = config("resumed")
-    real_save = pbt.save_checkpoint
-
-    def save_then_crash(directory: Path, generation: int, state: dict[str, Any], keep: int) -> Path:
-        path = real_save(directory, generation, state, keep)
-        if generation == 1:
-            raise Crash
-        return path
-
-    monkeypatch.setattr(pbt, "save_checkpoint", save_then_crash)
-    with pytest.raises(Crash):
-        run_pbt(resumed)
-    monkeypatch.undo()
-    run_pbt(resumed)
+    crash_after_first_checkpoint_then_resume(resumed, monkeypatch)
     for name in ("metrics.jsonl", "lineage.jsonl"):
         assert (reference / name).read_bytes() == (Path(resumed.run_dir) / name).read_bytes(), name
     a, b = load_latest(reference / "checkpoints"), load_latest(Path(resumed.run_dir) / "checkpoints")

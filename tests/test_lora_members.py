@@ -130,12 +130,9 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def test_lora_run_resumes_bit_identical_after_an_interruption(
-    tmp_path: Path, tiny_base_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    fields = dict(teachers="scripted", students="lora_canned", generations=3, scripted_strength=0.0)
-    reference = run_pbt(lora_config(tmp_path / "reference", tiny_base_dir, **fields))
-    config = lora_config(tmp_path / "resumed", tiny_base_dir, **fields)
+def crash_after_first_checkpoint_then_resume(config: PBTConfig, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Runs ``config`` until checkpoint 1 has landed, stops it there (an exception standing in for a kill),
+    checks that the stopped generation wrote no log line, then reruns it to the end; returns the run dir."""
     real_save = pbt.save_checkpoint
 
     def save_then_crash(directory: Path, generation: int, state: dict[str, Any], keep: int) -> Path:
@@ -149,7 +146,16 @@ def test_lora_run_resumes_bit_identical_after_an_interruption(
         run_pbt(config)
     monkeypatch.undo()
     assert records(Path(config.run_dir) / "metrics.jsonl") == []  # killed before its log line
-    run_pbt(config)
+    return run_pbt(config)
+
+
+def test_lora_run_resumes_bit_identical_after_an_interruption(
+    tmp_path: Path, tiny_base_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fields = dict(teachers="scripted", students="lora_canned", generations=3, scripted_strength=0.0)
+    reference = run_pbt(lora_config(tmp_path / "reference", tiny_base_dir, **fields))
+    config = lora_config(tmp_path / "resumed", tiny_base_dir, **fields)
+    crash_after_first_checkpoint_then_resume(config, monkeypatch)
     for name in ("metrics.jsonl", "lineage.jsonl", "config.json"):
         assert (reference / name).read_bytes() == (Path(config.run_dir) / name).read_bytes(), name
     a, b = load_latest(reference / "checkpoints"), load_latest(Path(config.run_dir) / "checkpoints")
