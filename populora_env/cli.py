@@ -171,6 +171,9 @@ class TrainArgs:
     """Cache of tiny bases (default: $POPULORA_CACHE_DIR or ~/.cache/populora)."""
     tensorboard: bool = True
     """Write TensorBoard scalars under run_dir/tb."""
+    deterministic: bool = True
+    """On a GPU, GRPO updates use deterministic kernels, so a rerun or a resumed run is bit-identical;
+    --no-deterministic lets CUDA pick faster kernels whose results vary in the last bits. No effect on CPU."""
 
 
 def _train_config(args: TrainArgs, base: str) -> Any:
@@ -190,11 +193,14 @@ def _train_config(args: TrainArgs, base: str) -> Any:
         teacher_invalid_penalty=-0.5,
     )  # fmt: skip
     lora = {"base": base, "rank": args.rank, "max_new_tokens": args.max_new_tokens, "prefill": True}
+    grpo: dict[str, Any] = {"learning_rate": args.learning_rate}
+    if not args.deterministic:  # only when changed: runs made before the option keep their fingerprint
+        grpo["deterministic"] = False
     return PBTConfig(
         run_dir=str(args.run_dir), seed=args.seed, generations=args.generations,
         episodes_per_generation=episodes, env=env, teachers="lora", students="lora", population=population,
         self_play=preset["self_play"], pfsp=preset["pfsp"], learner="grpo",
-        member_options={"lora": lora, "grpo": {"learning_rate": args.learning_rate}},
+        member_options={"lora": lora, "grpo": grpo},
         replace_fraction=0.5 if population < 4 else 0.25, tensorboard=args.tensorboard,
     )  # fmt: skip
 

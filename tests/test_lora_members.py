@@ -295,6 +295,20 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
     assert "another config" in capsys.readouterr().err
 
 
+def test_populora_train_deterministic_option_reaches_the_grpo_config(tmp_path: Path) -> None:
+    from agents.members import LoRAMemberOptions, grpo_config
+    from populora_env.cli import TrainArgs, _train_config
+
+    def learner_config(args: TrainArgs) -> Any:
+        options = _train_config(args, "base").member_options
+        return options, grpo_config(options, LoRAMemberOptions.from_member_options(options))
+
+    options, config = learner_config(TrainArgs(run_dir=tmp_path))
+    assert options["grpo"] == {"learning_rate": 1e-2}  # unchanged: runs made before the option still resume
+    assert config.deterministic
+    assert learner_config(TrainArgs(run_dir=tmp_path, deterministic=False))[1].deterministic is False
+
+
 def test_grpo_learner_trains_on_the_sampled_token_ids(
     tiny_base_dir: Path, verifier: Any, monkeypatch: Any
 ) -> None:
