@@ -25,10 +25,10 @@ from evolve.pbt import run_pbt  # noqa: E402
 from tests.agents_fixtures import tiny_base_dir  # noqa: E402
 from tests.test_lora_members import (  # noqa: E402
     crash_after_first_checkpoint_then_resume,
+    first_difference,
     lora_config,
     lora_options,
     records,
-    same,
 )
 from tests.test_operators import delta_w, lora_genome  # noqa: E402
 
@@ -38,32 +38,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (this machine has none)"),
 ]
 NAMES = ("t1", "t2", "t3")  # PEFT warns about adapter names found inside "lora_"
-
-
-def first_difference(a: Any, b: Any, path: str = "checkpoint") -> str | None:
-    """Where two nested checkpoints first differ (bit-exact on tensors), or ``None`` if they are equal."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return f"{path}: {type(a).__name__} vs {type(b).__name__}"
-        if (a.dtype, a.shape, a.device) != (b.dtype, b.shape, b.device):
-            return f"{path}: {a.dtype} {tuple(a.shape)} {a.device} vs {b.dtype} {tuple(b.shape)} {b.device}"
-        if not torch.equal(a, b):
-            gap = (a.double() - b.double()).abs().max().item() if a.is_floating_point() else "n/a"
-            return f"{path}: values differ (max |a - b| = {gap})"
-        return None
-    if type(a) is not type(b):
-        return f"{path}: {type(a).__name__} vs {type(b).__name__}"
-    if isinstance(a, dict):
-        if a.keys() != b.keys():
-            return f"{path}: keys {sorted(map(str, a))[:5]} vs {sorted(map(str, b))[:5]}"
-        return next((d for k in a if (d := first_difference(a[k], b[k], f"{path}[{k!r}]"))), None)
-    if isinstance(a, list | tuple):
-        if len(a) != len(b):
-            return f"{path}: length {len(a)} vs {len(b)}"
-        return next(
-            (d for i, (x, y) in enumerate(zip(a, b)) if (d := first_difference(x, y, f"{path}[{i}]"))), None
-        )
-    return None if a == b else f"{path}: {a!r:.120} vs {b!r:.120}"
 
 
 def populations(base_dir: Path) -> tuple[LoRAPopulation, LoRAPopulation]:
@@ -159,7 +133,7 @@ def test_lora_pbt_on_cuda_resumes_bit_identical(
         assert (reference / name).read_bytes() == (Path(resumed.run_dir) / name).read_bytes(), name
     a, b = load_latest(reference / "checkpoints"), load_latest(Path(resumed.run_dir) / "checkpoints")
     assert a is not None and b is not None and a["generation"] == b["generation"] == 3
-    assert same(a, b), first_difference(a, b)
+    assert (difference := first_difference(a, b)) is None, difference
     students = a["groups"]["student"]
     assert all(any(v.abs().sum() > 0 for k, v in m["genome"].items() if ".lora_B." in k) for m in students)
     assert all(h["losses"] for h in records(reference / "metrics.jsonl"))

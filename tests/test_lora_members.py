@@ -119,15 +119,30 @@ class Crash(Exception):
     """Stands in for a kill right after a checkpoint landed."""
 
 
-def same(a: Any, b: Any) -> bool:
-    """Deep equality of nested containers of tensors (bit-exact)."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+def first_difference(a: Any, b: Any, path: str = "checkpoint") -> str | None:
+    """Where two nested checkpoints first differ (bit-exact on tensors), or ``None`` if they are equal."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return f"{path}: {type(a).__name__} vs {type(b).__name__}"
+        if (a.dtype, a.shape, a.device) != (b.dtype, b.shape, b.device):
+            return f"{path}: {a.dtype} {tuple(a.shape)} {a.device} vs {b.dtype} {tuple(b.shape)} {b.device}"
+        if not torch.equal(a, b):
+            gap = (a.double() - b.double()).abs().max().item() if a.is_floating_point() else "n/a"
+            return f"{path}: values differ (max |a - b| = {gap})"
+        return None
+    if type(a) is not type(b):
+        return f"{path}: {type(a).__name__} vs {type(b).__name__}"
     if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if a.keys() != b.keys():
+            return f"{path}: keys {sorted(map(str, a))[:5]} vs {sorted(map(str, b))[:5]}"
+        return next((d for k in a if (d := first_difference(a[k], b[k], f"{path}[{k!r}]"))), None)
     if isinstance(a, list | tuple):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
+        if len(a) != len(b):
+            return f"{path}: length {len(a)} vs {len(b)}"
+        return next(
+            (d for i, (x, y) in enumerate(zip(a, b)) if (d := first_difference(x, y, f"{path}[{i}]"))), None
+        )
+    return None if a == b else f"{path}: {a!r:.120} vs {b!r:.120}"
 
 
 def crash_after_first_checkpoint_then_resume(config: PBTConfig, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -160,7 +175,7 @@ def test_lora_run_resumes_bit_identical_after_an_interruption(
         assert (reference / name).read_bytes() == (Path(config.run_dir) / name).read_bytes(), name
     a, b = load_latest(reference / "checkpoints"), load_latest(Path(config.run_dir) / "checkpoints")
     assert a is not None and b is not None and a["generation"] == b["generation"] == 3
-    assert same(a, b)
+    assert (difference := first_difference(a, b)) is None, difference
     # GRPO really moved the students (lora_B starts at zero; mutations scale with a tensor's spread, so
     # only gradient steps make it non-zero), and their AdamW state went through the checkpoint
     students = a["groups"]["student"]
@@ -182,7 +197,7 @@ def test_lora_members_on_ray_equal_local(tmp_path: Path, tiny_base_dir: Path) ->
         assert (local / name).read_bytes() == (on_ray / name).read_bytes(), name
     a, b = load_latest(local / "checkpoints"), load_latest(on_ray / "checkpoints")
     assert a is not None and b is not None and a["generation"] == b["generation"] == 2
-    assert same(a, b)
+    assert (difference := first_difference(a, b)) is None, difference
     assert any(h["lineage"] for h in records(local / "metrics.jsonl"))  # children were made and played
 
 
@@ -223,7 +238,7 @@ def test_grpo_learner_maps_transitions_and_keeps_per_adapter_state(
     learner.reset()
     assert learner.state_dict()["state"] == {}
     learner.load_state_dict(state)
-    assert same(learner.state_dict(), state)
+    assert (difference := first_difference(learner.state_dict(), state)) is None, difference
     with pytest.raises(ValueError, match="prefilled answer scaffold"):
         learner.update(member, [Transition("student_0", "student", obs[0], "no prefix", 1.0, 0)])
     with pytest.raises(ValueError, match="member_options\\['grpo'\\]"):
