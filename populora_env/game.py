@@ -397,17 +397,12 @@ class Game:
         solved = verdict == "correct"
         self._attempts.setdefault(task.task_id, []).append((turn.agent, solved))
         self.attempt_log.append((turn.agent, task.task_id, solved))
-        info = {  # _base_info's keys, spelled out: this is the env's most frequent step
-            "round": turn.round,
-            "phase": turn.phase,
-            "task_type": turn.task_type,
-            "attempt": turn.attempt,
-            "task_id": task.task_id,
-            "verdict": verdict,
-            "status": status,
-            "score": score,
-            "gold": task.gold,
-        }
+        info = self._base_info(turn)  # filled in place: one dict per step (the env's most frequent step)
+        info["task_id"] = task.task_id
+        info["verdict"] = verdict
+        info["status"] = status
+        info["score"] = score
+        info["gold"] = task.gold
         return StepOutcome({turn.agent: reward}, {turn.agent: info}, False)
 
     def _score(self, task: Task, action: Any) -> float:
