@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["compare_runs", "plot_run", "summary_rows"]
+__all__ = ["COMPARED_COLUMNS", "compare_runs", "plot_run", "summary_rows"]
 
 
 def _load(run_dir: Path) -> list[dict[str, Any]]:
@@ -102,15 +102,17 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return target
 
 
-# (title, metric of one generation's record) of the comparison panels
-_COMPARED: tuple[tuple[str, Any], ...] = (
-    ("student solve rate", lambda r: r["solve_rate"]),
-    ("invalid proposals", lambda r: r["invalid_rate"]),
-    ("teacher reward per proposal", lambda r: r["mean_reward"].get("teacher", float("nan"))),
-    ("AST depth of valid proposals", lambda r: r["difficulty"]["depth"]),
-    ("cyclomatic complexity", lambda r: r["difficulty"]["cyclomatic"]),
-    ("coverage (distinct AST shapes)", lambda r: r["coverage"]),
+# (short name, title, metric of one generation's record) of the comparison panels and table columns
+_COMPARED: tuple[tuple[str, str, Any], ...] = (
+    ("solve", "student solve rate", lambda r: r["solve_rate"]),
+    ("invalid", "invalid proposals", lambda r: r["invalid_rate"]),
+    ("teacher", "teacher reward per proposal", lambda r: r["mean_reward"].get("teacher", float("nan"))),
+    ("depth", "AST depth of valid proposals", lambda r: r["difficulty"]["depth"]),
+    ("cyclo", "cyclomatic complexity", lambda r: r["difficulty"]["cyclomatic"]),
+    ("coverage", "coverage (distinct AST shapes)", lambda r: r["coverage"]),
 )
+COMPARED_COLUMNS: tuple[tuple[str, str], ...] = tuple((short, title) for short, title, _ in _COMPARED)
+"""``(short name, title)`` of each compared metric; ``summary_rows`` keys its values by title."""
 
 
 def _label(run_dir: Path) -> str:
@@ -136,7 +138,7 @@ def summary_rows(run_dirs: list[str | Path], last: float = 1 / 3) -> list[dict[s
         records = _load(run_dir)
         tail = records[-max(1, round(len(records) * last)) :]
         row: dict[str, Any] = {"run": _label(run_dir), "generations": len(records)}
-        for title, metric in _COMPARED:
+        for _, title, metric in _COMPARED:
             row[title] = sum(metric(r) for r in tail) / len(tail)
         rows.append(row)
     return rows
@@ -166,7 +168,7 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
 
     runs = [(Path(d), _load(Path(d))) for d in run_dirs]
     fig, axes = plt.subplots(2, 3, figsize=(14, 7), sharex=True)
-    for (title, metric), ax in zip(_COMPARED, axes.flat, strict=True):
+    for (_, title, metric), ax in zip(_COMPARED, axes.flat, strict=True):
         for index, (run_dir, records) in enumerate(runs):  # markers too: equal curves stay visible
             ax.plot([r["generation"] for r in records], [metric(r) for r in records],
                     marker="osD^vx"[index % 6], markersize=7 - index % 4, alpha=0.85, label=_label(run_dir))  # fmt: skip

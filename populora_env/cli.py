@@ -312,9 +312,8 @@ class PlotArgs:
 
 def _comparison_table(rows: list[dict[str, Any]]) -> str:
     """``summary_rows`` as aligned text: one line per run, one column per metric."""
-    columns = [("solve", "student solve rate"), ("invalid", "invalid proposals"),
-               ("teacher", "teacher reward per proposal"), ("depth", "AST depth of valid proposals"),
-               ("cyclo", "cyclomatic complexity"), ("coverage", "coverage (distinct AST shapes)")]  # fmt: skip
+    from evolve.plots import COMPARED_COLUMNS as columns
+
     width = max(len(row["run"]) for row in rows)
     lines = [f"{'run':<{width}}  {'gens':>4}  " + "  ".join(f"{name:>8}" for name, _ in columns)]
     lines.append("-" * len(lines[0]))
