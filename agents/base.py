@@ -71,12 +71,13 @@ def deterministic_kernels(device: torch.device, enabled: bool = True) -> Iterato
 
     CUDA's default memory-efficient attention backward accumulates with atomics, so two identical updates
     can differ in the last bits; with this on, PyTorch picks its deterministic variants and raises
-    ``RuntimeError`` for an operation that has none (rather than silently breaking exact resume).
+    ``RuntimeError`` for an operation that has none (rather than silently breaking exact resume). cuBLAS's
+    workspace setting is ``load_base``'s job: set here, after cuBLAS has started, it would only silence
+    PyTorch's check of it.
     """
     if not enabled or device.type != "cuda":
         yield
         return
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", _CUBLAS_WORKSPACE)
     previous = (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -132,7 +133,7 @@ def load_base(
     tokenizer.padding_side = "left"
     model.requires_grad_(False)
     model.eval()
-    if target.type == "cuda":  # before cuBLAS starts: deterministic_kernels needs it (see there)
+    if target.type == "cuda":  # before cuBLAS starts (deterministic_kernels relies on it)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", _CUBLAS_WORKSPACE)
     model.to(target)  # type: ignore[arg-type]  # transformers' stub types .to() narrowly
     return model, tokenizer
