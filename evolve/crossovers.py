@@ -139,9 +139,11 @@ def dare(
         work = [p[key].to(dtype) for p in parents]
         centre = _mean(work) if base is None else base[key].to(dtype)
         draws = _mask_draws(torch.Size((len(work), *centre.shape)), rng).to(centre.device)
-        keep = torch.ge(draws, threshold).to(dtype)  # a float mask: mixed bool-float arithmetic is slow
-        merged = centre.clone()
-        for tensor, kept in zip(work, keep, strict=True):
+        # A float mask (mixed bool-float arithmetic is slow), written by the comparison itself: on CPU
+        # 6x faster than comparing to bool and converting (measured on a Qwen2.5-0.5B-shaped B).
+        keep = torch.ge(draws, threshold, out=torch.empty(draws.shape, dtype=dtype, device=draws.device))
+        merged = torch.addcmul(centre, work[0] - centre, keep[0], value=scale)
+        for tensor, kept in zip(work[1:], keep[1:], strict=True):
             merged.addcmul_(tensor - centre, kept, value=scale)
         child[key] = merged.to(first[key].dtype)
     return ordered_like(child, first)
@@ -149,8 +151,10 @@ def dare(
 
 def _mean(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The entry-wise mean of same-shape tensors, in a new tensor (no ``(n, ...)`` stack)."""
-    total = tensors[0].clone()
-    for tensor in tensors[1:]:
+    if len(tensors) == 1:
+        return tensors[0].clone()
+    total = torch.add(tensors[0], tensors[1])
+    for tensor in tensors[2:]:
         total.add_(tensor)
     return total.div_(len(tensors))
 
