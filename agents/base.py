@@ -89,6 +89,29 @@ def deterministic_kernels(device: torch.device, enabled: bool = True) -> Iterato
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
+@contextlib.contextmanager
+def no_cudnn_attention(device: torch.device) -> Iterator[None]:
+    """Keep PyTorch's scaled-dot-product attention off the cuDNN backend for the block on CUDA (the
+    previous setting is restored after); a no-op on CPU or where the cuDNN backend is already off.
+
+    Why: on Hopper and Blackwell datacenter GPUs with a recent cuDNN, PyTorch puts cuDNN attention first
+    (``check_prefer_cudnn_attention`` in ATen's ``transformers/cuda/sdp_utils.cpp``), and cuDNN builds an
+    execution graph for every new problem shape (cached by batch size, key length, ...; tens of
+    milliseconds of host time per build). Decoding with a KV cache grows the key length by one at every
+    token and RL batches change length from one update to the next, so nearly every call would pay a
+    build. FlashAttention and the memory-efficient kernel have no per-shape build and take the call
+    instead. Backends the caller turned off stay off: this only ever turns cuDNN off.
+    """
+    if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
+        yield
+        return
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
 def default_device() -> torch.device:
     """CUDA when available, else CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from agents.base import no_cudnn_attention
+
 
 def cache_kwarg(model: Any) -> str:
     """Name of the KV-cache keyword of a (possibly PEFT-wrapped) causal LM's forward.
@@ -166,16 +168,18 @@ def decode_tokens(
         pad=tokenizer.pad_token_id,
         ignore_eos=ignore_eos,
     )
-    if not shared:
+    # the key length grows at every token: keep attention off cuDNN's per-shape graphs (see its docstring)
+    with no_cudnn_attention(device):
+        if not shared:
+            with setup(every_row) as extra:
+                return _decode_steps(model, state, _forward(model, state, extra), extra, **steps)
+        with setup(first) as extra:
+            logits = _forward(model, state, extra)  # (U, V)
+        index = torch.tensor(inverse, dtype=torch.long, device=device)  # (B,)
+        state.cache.batch_select_indices(index)  # every row gets its own copy of its prompt's cache
+        state.mask, state.positions = state.mask[index], state.positions[index]
         with setup(every_row) as extra:
-            return _decode_steps(model, state, _forward(model, state, extra), extra, **steps)
-    with setup(first) as extra:
-        logits = _forward(model, state, extra)  # (U, V)
-    index = torch.tensor(inverse, dtype=torch.long, device=device)  # (B,)
-    state.cache.batch_select_indices(index)  # every row gets its own copy of its prompt's cache
-    state.mask, state.positions = state.mask[index], state.positions[index]
-    with setup(every_row) as extra:
-        return _decode_steps(model, state, logits[index], extra, **steps)
+            return _decode_steps(model, state, logits[index], extra, **steps)
 
 
 @dataclass

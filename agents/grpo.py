@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from agents.base import deterministic_kernels
+from agents.base import deterministic_kernels, no_cudnn_attention
 from agents.generation import texts_of
 from agents.grpo_batch import TokenBatch, encode_batch, only_trainable, shared_prefix_logps
 from agents.grpo_config import (
@@ -202,6 +202,7 @@ class GRPOLearner:
         try:
             with (
                 deterministic_kernels(self.population.device, cfg.deterministic),
+                no_cudnn_attention(self.population.device),  # batch lengths vary: see its docstring
                 only_trainable(model, self._optimizers[adapter].params),
             ):
                 ref_logps = self._no_grad_logps(batch, chunks, reference=True) if cfg.beta > 0 else None

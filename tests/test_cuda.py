@@ -3,7 +3,8 @@
 Run on a GPU machine with ``python -m pytest tests/test_cuda.py``. Each test is the CUDA twin of a CPU
 test elsewhere: the stacked per-row LoRA gather against PEFT's own paths, a GRPO update against the same
 update on CPU, every weight-space operator on genomes that live on the GPU, and a LoRA PBT run killed after
-a checkpoint that must resume bit-identical (which needs deterministic CUDA kernels).
+a checkpoint that must resume bit-identical (which needs deterministic CUDA kernels); and bf16 decoding
+and updates kept off cuDNN attention (whose per-shape graph builds made decoding slow on an H200).
 """
 
 from __future__ import annotations
@@ -88,6 +89,31 @@ def test_grpo_update_on_cuda_matches_cpu(tiny_base_dir: Path) -> None:
     assert any(not torch.equal(reference[k], before[k]) for k in before), "the update moved nothing"
     for key, value in reference.items():
         torch.testing.assert_close(moved[key], value, atol=1e-4, rtol=1e-3)
+
+
+def test_bf16_decoding_and_updates_keep_attention_off_cudnn(tiny_base_dir: Path) -> None:
+    """On sm90/sm100 PyTorch prefers cuDNN attention for bf16, and cuDNN builds a graph per new shape:
+    while decoding the key length grows by a token per step, so nearly every call would pay a build (an
+    H200 run spent 21.6 ms per attention call decoding). Generation and GRPO updates must reach SDPA on
+    another backend."""
+    pop = LoRAPopulation.from_pretrained(
+        tiny_base_dir, list(NAMES), rank=4, dtype=torch.bfloat16, device="cuda"
+    )
+    prompts = ["def f(x):\n    return", "x = [1, 2", "def f(s):\n    return s"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        pop.generate_tokens(prompts, ["t1", "t2", "t3"], max_new_tokens=16, temperature=1.0, seed=0)
+        stats = GRPOLearner(pop, GRPOConfig(learning_rate=0.05, max_new_tokens=8)).update(
+            "t2",
+            prompts=["def f(x):\n    return"] * 4,
+            completions=[" x + 1", " x * 2", " 0", " x"],
+            rewards=[1.0, -0.5, -1.0, 1.0],
+            group_ids=[0, 0, 0, 0],
+        )
+    assert not stats.skipped
+    names = {event.name for event in prof.events()}
+    assert any("scaled_dot_product" in name for name in names), sorted(names)[:20]
+    assert not any("cudnn_attention" in name for name in names), sorted(n for n in names if "cudnn" in n)
+    assert torch.backends.cuda.cudnn_sdp_enabled(), "the backend setting must come back after the calls"
 
 
 @pytest.mark.parametrize("name", sorted(operators.MUTATIONS))

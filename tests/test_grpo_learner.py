@@ -16,6 +16,10 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
+import agents.generation  # noqa: E402
+import agents.grpo  # noqa: E402
+from agents.base import no_cudnn_attention  # noqa: E402
+from agents.generation import decode_tokens  # noqa: E402
 from agents.grpo import GRPOConfig, GRPOLearner, LossType, UpdateStats  # noqa: E402
 from agents.grpo_batch import encode_batch, shared_prefix_logps  # noqa: E402
 from tests.agents_fixtures import one_torch_thread, tiny_base_dir  # noqa: E402
@@ -201,6 +205,61 @@ def test_only_the_named_adapter_moves(loss_type: LossType) -> None:
     assert moved <= adapter_b, f"parameters outside adapter 'p1' moved: {sorted(moved - adapter_b)[:3]}"
     # Requires-grad flags are restored after the update.
     assert all(not p.requires_grad for n, p in pop.model.named_parameters() if "lora_" not in n)
+
+
+def test_no_cudnn_attention_turns_only_cudnn_off_only_on_cuda_and_restores_it() -> None:
+    """The flag logic, on a CUDA device object (setting the flag needs no GPU): CPU blocks are left alone,
+    the previous setting comes back after the block (also after an error), and a caller who already
+    turned the backend off keeps it off."""
+    enabled = torch.backends.cuda.cudnn_sdp_enabled
+    assert enabled()
+    with no_cudnn_attention(torch.device("cpu")):
+        assert enabled()
+    with no_cudnn_attention(torch.device("cuda")):
+        assert not enabled()
+    assert enabled()
+    with pytest.raises(RuntimeError, match="inside"), no_cudnn_attention(torch.device("cuda")):
+        raise RuntimeError("inside")
+    assert enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        with no_cudnn_attention(torch.device("cuda")):
+            assert not enabled()
+        assert not enabled(), "a caller's own choice must survive the block"
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+def test_every_forward_of_an_update_and_of_decoding_runs_outside_cudnn_attention(monkeypatch) -> None:
+    """The wiring: the learner's forwards and ``decode_tokens``'s run inside ``no_cudnn_attention`` of
+    the model's device (on a GPU that keeps SDPA off cuDNN, whose per-shape graph builds would otherwise be
+    paid at nearly every call: key lengths grow by a token per step and batches change length)."""
+    active: list[torch.device] = []
+
+    @contextlib.contextmanager
+    def spy(device: torch.device) -> Iterator[None]:
+        active.append(device)
+        try:
+            with no_cudnn_attention(device):
+                yield
+        finally:
+            active.pop()
+
+    monkeypatch.setattr(agents.grpo, "no_cudnn_attention", spy)
+    monkeypatch.setattr(agents.generation, "no_cudnn_attention", spy)
+    pop = TinyPopulation()
+    learner = GRPOLearner(pop, GRPOConfig(learning_rate=1e-2, max_new_tokens=6, beta=0.05))
+    batch = _batch(pop, "p1")  # Hugging Face's generate: not ours, so before the hook
+    devices: list[list[torch.device]] = []
+    hook = pop.model.register_forward_pre_hook(lambda module, args: devices.append(list(active)))
+    try:
+        assert not learner.update("p1", *batch).skipped
+        updates = len(devices)
+        decode_tokens(pop.model, pop.tokenizer, ["ab", "b"], max_new_tokens=4, temperature=0.0, seed=0)
+    finally:
+        hook.remove()
+    assert updates > 0 and len(devices) > updates
+    assert all(d == [pop.device] for d in devices), devices
 
 
 def test_first_inner_epoch_is_on_policy() -> None:
