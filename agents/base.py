@@ -100,16 +100,18 @@ def no_cudnn_attention(device: torch.device) -> Iterator[None]:
     milliseconds of host time per build). Decoding with a KV cache grows the key length by one at every
     token and RL batches change length from one update to the next, so nearly every call would pay a
     build. FlashAttention and the memory-efficient kernel have no per-shape build and take the call
-    instead. Backends the caller turned off stay off: this only ever turns cuDNN off.
+    instead. Backends the caller turned off stay off: this only ever turns cuDNN off. A PyTorch without
+    the switch (older than the cuDNN backend) has nothing to turn off.
     """
-    if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
+    backends = torch.backends.cuda
+    if device.type != "cuda" or not getattr(backends, "cudnn_sdp_enabled", lambda: False)():
         yield
         return
-    torch.backends.cuda.enable_cudnn_sdp(False)
+    backends.enable_cudnn_sdp(False)
     try:
         yield
     finally:
-        torch.backends.cuda.enable_cudnn_sdp(True)
+        backends.enable_cudnn_sdp(True)
 
 
 def default_device() -> torch.device:
