@@ -21,12 +21,11 @@ pytest.importorskip("transformers")
 from agents.grpo import GRPOConfig, GRPOLearner  # noqa: E402
 from agents.population import LoRAPopulation  # noqa: E402
 from evolve import operators  # noqa: E402
-from evolve.checkpoint import load_latest  # noqa: E402
 from evolve.pbt import run_pbt  # noqa: E402
 from tests.agents_fixtures import tiny_base_dir  # noqa: E402
 from tests.test_lora_members import (  # noqa: E402
+    assert_same_run,
     crash_after_first_checkpoint_then_resume,
-    first_difference,
     lora_config,
     lora_options,
     records,
@@ -96,6 +95,8 @@ def test_bf16_decoding_and_updates_keep_attention_off_cudnn(tiny_base_dir: Path)
     while decoding the key length grows by a token per step, so nearly every call would pay a build (an
     H200 run spent 21.6 ms per attention call decoding). Generation and GRPO updates must reach SDPA on
     another backend."""
+    if torch.cuda.get_device_capability()[0] not in (9, 10):  # elsewhere it passes without the change
+        pytest.skip("PyTorch prefers cuDNN attention only on sm90/sm100 devices")
     pop = LoRAPopulation.from_pretrained(
         tiny_base_dir, list(NAMES), rank=4, dtype=torch.bfloat16, device="cuda"
     )
@@ -153,13 +154,8 @@ def test_lora_pbt_on_cuda_resumes_bit_identical(
                            generations=3, scripted_strength=0.0, member_options=options)  # fmt: skip
 
     reference = run_pbt(config("reference"))
-    resumed = config("resumed")
-    crash_after_first_checkpoint_then_resume(resumed, monkeypatch)
-    for name in ("metrics.jsonl", "lineage.jsonl"):
-        assert (reference / name).read_bytes() == (Path(resumed.run_dir) / name).read_bytes(), name
-    a, b = load_latest(reference / "checkpoints"), load_latest(Path(resumed.run_dir) / "checkpoints")
-    assert a is not None and b is not None and a["generation"] == b["generation"] == 3
-    assert (difference := first_difference(a, b)) is None, difference
+    resumed = crash_after_first_checkpoint_then_resume(config("resumed"), monkeypatch)
+    a = assert_same_run(reference, resumed, 3, ("metrics.jsonl", "lineage.jsonl"))
     students = a["groups"]["student"]
     assert all(any(v.abs().sum() > 0 for k, v in m["genome"].items() if ".lora_B." in k) for m in students)
     assert all(h["losses"] for h in records(reference / "metrics.jsonl"))

@@ -164,18 +164,25 @@ def crash_after_first_checkpoint_then_resume(config: PBTConfig, monkeypatch: pyt
     return run_pbt(config)
 
 
+def assert_same_run(reference: Path, other: Path, generation: int, files: tuple[str, ...]) -> dict[str, Any]:
+    """Two run directories hold the same log ``files`` byte for byte and the same last checkpoint (at
+    ``generation``), bit for bit; returns that checkpoint."""
+    for name in files:
+        assert (reference / name).read_bytes() == (other / name).read_bytes(), name
+    a, b = load_latest(reference / "checkpoints"), load_latest(other / "checkpoints")
+    assert a is not None and b is not None and a["generation"] == b["generation"] == generation
+    assert (difference := first_difference(a, b)) is None, difference
+    return a
+
+
 def test_lora_run_resumes_bit_identical_after_an_interruption(
     tmp_path: Path, tiny_base_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fields = dict(teachers="scripted", students="lora_canned", generations=3, scripted_strength=0.0)
     reference = run_pbt(lora_config(tmp_path / "reference", tiny_base_dir, **fields))
     config = lora_config(tmp_path / "resumed", tiny_base_dir, **fields)
-    crash_after_first_checkpoint_then_resume(config, monkeypatch)
-    for name in ("metrics.jsonl", "lineage.jsonl", "config.json"):
-        assert (reference / name).read_bytes() == (Path(config.run_dir) / name).read_bytes(), name
-    a, b = load_latest(reference / "checkpoints"), load_latest(Path(config.run_dir) / "checkpoints")
-    assert a is not None and b is not None and a["generation"] == b["generation"] == 3
-    assert (difference := first_difference(a, b)) is None, difference
+    resumed = crash_after_first_checkpoint_then_resume(config, monkeypatch)
+    a = assert_same_run(reference, resumed, 3, ("metrics.jsonl", "lineage.jsonl", "config.json"))
     # GRPO really moved the students (lora_B starts at zero; mutations scale with a tensor's spread, so
     # only gradient steps make it non-zero), and their AdamW state went through the checkpoint
     students = a["groups"]["student"]
@@ -193,11 +200,7 @@ def test_lora_members_on_ray_equal_local(tmp_path: Path, tiny_base_dir: Path) ->
     pytest.importorskip("ray")
     local = run_pbt(lora_config(tmp_path / "local", tiny_base_dir))
     on_ray = run_pbt(lora_config(tmp_path / "ray", tiny_base_dir, backend="ray", ray_num_cpus=2))
-    for name in ("metrics.jsonl", "lineage.jsonl", "config.json"):
-        assert (local / name).read_bytes() == (on_ray / name).read_bytes(), name
-    a, b = load_latest(local / "checkpoints"), load_latest(on_ray / "checkpoints")
-    assert a is not None and b is not None and a["generation"] == b["generation"] == 2
-    assert (difference := first_difference(a, b)) is None, difference
+    assert_same_run(local, on_ray, 2, ("metrics.jsonl", "lineage.jsonl", "config.json"))
     assert any(h["lineage"] for h in records(local / "metrics.jsonl"))  # children were made and played
 
 
