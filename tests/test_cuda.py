@@ -38,6 +38,12 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (this machine has none)"),
 ]
 NAMES = ("t1", "t2", "t3")  # PEFT warns about adapter names found inside "lora_"
+UPDATE_BATCH: dict[str, Any] = dict(  # one GRPO group of four scored completions
+    prompts=["def f(x):\n    return"] * 4,
+    completions=[" x + 1", " x * 2", " 0", " x"],
+    rewards=[1.0, -0.5, -1.0, 1.0],
+    group_ids=[0, 0, 0, 0],
+)
 
 
 def populations(base_dir: Path) -> tuple[LoRAPopulation, LoRAPopulation]:
@@ -69,12 +75,7 @@ def test_stacked_generation_on_cuda_equals_peft_paths(tiny_base_dir: Path) -> No
 
 def test_grpo_update_on_cuda_matches_cpu(tiny_base_dir: Path) -> None:
     cpu, cuda = populations(tiny_base_dir)
-    batch: dict[str, Any] = dict(
-        prompts=["def f(x):\n    return"] * 4,
-        completions=[" x + 1", " x * 2", " 0", " x"],
-        rewards=[1.0, -0.5, -1.0, 1.0],
-        group_ids=[0, 0, 0, 0],
-    )
+    batch = UPDATE_BATCH
     before = cpu.get_genome("t2")
     config = GRPOConfig(learning_rate=0.05, max_new_tokens=8)
     stats = {
@@ -104,11 +105,7 @@ def test_bf16_decoding_and_updates_keep_attention_off_cudnn(tiny_base_dir: Path)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         pop.generate_tokens(prompts, ["t1", "t2", "t3"], max_new_tokens=16, temperature=1.0, seed=0)
         stats = GRPOLearner(pop, GRPOConfig(learning_rate=0.05, max_new_tokens=8)).update(
-            "t2",
-            prompts=["def f(x):\n    return"] * 4,
-            completions=[" x + 1", " x * 2", " 0", " x"],
-            rewards=[1.0, -0.5, -1.0, 1.0],
-            group_ids=[0, 0, 0, 0],
+            "t2", **UPDATE_BATCH
         )
     assert not stats.skipped
     names = {event.name for event in prof.events()}
