@@ -21,12 +21,14 @@ from collections.abc import Sequence
 import torch
 
 from evolve.genome import (
+    CHUNK_PAIRS,
     Genome,
     LoraPair,
     PairBatch,
     check_fitness,
     check_parents,
     check_strength,
+    chunks,
     compute_dtype,
     copy_others,
     lora_keys,
@@ -35,6 +37,8 @@ from evolve.genome import (
     ordered_like,
     pair_batches,
     require_lora,
+    rows,
+    run_parallel,
     stack_factors,
     store_factors,
 )
@@ -80,9 +84,13 @@ def linear_combination(parents: Sequence[Genome], coeffs: Sequence[float]) -> Ge
     child = copy_others(first, mixed)
     if pairs:
         terms = [(c, p) for c, p in zip(coeffs, parents, strict=True) if c != 0] or [(0.0, first)]
-        for batch in pair_batches(first, pairs):
+
+        def combine(batch: PairBatch) -> None:
             b, a = reproject_concatenated(*_concatenate(terms, batch), batch.a_shape[0])
             store_factors(child, batch, b, a, like=first)
+
+        units = [unit for batch in pair_batches(first, pairs) for unit in chunks(batch)]
+        run_parallel(combine, units, [rows(unit) for unit in units], first[pairs[0].a_key].device)
     else:
         for key in mixed:
             dtype = compute_dtype(first[key].dtype)
@@ -215,17 +223,24 @@ def svd_splice(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitn
     first = parents[0]
     pairs = require_lora(first, "svd_splice")
     child = copy_others(first, lora_keys(pairs))
-    for batch in pair_batches(first, pairs):
-        b, a = stack_factors([top, rest], batch)  # (2G, ...): one batched SVD for both parents
-        count, rank = len(batch.pairs), batch.a_shape[0]
-        svd, u, s, v = adapter_svd(b, a)
-        b, a = to_factors(svd, u, s, v, row_scale(a))
+    device = first[pairs[0].a_key].device
+    units: list[tuple[PairBatch, torch.Tensor]] = []  # (chunk, its k)
+    for batch in pair_batches(first, pairs):  # all draws here, in batch order, before any thread starts
+        rank = batch.a_shape[0]
         low, high = (1, rank) if rank > 1 else (0, 2)
-        k = torch.randint(low, high, (count, 1), generator=rng, device=rng.device).to(b.device)
-        from_top = torch.arange(rank, device=b.device) < k  # (G, r)
-        b_child = torch.where(from_top.unsqueeze(-2), b[:count], b[count:])
-        a_child = torch.where(from_top.unsqueeze(-1), a[:count], a[count:])
-        store_factors(child, batch, b_child, a_child, like=first)
+        k = torch.randint(low, high, (len(batch.pairs), 1), generator=rng, device=rng.device).to(device)
+        units += zip(chunks(batch), k.split(CHUNK_PAIRS), strict=True)
+
+    def splice(unit: tuple[PairBatch, torch.Tensor]) -> None:
+        chunk, k = unit
+        b, a = stack_factors([top, rest], chunk)  # (2G, ...): one batched SVD for both parents
+        svd, u, s, v = adapter_svd(b, a)
+        from_top = torch.arange(chunk.a_shape[0], device=device) < k  # (G, r)
+        keep = torch.cat([from_top, ~from_top]).to(s.dtype)  # top's components < k, rest's from k on
+        b_child, a_child = to_factors(svd, u, s, v, row_scale(a), keep=keep, sum_halves=True)
+        store_factors(child, chunk, b_child, a_child, like=first)
+
+    run_parallel(splice, units, [rows(chunk) for chunk, _ in units], device)
     return ordered_like(child, first)
 
 

@@ -146,6 +146,9 @@ def to_factors(
     v: torch.Tensor,
     a_scale: torch.Tensor,
     b_keep: torch.Tensor | None = None,
+    *,
+    keep: torch.Tensor | None = None,
+    sum_halves: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Expand core-basis components into LoRA factors ``B (..., m, r)`` and ``A (..., r, n)``.
 
@@ -157,13 +160,41 @@ def to_factors(
         a_scale: ``(..., 1)`` typical ``A`` row norm (see ``gauge``).
         b_keep: Optional ``(..., r)`` 0/1 mask applied to ``B``'s columns only: a dropped component
             contributes nothing to ``ΔW`` while its ``A`` row stays, so training can revive it.
+        keep: Optional ``(..., r)`` 0/1 mask applied to both factors (a zero column of ``B`` and a zero
+            row of ``A``); meant for ``sum_halves``.
+        sum_halves: The batch is two stacks of ``G`` matrices, ``(2G, ...)``; return the sum of the
+            first stack's factors and the second's, ``(G, ...)``, computed as fused products with no
+            intermediate per-stack factors. With complementary ``keep`` masks this takes each component
+            from one stack (``svd_splice``).
     """
     d_b, d_a = gauge(s, a_scale)
     if b_keep is not None:
         d_b = d_b * b_keep
-    b = _expand(svd.b_reflectors, svd.b_tau, u, d_b, lambda coords: svd.b @ coords, apply_q)
-    a = _expand(svd.a_reflectors, svd.a_tau, v, d_a, lambda coords: coords.mT @ svd.a, apply_q_transposed)
+    if keep is not None:
+        d_b, d_a = d_b * keep, d_a * keep
+    half = svd.b.shape[0] // 2
+    if sum_halves and svd.b.shape[0] % 2:
+        raise ValueError(f"sum_halves: the batch must hold two stacks, got {svd.b.shape[0]} matrices")
+
+    def b_of(coords: torch.Tensor) -> torch.Tensor:  # B = X_b @ coords (summed over the stacks)
+        if not sum_halves:
+            return svd.b @ coords
+        return torch.baddbmm(svd.b[:half] @ coords[:half], svd.b[half:], coords[half:])
+
+    def a_of(coords: torch.Tensor) -> torch.Tensor:  # A = coordsᵀ @ X_a (summed over the stacks)
+        if not sum_halves:
+            return coords.mT @ svd.a
+        return torch.baddbmm(coords[:half].mT @ svd.a[:half], coords[half:].mT, svd.a[half:])
+
+    b = _expand(svd.b_reflectors, svd.b_tau, u, d_b, b_of, apply_q, sum_halves)
+    a = _expand(svd.a_reflectors, svd.a_tau, v, d_a, a_of, apply_q_transposed, sum_halves)
     return b, a
+
+
+def _add_halves(x: torch.Tensor) -> torch.Tensor:
+    """``x[:G] + x[G:]`` for ``x (2G, ...)``."""
+    half = x.shape[0] // 2
+    return x[:half] + x[half:]
 
 
 def _expand(
@@ -173,18 +204,25 @@ def _expand(
     scale: torch.Tensor,
     through_factor: Callable[[torch.Tensor], torch.Tensor],
     through_reflectors: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    sum_halves: bool = False,
 ) -> torch.Tensor:
     """``Q @ (vectors * scale)`` in a factor's layout: by a product with the factor where ``coordinates``
-    accepts it, by the Householder reflectors for the matrices of the batch it does not."""
+    accepts it, by the Householder reflectors for the matrices of the batch it does not. With
+    ``sum_halves`` (see ``to_factors``) ``through_factor`` returns the sum of the halves itself, and a
+    module whose expansion is rejected in either half goes through the reflectors in both."""
     small = vectors * scale.unsqueeze(-2)
     found = coordinates(reflectors, vectors)
+    combine = _add_halves if sum_halves else (lambda x: x)
     if found is None or not bool(found[1].any()):
-        return through_reflectors(reflectors, tau, small)
+        return combine(through_reflectors(reflectors, tau, small))
     coords, accurate = found
+    if sum_halves:
+        accurate = accurate[: accurate.shape[0] // 2] & accurate[accurate.shape[0] // 2 :]
     result = through_factor(coords * scale.unsqueeze(-2))
     if not bool(accurate.all()):
         rejected = ~accurate
-        result[rejected] = through_reflectors(reflectors[rejected], tau[rejected], small[rejected])
+        both = torch.cat([rejected, rejected]) if sum_halves else rejected  # first stack's, then second's
+        result[rejected] = combine(through_reflectors(reflectors[both], tau[both], small[both]))
     return result
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from evolve import crossovers, lowrank, operators
-from evolve.genome import check_parents, lora_pairs
+from evolve import crossovers, genome, lowrank, operators
+from evolve.genome import check_parents, lora_pairs, pair_batches
 
 # (in_features, out_features) per module: square, wide-out, narrow-out (k/v-like), and rank r = 4.
 SHAPES = {"q_proj": (24, 24), "up_proj": (24, 40), "k_proj": (24, 8), "down_proj": (40, 24)}
@@ -276,21 +276,109 @@ def test_interpolation_endpoints_reproduce_a_parents_delta_w():
         torch.testing.assert_close(child[module], best, atol=1e-5, rtol=1e-4)
 
 
-def test_svd_splice_takes_top_components_of_the_better_parent():
-    parents = [lora_genome(1), lora_genome(2)]
-    child = delta_w(cross("svd_splice", parents, fitness=(0.0, 1.0)))  # parent 1 is better
+@pytest.mark.parametrize("zero_b", [False, True])
+def test_svd_splice_takes_top_components_of_the_better_parent(zero_b):
+    # 20 layers: each shape's batch is split into units of CHUNK_PAIRS, so every module must still get
+    # its own k, the one drawn for it (replayed from the seed: one draw per batch, in batch order).
+    # zero_b: every third module of the worse parent is a fresh adapter (B = 0), which the factor
+    # product cannot expand (the reflectors do, for that module only).
+    layers = genome.CHUNK_PAIRS + 4
+    parents = [lora_genome(1, layers=layers), lora_genome(2, layers=layers)]
+    if zero_b:
+        for pair in lora_pairs(parents[0])[::3]:
+            parents[0][pair.b_key].zero_()
+    child = delta_w(cross("svd_splice", parents, seed=5, fitness=(0.0, 1.0)))  # parent 1 is better
     top, rest = delta_w(parents[1]), delta_w(parents[0])
+    replay = torch.Generator().manual_seed(5)
+    drawn = {}
+    for batch in pair_batches(parents[0], lora_pairs(parents[0])):
+        k = torch.randint(1, RANK, (len(batch.pairs),), generator=replay)
+        drawn.update({pair.module: int(k_j) for pair, k_j in zip(batch.pairs, k, strict=True)})
+    assert len(set(drawn.values())) > 1
+
+    def head(m, k):
+        u, s, vh = torch.linalg.svd(m)
+        return u[:, :k] * s[:k] @ vh[:k]
+
     for module, dw in child.items():
+        k = drawn[module]
+        expected = head(top[module], k) + rest[module] - head(rest[module], k)
+        torch.testing.assert_close(dw, expected, atol=1e-5, rtol=1e-4, msg=module)
 
-        def head(m, k):
-            u, s, vh = torch.linalg.svd(m)
-            return u[:, :k] * s[:k] @ vh[:k]
 
-        errors = [
-            (dw - head(top[module], k) - rest[module] + head(rest[module], k)).abs().max()
-            for k in range(1, RANK)
-        ]
-        assert min(errors) < 1e-5, module
+@pytest.mark.parametrize("name", ["interpolate", "extrapolate", "es", "svd_splice"])
+def test_parallel_units_give_the_sequential_child_bit_for_bit(name):
+    """The ΔW-space crossovers run their units on threads when torch may use several: the child must not
+    depend on that (nor on which unit finishes first), and torch's thread count comes back."""
+    layers = genome.CHUNK_PAIRS + 4  # two units per shape
+    parents = [lora_genome(1, layers=layers), lora_genome(2, layers=layers)]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        sequential = cross(name, parents, seed=3)
+        torch.set_num_threads(2)
+        for pool in genome._POOL.values():
+            pool.shutdown()
+        genome._POOL.clear()
+        parallel = cross(name, parents, seed=3)
+        assert list(genome._POOL) == [2], "the units did not run on the pool"
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert list(parallel) == list(sequential)
+    for key, tensor in sequential.items():
+        assert torch.equal(parallel[key], tensor), key
+
+
+def test_run_parallel_reports_the_first_failure_and_restores_threads():
+    units = list(range(6))
+    done = []
+
+    def work(unit):
+        if unit in (2, 4):
+            raise ValueError(f"unit {unit}")
+        done.append(unit)
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(ValueError, match="unit 2"):
+            genome.run_parallel(work, units, [1] * 6, torch.device("cpu"))
+        assert torch.get_num_threads() == 2
+        assert sorted(done) == [0, 1, 3, 5]
+    finally:
+        torch.set_num_threads(before)
+
+
+def _splice_in_child(queue, parents) -> None:
+    torch.set_num_threads(2)
+    queue.put(sum(float(t.sum()) for t in cross("svd_splice", parents).values()))
+
+
+def test_a_forked_child_starts_its_own_worker_pool():
+    """A fork keeps the parent's pool object but none of its threads: without a fresh pool in the child,
+    its first parallel operator would wait forever."""
+    import multiprocessing
+
+    layers = genome.CHUNK_PAIRS + 4
+    parents = [lora_genome(1, layers=layers), lora_genome(2, layers=layers)]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        expected = sum(float(t.sum()) for t in cross("svd_splice", parents).values())
+        assert genome._POOL
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=_splice_in_child, args=(queue, parents))
+        child.start()
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+            pytest.fail("the forked child hung in its first parallel operator")
+    finally:
+        torch.set_num_threads(before)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == expected
 
 
 def test_svd_spectrum_at_zero_strength_keeps_delta_w_and_changes_it_otherwise():
