@@ -306,21 +306,29 @@ def test_svd_splice_takes_top_components_of_the_better_parent(zero_b):
         torch.testing.assert_close(dw, expected, atol=1e-5, rtol=1e-4, msg=module)
 
 
-@pytest.mark.parametrize("name", ["interpolate", "extrapolate", "es", "svd_splice"])
+@pytest.mark.parametrize(
+    "name", ["interpolate", "extrapolate", "es", "svd_splice", "svd_spectrum", "component_mask"]
+)
 def test_parallel_units_give_the_sequential_child_bit_for_bit(name):
-    """The ΔW-space crossovers run their units on threads when torch may use several: the child must not
+    """The ΔW-space operators run their units on threads when torch may use several: the child must not
     depend on that (nor on which unit finishes first), and torch's thread count comes back."""
     layers = genome.CHUNK_PAIRS + 4  # two units per shape
     parents = [lora_genome(1, layers=layers), lora_genome(2, layers=layers)]
+
+    def run():
+        if name in operators.MUTATIONS:
+            return mutate(name, parents[0], seed=3, strength=0.3)
+        return cross(name, parents, seed=3)
+
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        sequential = cross(name, parents, seed=3)
+        sequential = run()
         torch.set_num_threads(2)
         for pool in genome._POOL.values():
             pool.shutdown()
         genome._POOL.clear()
-        parallel = cross(name, parents, seed=3)
+        parallel = run()
         assert list(genome._POOL) == [2], "the units did not run on the pool"
         assert torch.get_num_threads() == 2
     finally:
