@@ -4,6 +4,7 @@ Run (CPU, about 1-3 minutes; one JSON line on stdout, progress on stderr)::
 
     .venv/bin/python bench/operators.py
     .venv/bin/python bench/operators.py --repeats 3 --threads 1
+    .venv/bin/python bench/operators.py --threads 2   # the README's second column: both cores here
 
 Needs ``peft`` and, for the second peer, the PyPI package ``populora`` (``.venv/bin/pip install populora``);
 a missing peer is recorded as such in the JSON, never silently dropped.
@@ -102,8 +103,10 @@ class Args:
     svd_layers: int = 1
     """Layers PEFT's svd merge is timed on (its cost is additive over layers; scaled to the full model)."""
     threads: int = 1
-    """torch intra-op threads; 0 keeps torch's default. One thread by default: on a shared machine a
-    second OpenMP thread that has to wait for a busy core makes LAPACK 5-10x slower (measured here)."""
+    """torch intra-op threads, for every contender; also the worker threads our ΔW-space operators run
+    module groups on (``evolve.genome.run_parallel``). 0 keeps torch's default. One thread by default:
+    on a shared machine a second OpenMP thread that has to wait for a busy core makes LAPACK 5-10x
+    slower (measured here)."""
     seed: int = 0
     """Seed of the parent genomes and operator generators."""
 
