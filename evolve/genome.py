@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -202,49 +202,64 @@ def rows(batch: PairBatch) -> int:
     return len(batch.pairs) * (batch.a_shape[1] + batch.b_shape[0])
 
 
-@contextmanager
-def _torch_single_threaded() -> Iterator[int]:
-    """Run torch's intra-op work on one thread for the block; yields the thread count it had."""
-    threads = torch.get_num_threads()
+_LOCK = threading.Lock()
+_POOLS: dict[int, ThreadPoolExecutor] = {}  # by size, kept between calls: threads started per call cost
+# page faults (glibc gives each thread's allocations an arena of its own, trimmed and faulted in again
+# when the thread ends). Never shut down here: a caller on another thread may be using one.
+
+
+def _one_torch_thread() -> None:
+    """Set the calling thread's torch to one thread, for good: the first use of torch in a thread takes
+    the process-wide default, so that happens first (``get_num_threads``), then the count is set."""
+    torch.get_num_threads()
     torch.set_num_threads(1)
-    try:
-        yield threads
-    finally:
-        torch.set_num_threads(threads)
-
-
-_POOL: dict[int, ThreadPoolExecutor] = {}  # {workers: pool}, at most one, kept between calls: threads
-# started per call cost page faults (glibc gives each thread's allocations an arena of its own, trimmed
-# and faulted in again when the thread ends)
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    """The shared worker pool, with ``workers`` threads (replacing one of another size)."""
-    if workers not in _POOL:
-        for old in _POOL.values():
-            old.shutdown(wait=False)
-        _POOL.clear()
-        _POOL[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="evolve-operators")
-    return _POOL[workers]
+    """The shared worker pool of ``workers`` threads, each set to run torch on one thread.
+
+    torch's thread count belongs to each thread (OpenMP's per-thread setting, MKL's local one); a thread
+    takes torch's process-wide default, the last count set anywhere, when it first uses torch. The
+    workers set theirs to one, which also moves that default, so a new pool is started in full here and
+    the default put back to the caller's count right after: only a thread first using torch in that
+    moment could take the one.
+    """
+    with _LOCK:
+        if workers not in _POOLS:
+            pool = ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="evolve-operators", initializer=_one_torch_thread
+            )
+            started = threading.Barrier(workers)
+            wait([pool.submit(started.wait, 60) for _ in range(workers)])  # all threads up, initialised
+            torch.set_num_threads(torch.get_num_threads())  # the default back to the caller's own count
+            _POOLS[workers] = pool
+        return _POOLS[workers]
 
 
-# A forked child has none of the parent's threads: it must start its own pool.
-os.register_at_fork(after_in_child=_POOL.clear)
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads: no pools, and a lock nobody holds."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    _POOLS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def run_parallel(
     work: Callable[[_Unit], None], units: Sequence[_Unit], costs: Sequence[int], device: torch.device
 ) -> None:
-    """Call ``work`` on every unit, on parallel threads where that helps: CPU tensors and more than one
-    torch thread allowed (``torch.get_num_threads()``).
+    """Call ``work`` on every unit, on a pool of single-threaded workers when torch may use more than one
+    thread here (``torch.get_num_threads()`` of the calling thread) and the tensors are on the CPU.
 
     The batched LAPACK routines the ΔW-space operators spend their time in (QR, the small SVDs) run one
     matrix after another on one core whatever torch's thread count, so independent units on separate
-    threads are what uses a machine's other cores (1.6-1.7x on two cores here). Meanwhile torch runs
-    single-threaded (restored afterwards): its own threads inside each worker would oversubscribe the
-    cores (measured 10x slower). On CPU every unit is computed single-threaded either way, so results do
-    not depend on the thread count. ``work`` must not draw random numbers (the draw order would depend on
-    scheduling) and must write only its own units' keys.
+    threads are what uses a machine's other cores (1.6-1.7x on two cores here). Each worker runs torch
+    on one thread: torch's own threads inside each worker would oversubscribe the cores (measured 10x
+    slower). With one thread allowed the units run in the calling thread, also on one thread, so a
+    result does not depend on the thread count; the caller's own setting is never changed. ``work`` must
+    not draw random numbers (the draw order would depend on scheduling) and must write only its own
+    units' keys.
 
     Args:
         work: Called once per unit.
@@ -256,21 +271,17 @@ def run_parallel(
         Whatever ``work`` raises (the first failing unit's error in input order, once every unit has
         finished).
     """
-    if device.type != "cpu":
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads < 2:
         for unit in units:
             work(unit)
         return
-    with _torch_single_threaded() as threads:
-        if threads < 2 or len(units) < 2:
-            for unit in units:
-                work(unit)
-            return
-        order = sorted(range(len(units)), key=lambda i: -costs[i])
-        pool = _pool(threads)
-        futures = {i: pool.submit(work, units[i]) for i in order}
-        wait(futures.values())  # all of them, also after a failure: none may outlive the block
-        for i in range(len(units)):
-            futures[i].result()
+    pool = _pool(threads)
+    order = sorted(range(len(units)), key=lambda i: -costs[i])
+    futures = {i: pool.submit(work, units[i]) for i in order}
+    wait(futures.values())  # all of them, also after a failure: none may outlive the call
+    for i in range(len(units)):
+        futures[i].result()
 
 
 def stack_factors(genomes: Sequence[Genome], batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -66,11 +66,11 @@ def _edit_lora(genome: Genome, operator: str, draw: Draw, edit: FactorEdit) -> G
         units.append((batch, noise))
 
     def work(unit: tuple[PairBatch, Noise]) -> None:
-        chunk, noise = unit
-        b, a = stack_factors([genome], chunk)
-        store_factors(child, chunk, *edit(b, a, noise), like=genome)
+        batch, noise = unit
+        b, a = stack_factors([genome], batch)
+        store_factors(child, batch, *edit(b, a, noise), like=genome)
 
-    run_parallel(work, units, [rows(chunk) for chunk, _ in units], device)
+    run_parallel(work, units, [rows(batch) for batch, _ in units], device)
     return ordered_like(child, genome)
 
 

@@ -306,6 +306,12 @@ def test_svd_splice_takes_top_components_of_the_better_parent(zero_b):
         torch.testing.assert_close(dw, expected, atol=1e-5, rtol=1e-4, msg=module)
 
 
+def _shut_down_pool() -> None:
+    for pool in genome._POOLS.values():
+        pool.shutdown()
+    genome._POOLS.clear()
+
+
 @pytest.mark.parametrize(
     "name", ["interpolate", "extrapolate", "es", "svd_splice", "svd_spectrum", "component_mask"]
 )
@@ -325,11 +331,9 @@ def test_parallel_units_give_the_sequential_child_bit_for_bit(name):
         torch.set_num_threads(1)
         sequential = run()
         torch.set_num_threads(2)
-        for pool in genome._POOL.values():
-            pool.shutdown()
-        genome._POOL.clear()
+        _shut_down_pool()
         parallel = run()
-        assert list(genome._POOL) == [2], "the units did not run on the pool"
+        assert list(genome._POOLS) == [2], "the units did not run on the pool"
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
@@ -338,22 +342,59 @@ def test_parallel_units_give_the_sequential_child_bit_for_bit(name):
         assert torch.equal(parallel[key], tensor), key
 
 
-def test_run_parallel_reports_the_first_failure_and_restores_threads():
+def test_run_parallel_runs_units_on_one_thread_each_and_reports_the_first_failure():
     units = list(range(6))
-    done = []
+    seen = {}
 
     def work(unit):
+        seen[unit] = torch.get_num_threads()
         if unit in (2, 4):
             raise ValueError(f"unit {unit}")
-        done.append(unit)
 
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
+        _shut_down_pool()
         with pytest.raises(ValueError, match="unit 2"):
             genome.run_parallel(work, units, [1] * 6, torch.device("cpu"))
         assert torch.get_num_threads() == 2
-        assert sorted(done) == [0, 1, 3, 5]
+        assert seen == dict.fromkeys(units, 1), "every unit runs, each with torch on one thread"
+        torch.set_num_threads(1)
+        seen.clear()
+        genome.run_parallel(work, [0, 1], [1, 1], torch.device("cpu"))
+        assert seen == {0: 1, 1: 1}
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_operators_called_from_several_threads_at_once_leave_torchs_thread_counts_alone():
+    """torch's thread count is per thread, and a thread takes the last count set anywhere when it first
+    uses torch: neither the callers' counts nor that default may end up at the workers' one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    layers = genome.CHUNK_PAIRS + 4
+    parents = [lora_genome(1, layers=layers), lora_genome(2, layers=layers)]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        expected = [cross("interpolate", parents), mutate("svd_spectrum", parents[0])]
+        torch.set_num_threads(2)
+        _shut_down_pool()  # the first call below starts it, from one of the callers
+        with ThreadPoolExecutor(4) as callers:
+            for _ in range(5):
+                calls = [
+                    callers.submit(cross, "interpolate", parents),
+                    callers.submit(mutate, "svd_spectrum", parents[0]),
+                    callers.submit(cross, "interpolate", parents),
+                    callers.submit(mutate, "svd_spectrum", parents[0]),
+                ]
+                children = [call.result() for call in calls]
+                assert torch.get_num_threads() == 2
+                with ThreadPoolExecutor(1) as fresh:  # a thread starting now takes torch's process-wide count
+                    assert fresh.submit(torch.get_num_threads).result() == 2
+                assert all(count == 2 for count in callers.map(lambda _: torch.get_num_threads(), range(8)))
+                for child, reference in zip(children, expected * 2, strict=True):
+                    assert all(torch.equal(child[key], reference[key]) for key in reference)
     finally:
         torch.set_num_threads(before)
 
@@ -374,7 +415,7 @@ def test_a_forked_child_starts_its_own_worker_pool():
     try:
         torch.set_num_threads(2)
         expected = sum(float(t.sum()) for t in cross("svd_splice", parents).values())
-        assert genome._POOL
+        assert genome._POOLS
         context = multiprocessing.get_context("fork")
         queue = context.Queue()
         child = context.Process(target=_splice_in_child, args=(queue, parents))
