@@ -12,7 +12,8 @@ Prints one JSON line with:
     scripted teachers and executing students (real verifier);
   * peer_tictactoe_steps_per_s: ``pettingzoo.classic.tictactoe_v3`` with random legal actions, the
     same loop (``last`` + ``step``);
-and the ratios of the stub figures to the peer. Each stub and peer figure is the median of ``--repeats``
+and the ratios of the stub figures to the peer (``null``, with a ``peer_tictactoe`` note, where pygame, which
+tic-tac-toe imports, is missing: ``pip install -e ".[bench]"``). Each stub and peer figure is the median of ``--repeats``
 runs. Actions are precomputed where possible so that the figures time the env, not the policies.
 Progress goes to stderr.
 """
@@ -162,7 +163,12 @@ def main() -> None:
         return statistics.median(fn(*fn_args) for _ in range(args.repeats))
 
     print("peer tictactoe ...", file=sys.stderr)
-    peer = median_rate(peer_tictactoe, args.steps)
+    try:
+        peer: float | None = median_rate(peer_tictactoe, args.steps)
+        peer_note = None
+    except ImportError as exc:  # tic-tac-toe imports pygame: the `bench` extra
+        peer, peer_note = None, f"missing ({exc}); pip install -e '.[bench]'"
+        print(f"peer tictactoe: {peer_note}", file=sys.stderr)
     print("stub text / structured ...", file=sys.stderr)
     s_text, s_struct = median_rate(stub_text, args.steps), median_rate(stub_structured, args.steps)
     s_raw = median_rate(stub_text, args.steps, True)
@@ -177,10 +183,12 @@ def main() -> None:
         "stub_structured_us_per_step": round(1e6 / s_struct, 2),
         "real_text_steps_per_s": round(r_text, 1),
         "real_structured_4x4_rounds_per_s": round(r_rounds, 3),
-        "peer_tictactoe_steps_per_s": round(peer, 1),
-        "ratio_stub_text_vs_tictactoe": round(s_text / peer, 3),
-        "ratio_stub_structured_vs_tictactoe": round(s_struct / peer, 3),
+        "peer_tictactoe_steps_per_s": None if peer is None else round(peer, 1),
+        "ratio_stub_text_vs_tictactoe": None if peer is None else round(s_text / peer, 3),
+        "ratio_stub_structured_vs_tictactoe": None if peer is None else round(s_struct / peer, 3),
     }
+    if peer_note:
+        result["peer_tictactoe"] = peer_note
     print(json.dumps(result))
 
 
