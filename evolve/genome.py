@@ -189,7 +189,8 @@ def pair_batches(genome: Genome, pairs: Sequence[LoraPair]) -> list[PairBatch]:
 _Unit = TypeVar("_Unit")
 
 CHUNK_PAIRS = 16
-"""Most pairs in one unit of work of ``run_parallel``. Fixed, so a result never depends on the thread count."""
+"""Most pairs in one unit of the crossovers' ``run_parallel`` work (the mutations use whole batches). Fixed,
+so a unit, and so a result, never depends on the thread count."""
 
 
 def chunks(batch: PairBatch, size: int = CHUNK_PAIRS) -> list[PairBatch]:
