@@ -203,6 +203,9 @@ def rows(batch: PairBatch) -> int:
     return len(batch.pairs) * (batch.a_shape[1] + batch.b_shape[0])
 
 
+_PER_THREAD_COUNTS = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+"""Whether torch's thread count can be set per thread (OpenMP builds; a native-backend build has one
+shared intra-op pool and warns when its size is set again). Without it the units run in order."""
 _LOCK = threading.Lock()
 _POOLS: dict[int, ThreadPoolExecutor] = {}  # by size, kept between calls: threads started per call cost
 # page faults (glibc gives each thread's allocations an arena of its own, trimmed and faulted in again
@@ -262,6 +265,8 @@ def run_parallel(
     not draw random numbers (the draw order would depend on scheduling) and must write only its own
     units' keys.
 
+    On a torch without per-thread counts (not built with OpenMP) the units run in order in the caller.
+
     Args:
         work: Called once per unit.
         units: The independent pieces of work.
@@ -273,7 +278,7 @@ def run_parallel(
         finished).
     """
     threads = torch.get_num_threads()
-    if device.type != "cpu" or threads < 2:
+    if device.type != "cpu" or threads < 2 or not _PER_THREAD_COUNTS:
         for unit in units:
             work(unit)
         return

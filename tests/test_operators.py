@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -397,6 +398,20 @@ def test_operators_called_from_several_threads_at_once_leave_torchs_thread_count
                     assert all(torch.equal(child[key], reference[key]) for key in reference)
     finally:
         torch.set_num_threads(before)
+
+
+def test_run_parallel_runs_in_order_in_the_caller_without_per_thread_counts(monkeypatch):
+    monkeypatch.setattr(genome, "_PER_THREAD_COUNTS", False)
+    ran = []
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        genome.run_parallel(
+            lambda unit: ran.append((unit, threading.get_ident())), [0, 1, 2], [1, 2, 3], torch.device("cpu")
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert ran == [(unit, threading.get_ident()) for unit in (0, 1, 2)]
 
 
 def _splice_in_child(queue, parents) -> None:
