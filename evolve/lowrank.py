@@ -172,29 +172,35 @@ def to_factors(
         d_b = d_b * b_keep
     if keep is not None:
         d_b, d_a = d_b * keep, d_a * keep
-    half = svd.b.shape[0] // 2
     if sum_halves and svd.b.shape[0] % 2:
         raise ValueError(f"sum_halves: the batch must hold two stacks, got {svd.b.shape[0]} matrices")
 
     def b_of(coords: torch.Tensor) -> torch.Tensor:  # B = X_b @ coords (summed over the stacks)
         if not sum_halves:
             return svd.b @ coords
-        return torch.baddbmm(svd.b[:half] @ coords[:half], svd.b[half:], coords[half:])
+        (x1, x2), (c1, c2) = _halves(svd.b), _halves(coords)
+        return torch.baddbmm(x1 @ c1, x2, c2)
 
     def a_of(coords: torch.Tensor) -> torch.Tensor:  # A = coordsᵀ @ X_a (summed over the stacks)
         if not sum_halves:
             return coords.mT @ svd.a
-        return torch.baddbmm(coords[:half].mT @ svd.a[:half], coords[half:].mT, svd.a[half:])
+        (x1, x2), (c1, c2) = _halves(svd.a), _halves(coords)
+        return torch.baddbmm(c1.mT @ x1, c2.mT, x2)
 
     b = _expand(svd.b_reflectors, svd.b_tau, u, d_b, b_of, apply_q, sum_halves)
     a = _expand(svd.a_reflectors, svd.a_tau, v, d_a, a_of, apply_q_transposed, sum_halves)
     return b, a
 
 
-def _add_halves(x: torch.Tensor) -> torch.Tensor:
-    """``x[:G] + x[G:]`` for ``x (2G, ...)``."""
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x[:G], x[G:])`` for ``x (2G, ...)``: the two stacks of a ``sum_halves`` batch."""
     half = x.shape[0] // 2
-    return x[:half] + x[half:]
+    return x[:half], x[half:]
+
+
+def _add_halves(x: torch.Tensor) -> torch.Tensor:
+    first, second = _halves(x)
+    return first + second
 
 
 def _expand(
@@ -217,7 +223,8 @@ def _expand(
         return combine(through_reflectors(reflectors, tau, small))
     coords, accurate = found
     if sum_halves:
-        accurate = accurate[: accurate.shape[0] // 2] & accurate[accurate.shape[0] // 2 :]
+        first, second = _halves(accurate)
+        accurate = first & second
     result = through_factor(coords * scale.unsqueeze(-2))
     if not bool(accurate.all()):
         rejected = ~accurate
