@@ -6,6 +6,7 @@ Import the fixtures into a test module (``from tests.agents_fixtures import tiny
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +38,19 @@ def tiny_base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run a block with ``count`` torch intra-op threads in the calling thread (restored afterwards)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """Run a test with one torch intra-op thread (restored afterwards).
@@ -44,11 +58,5 @@ def one_torch_thread() -> Iterator[None]:
     Models this small gain nothing from intra-op threads, and on a shared, loaded machine OpenMP
     contention made 2 threads ~15x slower than 1 (measured on the development box).
     """
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         yield
-    finally:
-        torch.set_num_threads(threads)

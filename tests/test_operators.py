@@ -11,6 +11,7 @@ from torch import nn
 
 from evolve import crossovers, genome, lowrank, operators
 from evolve.genome import check_parents, lora_pairs, pair_batches
+from tests.agents_fixtures import torch_threads
 
 # (in_features, out_features) per module: square, wide-out, narrow-out (k/v-like), and rank r = 4.
 SHAPES = {"q_proj": (24, 24), "up_proj": (24, 40), "k_proj": (24, 8), "down_proj": (40, 24)}
@@ -31,6 +32,11 @@ def lora_genome(seed: int, dtype: torch.dtype = torch.float32, layers: int = 2) 
             genome[f"{prefix}.lora_A.weight"] = (torch.randn(RANK, fin, generator=g) / fin**0.5).to(dtype)
             genome[f"{prefix}.lora_B.weight"] = (torch.randn(fout, RANK, generator=g) * 0.1).to(dtype)
     return genome
+
+
+def chunked_parents() -> list[dict[str, torch.Tensor]]:
+    """Two parents with CHUNK_PAIRS + 4 layers: each shape's batch splits into two parallel units."""
+    return [lora_genome(seed, layers=genome.CHUNK_PAIRS + 4) for seed in (1, 2)]
 
 
 def delta_w(genome: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -283,8 +289,7 @@ def test_svd_splice_takes_top_components_of_the_better_parent(zero_b):
     # its own k, the one drawn for it (replayed from the seed: one draw per batch, in batch order).
     # zero_b: every third module of the worse parent is a fresh adapter (B = 0), which the factor
     # product cannot expand (the reflectors do, for that module only).
-    layers = genome.CHUNK_PAIRS + 4
-    parents = [lora_genome(1, layers=layers), lora_genome(2, layers=layers)]
+    parents = chunked_parents()
     if zero_b:
         for pair in lora_pairs(parents[0])[::3]:
             parents[0][pair.b_key].zero_()
@@ -296,14 +301,9 @@ def test_svd_splice_takes_top_components_of_the_better_parent(zero_b):
         k = torch.randint(1, RANK, (len(batch.pairs),), generator=replay)
         drawn.update({pair.module: int(k_j) for pair, k_j in zip(batch.pairs, k, strict=True)})
     assert len(set(drawn.values())) > 1
-
-    def head(m, k):
-        u, s, vh = torch.linalg.svd(m)
-        return u[:, :k] * s[:k] @ vh[:k]
-
     for module, dw in child.items():
         k = drawn[module]
-        expected = head(top[module], k) + rest[module] - head(rest[module], k)
+        expected = best_rank(top[module], k) + rest[module] - best_rank(rest[module], k)
         torch.testing.assert_close(dw, expected, atol=1e-5, rtol=1e-4, msg=module)
 
 
@@ -318,26 +318,21 @@ def _shut_down_pool() -> None:
 )
 def test_parallel_units_give_the_sequential_child_bit_for_bit(name):
     """The ΔW-space operators run their units on threads when torch may use several: the child must not
-    depend on that (nor on which unit finishes first), and torch's thread count comes back."""
-    layers = genome.CHUNK_PAIRS + 4  # two units per shape
-    parents = [lora_genome(1, layers=layers), lora_genome(2, layers=layers)]
+    depend on that (nor on which unit finishes first), and the caller's thread count stays as it was."""
+    parents = chunked_parents()
 
     def run():
         if name in operators.MUTATIONS:
             return mutate(name, parents[0], seed=3, strength=0.3)
         return cross(name, parents, seed=3)
 
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         sequential = run()
-        torch.set_num_threads(2)
+    with torch_threads(2):
         _shut_down_pool()
         parallel = run()
         assert list(genome._POOLS) == [2], "the units did not run on the pool"
         assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
     assert list(parallel) == list(sequential)
     for key, tensor in sequential.items():
         assert torch.equal(parallel[key], tensor), key
@@ -352,20 +347,16 @@ def test_run_parallel_runs_units_on_one_thread_each_and_reports_the_first_failur
         if unit in (2, 4):
             raise ValueError(f"unit {unit}")
 
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
+    with torch_threads(2):
         _shut_down_pool()
         with pytest.raises(ValueError, match="unit 2"):
             genome.run_parallel(work, units, [1] * 6, torch.device("cpu"))
         assert torch.get_num_threads() == 2
         assert seen == dict.fromkeys(units, 1), "every unit runs, each with torch on one thread"
-        torch.set_num_threads(1)
-        seen.clear()
+    seen.clear()
+    with torch_threads(1):
         genome.run_parallel(work, [0, 1], [1, 1], torch.device("cpu"))
-        assert seen == {0: 1, 1: 1}
-    finally:
-        torch.set_num_threads(before)
+    assert seen == {0: 1, 1: 1}
 
 
 def test_operators_called_from_several_threads_at_once_leave_torchs_thread_counts_alone():
@@ -373,13 +364,10 @@ def test_operators_called_from_several_threads_at_once_leave_torchs_thread_count
     uses torch: neither the callers' counts nor that default may end up at the workers' one."""
     from concurrent.futures import ThreadPoolExecutor
 
-    layers = genome.CHUNK_PAIRS + 4
-    parents = [lora_genome(1, layers=layers), lora_genome(2, layers=layers)]
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    parents = chunked_parents()
+    with torch_threads(1):
         expected = [cross("interpolate", parents), mutate("svd_spectrum", parents[0])]
-        torch.set_num_threads(2)
+    with torch_threads(2):
         _shut_down_pool()  # the first call below starts it, from one of the callers
         with ThreadPoolExecutor(4) as callers:
             for _ in range(5):
@@ -396,21 +384,15 @@ def test_operators_called_from_several_threads_at_once_leave_torchs_thread_count
                 assert all(count == 2 for count in callers.map(lambda _: torch.get_num_threads(), range(8)))
                 for child, reference in zip(children, expected * 2, strict=True):
                     assert all(torch.equal(child[key], reference[key]) for key in reference)
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_run_parallel_runs_in_order_in_the_caller_without_per_thread_counts(monkeypatch):
     monkeypatch.setattr(genome, "_PER_THREAD_COUNTS", False)
     ran = []
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
+    with torch_threads(2):
         genome.run_parallel(
             lambda unit: ran.append((unit, threading.get_ident())), [0, 1, 2], [1, 2, 3], torch.device("cpu")
         )
-    finally:
-        torch.set_num_threads(before)
     assert ran == [(unit, threading.get_ident()) for unit in (0, 1, 2)]
 
 
@@ -424,11 +406,8 @@ def test_a_forked_child_starts_its_own_worker_pool():
     its first parallel operator would wait forever."""
     import multiprocessing
 
-    layers = genome.CHUNK_PAIRS + 4
-    parents = [lora_genome(1, layers=layers), lora_genome(2, layers=layers)]
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
+    parents = chunked_parents()
+    with torch_threads(2):
         expected = sum(float(t.sum()) for t in cross("svd_splice", parents).values())
         assert genome._POOLS
         context = multiprocessing.get_context("fork")
@@ -439,8 +418,6 @@ def test_a_forked_child_starts_its_own_worker_pool():
         if child.is_alive():
             child.kill()
             pytest.fail("the forked child hung in its first parallel operator")
-    finally:
-        torch.set_num_threads(before)
     assert child.exitcode == 0
     assert queue.get(timeout=5) == expected
 
