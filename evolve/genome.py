@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -212,21 +214,53 @@ _POOLS: dict[int, ThreadPoolExecutor] = {}  # by size, kept between calls: threa
 # when the thread ends). Never shut down here: a caller on another thread may be using one.
 
 
+def _thread_count_setters() -> tuple[Callable[[int], Any], Callable[[int], Any] | None] | None:
+    """The C setters of the calling thread's own OpenMP and MKL counts that torch's CPU library links
+    (``omp_set_num_threads``; ``MKL_Set_Num_Threads_Local``, the C name of MKL's per-thread setter, absent
+    without MKL), or None where the library or OpenMP's setter is not found.
+
+    ``torch.set_num_threads`` also sets the process-wide default that every thread takes at its first use
+    of torch, so a worker setting itself to one thread with it could hand one thread, for good, to any
+    thread that starts using torch at that moment (seen in about 3 runs in 8 of the concurrent-callers
+    test). These two touch only the calling thread.
+    """
+    try:
+        torch_cpu = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        set_openmp = torch_cpu.omp_set_num_threads
+    except (OSError, AttributeError):
+        return None
+    set_openmp.argtypes, set_openmp.restype = [ctypes.c_int], None
+    set_mkl = getattr(torch_cpu, "MKL_Set_Num_Threads_Local", None)
+    if set_mkl is not None:
+        set_mkl.argtypes, set_mkl.restype = [ctypes.c_int], ctypes.c_int
+    return set_openmp, set_mkl
+
+
+_SETTERS = _thread_count_setters() if _PER_THREAD_COUNTS else None
+
+
 def _one_torch_thread() -> None:
-    """Set the calling thread's torch to one thread, for good: the first use of torch in a thread takes
-    the process-wide default, so that happens first (``get_num_threads``), then the count is set."""
+    """Set the calling thread's torch to one thread, for good. Its first use of torch takes the process
+    default, so that happens first (``get_num_threads``); then only this thread's counts are set where
+    the setters were found, else ``torch.set_num_threads`` (which moves the default too: ``_pool`` puts it
+    back)."""
     torch.get_num_threads()
-    torch.set_num_threads(1)
+    if _SETTERS is None:
+        torch.set_num_threads(1)
+        return
+    set_openmp, set_mkl = _SETTERS
+    set_openmp(1)
+    if set_mkl is not None:
+        set_mkl(1)
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
     """The shared worker pool of ``workers`` threads, each set to run torch on one thread.
 
     torch's thread count belongs to each thread (OpenMP's per-thread setting, MKL's local one); a thread
-    takes torch's process-wide default, the last count set anywhere, when it first uses torch. The
-    workers set theirs to one, which also moves that default, so a new pool is started in full here and
-    the default put back to the caller's count right after: only a thread first using torch in that
-    moment could take the one.
+    takes torch's process-wide default, the last count set anywhere, when it first uses torch. A new
+    pool is started in full here (all workers set to one) and the default then put back to the caller's
+    count, which matters only where ``_one_torch_thread`` had to use ``torch.set_num_threads``.
     """
     with _LOCK:
         if workers not in _POOLS:
