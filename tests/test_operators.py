@@ -338,7 +338,14 @@ def test_parallel_units_give_the_sequential_child_bit_for_bit(name):
         assert torch.equal(parallel[key], tensor), key
 
 
-def test_run_parallel_runs_units_on_one_thread_each_and_reports_the_first_failure():
+@pytest.mark.parametrize("own_setters", [True, False], ids=["thread-setters", "torch-set-num-threads"])
+def test_run_parallel_runs_units_on_one_thread_each_and_reports_the_first_failure(own_setters, monkeypatch):
+    """Both ways a worker sets itself to one thread: OpenMP's and MKL's own-thread setters where they are
+    found, ``torch.set_num_threads`` (and the pool's reset of the default) where not."""
+    if own_setters and genome._SETTERS is None:
+        pytest.skip("this torch links no OpenMP setter that ctypes can find")
+    if not own_setters:
+        monkeypatch.setattr(genome, "_SETTERS", None)
     units = list(range(6))
     seen = {}
 
