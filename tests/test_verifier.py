@@ -8,8 +8,17 @@ import sys
 
 import pytest
 
-from populora_env.verifier import STATUSES, Execution, Verifier, VerifierConfig, outputs_equal, parse_args
+from populora_env.verifier import (
+    STATUSES,
+    Execution,
+    Verifier,
+    VerifierConfig,
+    canonical_text,
+    outputs_equal,
+    parse_args,
+)
 from populora_env.verifier import verifier as verifier_module
+from populora_env.verifier.prefilter import ALLOWED_MODULES
 
 DOUBLE = "def f(x):\n    return x * 2"
 
@@ -72,6 +81,58 @@ def test_legal_but_tricky_programs_give_exact_outputs(verifier, program, args, e
     assert execution.status == "ok", execution
     assert outputs_equal(execution.output, expected)
     assert verifier.check_deduction(program, args, expected)
+
+
+# One use of every allowed module, imported by the program itself (from the installation, through the
+# worker's directory descriptors) or taken from the worker's preloaded modules.
+MODULE_USES = {
+    "array": "array.array('i', [1, 2]).tolist()",
+    "bisect": "bisect.bisect([1, 3, 5], 4)",
+    "calendar": "calendar.monthrange(2024, 2)",
+    "cmath": "cmath.sqrt(-4)",
+    "collections": "dict(collections.Counter('abca'))",
+    "copy": "copy.deepcopy([[1], [2]])",
+    "dataclasses": "dataclasses.is_dataclass(int)",
+    "decimal": "str(decimal.Decimal('1.10') + decimal.Decimal('2.2'))",
+    "difflib": "difflib.SequenceMatcher(None, 'abcd', 'bcde').ratio()",
+    "enum": "enum.Enum('C', 'A B').B.value",
+    "fractions": "str(fractions.Fraction(3, 6))",
+    "functools": "functools.reduce(operator.mul, [1, 2, 3, 4])",
+    "heapq": "heapq.nsmallest(2, [5, 1, 4])",
+    "itertools": "list(itertools.accumulate([1, 2, 3]))",
+    "json": "json.dumps({'a': [1, None]})",
+    "math": "math.gcd(12, 18)",
+    "numbers": "isinstance(3, numbers.Integral)",
+    "operator": "operator.itemgetter(1)('ab')",
+    "re": "re.findall('[0-9]+', 'a1b22')",
+    "statistics": "statistics.median([3, 1, 2])",
+    "string": "string.ascii_lowercase[:3]",
+    "textwrap": "textwrap.wrap('aa bb cc', 5)",
+    "typing": "typing.get_origin(typing.List[int]) is list",
+    "unicodedata": "unicodedata.name('é')",
+}
+
+
+@pytest.mark.parametrize("preload", [(), VerifierConfig().preload, tuple(sorted(ALLOWED_MODULES))])
+def test_programs_can_use_every_allowed_module_whatever_the_preload(preload):
+    assert set(MODULE_USES) == ALLOWED_MODULES
+    program = (
+        f"import {', '.join(sorted(MODULE_USES))}\ndef f():\n    return [{', '.join(MODULE_USES.values())}]"
+    )
+    namespace: dict = {}
+    exec(program, namespace)  # our own program: the expected values, computed here
+    expected = canonical_text(namespace["f"]())
+    with Verifier(workers=1, preload=preload) as v:
+        assert v.run(program, "") == Execution("ok", expected, "")
+
+
+def test_workers_hold_only_what_they_need(bare_verifier):
+    """Every module the worker holds is copied into each child's page tables: the worker imports the
+    preload list and what it needs to serve and fork, not `typing`, `json`, `ast` or the codecs."""
+    execution = bare_verifier.run("import sys\ndef f():\n    return sorted(sys.modules)", "")
+    held = set(parse_args(execution.output)[0])
+    assert set(VerifierConfig().preload) <= held
+    assert not held & {"typing", "json", "ast", "dataclasses", "enum", "re", "statistics", "encodings.cp1252"}
 
 
 def test_sets_of_strings_render_independently_of_hash_seed(verifier):
@@ -141,6 +202,8 @@ def test_config_validation_names_the_field():
         VerifierConfig(workers=0)
     with pytest.raises(ValueError, match="hash_seeds"):
         VerifierConfig(hash_seeds=(1, 1))
+    with pytest.raises(ValueError, match=r"preload.*'os'"):
+        VerifierConfig(preload=("math", "os"))
 
 
 def test_a_killed_worker_is_replaced_and_its_program_gets_a_verdict(caplog):

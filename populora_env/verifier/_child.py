@@ -10,10 +10,13 @@ from __future__ import annotations
 import builtins
 import os
 import sys
-from dataclasses import dataclass, field
-from typing import Any
 
 import literals  # top-level in the worker process, see _worker.py
+from verdicts import line as _line
+
+TYPE_CHECKING = False  # `typing` stays out of the worker (see literals.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 _ALLOWED_MODULES: frozenset[str] = frozenset()
 
@@ -55,22 +58,6 @@ def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
     return table
 
 
-def _line(status: str, output: str | None = None, detail: str = "") -> bytes:
-    """One verdict line: ``status US (=output | -) US detail LF`` (US = \\x1f). Canonical output text
-    is built from reprs, which escape control characters, so it holds neither separator."""
-    detail = detail[:300].replace("\n", " ").replace("\x1f", " ")
-    body = "-" if output is None else "=" + output
-    return f"{status}\x1f{body}\x1f{detail}\n".encode("utf-8", "backslashreplace")
-
-
-def parse_line(line: bytes) -> list[Any] | None:
-    """The ``[status, output, detail]`` of a verdict line, or ``None`` if it is malformed."""
-    parts = line.decode("utf-8", "replace").split("\x1f")
-    if len(parts) != 3 or not parts[1] or parts[1][0] not in "=-":
-        return None
-    return [parts[0], parts[1][1:] if parts[1][0] == "=" else None, parts[2]]
-
-
 def setup_failed(exc: BaseException) -> bytes:
     """The verdict line for a child whose sandbox could not be set up (the program never ran)."""
     return _line("runtime", None, "sandbox setup failed: " + _describe(exc))
@@ -87,41 +74,51 @@ def _describe(exc: BaseException) -> str:
 _TABLES: dict[bool, dict[str, Any]] = {}
 
 
-@dataclass
 class Prepared:
     """What the worker computes before forking, so the child touches (and copies) as little as possible:
-    the compiled program, the parsed literal arguments and the built-ins table. No program code runs."""
+    the compiled program, the arguments (parsed literals, or compiled argument expressions) and the
+    built-ins table. No program code runs."""
 
-    code: Any = None
-    error: bytes = b""
-    args: list[Any] = field(default_factory=list)
-    table: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("args", "code", "error", "table")
+
+    def __init__(self, table: dict[str, Any]) -> None:
+        self.code: Any = None
+        self.error = b""
+        self.args: list[Any] = []
+        self.table = table
 
 
 def prepare(
-    program: str, calls: list[str], *, mode: str, max_depth: int, allowed: frozenset[str] | None
+    program: str,
+    calls: list[Any],
+    *,
+    mode: str,
+    allowed: frozenset[str] | None,
 ) -> Prepared:
-    """Compiles ``program`` and parses literal argument texts (``bad_input`` lines for bad ones).
+    """Compiles ``program`` and, outside literal mode, each argument expression.
 
-    ``allowed`` is the module allowlist of the guarded built-ins; ``None`` leaves the built-ins whole.
+    Args:
+        calls: In ``"literal"`` mode the argument tuples, already parsed (and checked) by the host; else the
+            argument-list texts, compiled here and evaluated in the child, in the program's namespace.
+        allowed: The module allowlist of the guarded built-ins; ``None`` leaves the built-ins whole.
     """
     guards = allowed is not None
     if guards not in _TABLES:
         _TABLES[guards] = safe_builtins(allowed) if allowed is not None else dict(vars(builtins))
-    prepared = Prepared(table=_TABLES[guards])
+    prepared = Prepared(_TABLES[guards])
     try:
         prepared.code = compile(program, "<program>", "exec")
     except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
         prepared.error = _line("syntax", None, _describe(e))
         return prepared
-    for args_text in calls:
-        if mode != "literal":
-            prepared.args.append(args_text)  # evaluated in the child, in the program's namespace
-            continue
+    if mode == "literal":
+        prepared.args = list(calls)
+        return prepared
+    for text in calls:
         try:
-            prepared.args.append(literals.parse_args(args_text, max_depth=max_depth))
-        except (literals.LiteralError, TypeError) as e:
-            prepared.args.append(_line("bad_input", None, str(e)))
+            prepared.args.append(compile(f"__populora_pack__(\n{text}\n)", "<args>", "eval"))
+        except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
+            prepared.args.append(_line("bad_input", None, f"args are not valid Python: {_describe(e)}"))
     return prepared
 
 
@@ -165,9 +162,8 @@ def _pack(*args: Any) -> tuple[Any, ...]:
 
 def _arguments(args: Any, glb: dict[str, Any], mode: str) -> tuple[Any, ...]:
     if mode == "literal":
-        return args  # parsed by the worker
-    code = compile(f"__populora_pack__(\n{args}\n)", "<args>", "eval")
-    return eval(code, {**glb, "__populora_pack__": _pack})
+        return args  # parsed by the host
+    return eval(args, {**glb, "__populora_pack__": _pack})  # compiled by the worker
 
 
 def _call(f: Any, args_in: Any, glb: dict[str, Any], mode: str, max_output: int, max_depth: int) -> bytes:

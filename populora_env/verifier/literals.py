@@ -8,10 +8,13 @@ are checked to be *exactly* the built-in ones, so no user-defined ``__repr__``/`
 
 from __future__ import annotations
 
-import ast
-import math
-import re
-from typing import Any
+# The sandbox's worker imports this module for `canonical_text` and must stay small: every page it holds
+# is copied into each forked child's page tables. So `ast` and `re` are imported where parsing needs them
+# (host side), `typing` only for the type checker, and `math` not at all.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import ast
+    from typing import Any
 
 __all__ = [
     "LiteralError",
@@ -46,6 +49,8 @@ def _check_text(text: object, what: str, max_chars: int) -> str:
 
 
 def _parse_expression(source: str) -> ast.expr:
+    import ast
+
     try:
         return ast.parse(source, mode="eval").body
     except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
@@ -55,6 +60,9 @@ def _parse_expression(source: str) -> ast.expr:
 
 
 def _eval_node(node: ast.expr, max_depth: int, max_nodes: int) -> Any:
+    import ast
+    import re
+
     try:
         value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError) as e:
@@ -99,6 +107,8 @@ def parse_args(
         TypeError: ``text`` is not a ``str``.
         LiteralError: The text is not a plain argument list within the caps.
     """
+    import ast
+
     _check_text(text, "args", max_chars)
     node = _parse_expression(f"f(\n{text}\n)")
     # Text such as "1), g(2" closes the call early: the result is then not a single call of `f`.
@@ -156,14 +166,19 @@ def _render(value: Any, depth: int, budget: list[int]) -> str:
 def _render_scalar(value: Any) -> str:
     kind = type(value)
     if kind is float:
-        if not math.isfinite(value):
+        if not _finite(value):
             raise LiteralError("value holds a NaN or infinite float")
-    elif kind is complex and not (math.isfinite(value.real) and math.isfinite(value.imag)):
+    elif kind is complex and not (_finite(value.real) and _finite(value.imag)):
         raise LiteralError("value holds a NaN or infinite complex")
     try:
         return repr(value)  # exact built-in type: the built-in repr
     except ValueError as e:  # int over sys.get_int_max_str_digits()
         raise LiteralError(f"value cannot be rendered: {_short(str(e))}") from None
+
+
+def _finite(x: float) -> bool:
+    """``math.isfinite`` without importing ``math``: ``inf - inf`` and ``nan - nan`` are NaN, never 0."""
+    return x - x == 0.0
 
 
 def outputs_equal(a: str, b: str, *, max_chars: int = MAX_TEXT_CHARS) -> bool:

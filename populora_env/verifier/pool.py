@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
-import json
+import marshal
 import os
 import select
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -33,7 +33,7 @@ class WorkerHandle:
 
     Args:
         hash_seed: The worker's ``PYTHONHASHSEED``; the two determinism pools use different seeds.
-        config: Worker options (JSON-serialisable), e.g. ``{"isolate": True}``.
+        config: Worker options (plain data marshal can write), e.g. ``{"isolate": True}``.
     """
 
     def __init__(self, hash_seed: int, config: dict[str, Any]) -> None:
@@ -42,7 +42,7 @@ class WorkerHandle:
             env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
         self.hash_seed = hash_seed
         self.process = subprocess.Popen(
-            [sys.executable, "-I", "-B", str(_WORKER_SCRIPT), json.dumps(config)],
+            [sys.executable, "-I", "-S", "-B", str(_WORKER_SCRIPT), marshal.dumps(config).hex()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,  # read only to explain a worker that fails to start
@@ -62,13 +62,17 @@ class WorkerHandle:
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Waits for the worker's ready frame (its isolation report)."""
         try:
-            ready = self.receive(time.monotonic() + timeout)
+            payload = self.receive(time.monotonic() + timeout)
         except WorkerDied:
             self.kill()
             raise
-        if not ready.get("ready") or not isinstance(ready.get("report"), dict):
+        try:
+            ready = ast.literal_eval(payload.decode())
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            ready = None
+        if not (isinstance(ready, dict) and ready.get("ready") and isinstance(ready.get("report"), dict)):
             self.kill()
-            raise WorkerDied(f"verifier worker did not start: {ready!r:.200}")
+            raise WorkerDied(f"verifier worker did not start: {payload[:200]!r}")
         self.report = ready["report"]
 
     @property
@@ -77,10 +81,11 @@ class WorkerHandle:
         return self.process.pid
 
     def send(self, message: dict[str, Any], deadline: float) -> None:
-        """Writes one request frame; the worker must answer before ``deadline`` (monotonic)."""
-        data = json.dumps(message).encode()
+        """Writes one request frame (marshal: the host's own data); the worker must answer before
+        ``deadline`` (monotonic)."""
+        data = marshal.dumps(message)
         try:
-            payload = struct.pack(">I", len(data)) + data
+            payload = len(data).to_bytes(4, "big") + data
             view = memoryview(payload)
             while view:
                 view = view[os.write(self.in_fd, view) :]
@@ -88,8 +93,9 @@ class WorkerHandle:
             raise WorkerDied(f"cannot write to verifier worker {self.pid}: {e}") from None
         self.busy_until = deadline
 
-    def poll_frame(self) -> dict[str, Any] | None:
-        """Reads what is available; returns a complete frame or ``None`` (raises if the worker ended)."""
+    def poll_frame(self) -> bytes | None:
+        """Reads what is available; returns a complete frame's payload or ``None`` (raises if the worker
+        ended)."""
         try:
             chunk = os.read(self.out_fd, 1 << 20)
         except BlockingIOError:
@@ -104,22 +110,16 @@ class WorkerHandle:
             self._buffer += chunk
         if len(self._buffer) < 4:
             return None
-        (size,) = struct.unpack(">I", self._buffer[:4])
+        size = int.from_bytes(self._buffer[:4], "big")
         if size > _MAX_FRAME:
             raise WorkerDied(f"verifier worker {self.pid} sent an oversized frame ({size} bytes)")
         if len(self._buffer) < 4 + size:
             return None
         frame, self._buffer = self._buffer[4 : 4 + size], self._buffer[4 + size :]
         self.busy_until = None
-        try:
-            message = json.loads(frame)
-        except ValueError:
-            raise WorkerDied(f"verifier worker {self.pid} sent a malformed frame") from None
-        if not isinstance(message, dict):
-            raise WorkerDied(f"verifier worker {self.pid} sent a malformed frame")
-        return message
+        return frame
 
-    def receive(self, deadline: float) -> dict[str, Any]:
+    def receive(self, deadline: float) -> bytes:
         """Blocks until one frame arrives or ``deadline`` passes (then raises :class:`WorkerDied`)."""
         while True:
             message = self.poll_frame()

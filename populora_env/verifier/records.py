@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from .prefilter import ALLOWED_MODULES
+
 __all__ = ["STATUSES", "Execution", "IsolationReport", "Status", "VerifierConfig"]
 
 Status = Literal[
@@ -66,6 +68,13 @@ class VerifierConfig:
     testing the kernel layers alone."""
     start_timeout: float = 60.0
     """Seconds to wait for a worker to start."""
+    preload: tuple[str, ...] = ("bisect", "collections", "functools", "heapq", "math", "operator")
+    """Allowed modules every worker imports once at start, so programs that use them import nothing. Any
+    other allowed module (and any codec) is imported by the program's own process when it asks, which
+    costs that program milliseconds (measured here: ``re`` ~10 ms, ``statistics`` ~15 ms). Each preloaded
+    module makes every fork dearer (a fork copies the page tables of all the worker holds; ``re`` and
+    ``string`` add ~0.2 ms to every program), so the default is small modules programs often use, and
+    ``()`` is fastest for programs that import nothing."""
 
     def __post_init__(self) -> None:
         positive = ("timeout", "memory_mb", "max_program_chars", "max_literal_chars", "max_output_chars",
@@ -83,6 +92,12 @@ class VerifierConfig:
             raise ValueError(f"VerifierConfig.hash_seeds must be two different ints, got {self.hash_seeds!r}")
         if self.cache_size < 0:
             raise ValueError(f"VerifierConfig.cache_size must be >= 0, got {self.cache_size}")
+        unknown = sorted(set(self.preload) - ALLOWED_MODULES)
+        if isinstance(self.preload, str) or unknown:
+            raise ValueError(
+                f"VerifierConfig.preload must be a tuple of allowed modules; not allowed: {unknown or self.preload!r}"
+                f" (allowed: {', '.join(sorted(ALLOWED_MODULES))})"
+            )
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,15 @@ libseccomp (``pyseccomp``).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
-import functools
 import os
 import resource
 import sys
-from typing import Any
+
+TYPE_CHECKING = False  # the worker imports this module: `typing` stays out of it (see literals.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "apply_child_limits",
@@ -296,7 +297,9 @@ _DENY_CHILD = [
 _ENOSYS = ("clone3", "openat2")  # glibc falls back on ENOSYS; openat2's flags cannot be inspected
 
 
-@functools.cache
+_COMPILED: list[tuple[tuple[bytes, bytes] | None, str | None]] = []
+
+
 def build_seccomp_programs() -> tuple[tuple[bytes, bytes] | None, str | None]:
     """Compiles the worker's and the child's seccomp filters to raw BPF (libseccomp), once per process.
 
@@ -309,6 +312,12 @@ def build_seccomp_programs() -> tuple[tuple[bytes, bytes] | None, str | None]:
         ``((worker_bpf, child_bpf), error)``: the two filter programs, or ``None`` and why seccomp is
         unavailable.
     """
+    if not _COMPILED:
+        _COMPILED.append(_compile_seccomp_programs())
+    return _COMPILED[0]
+
+
+def _compile_seccomp_programs() -> tuple[tuple[bytes, bytes] | None, str | None]:
     try:
         import pyseccomp as sc
     except (ImportError, OSError, RuntimeError) as e:  # pyseccomp raises when libseccomp.so is missing
@@ -333,8 +342,10 @@ def build_seccomp_programs() -> tuple[tuple[bytes, bytes] | None, str | None]:
 
 def _new_filter(sc: Any) -> Any:
     filt = sc.SyscallFilter(sc.ALLOW)
-    with contextlib.suppress(Exception):  # libseccomp >= 2.5: a binary search instead of a linear scan
+    try:  # libseccomp >= 2.5: a binary search instead of a linear scan
         filt.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
+    except Exception:
+        pass
     return filt
 
 

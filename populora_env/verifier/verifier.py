@@ -15,9 +15,10 @@ from typing import Any
 
 from .literals import LiteralError, outputs_equal, parse_args
 from .pool import WorkerDied, WorkerHandle, WorkerHung
-from .prefilter import prefilter, prefilter_expression
+from .prefilter import ALLOWED_MODULES, prefilter, prefilter_expression
 from .records import STATUSES, Execution, IsolationReport, VerifierConfig
 from .sandbox import build_seccomp_programs
+from .verdicts import parse_line
 
 __all__ = ["Verifier"]
 
@@ -62,10 +63,15 @@ class Verifier:
         self.config = config
         self._lock = threading.RLock()
         self._cache: OrderedDict[tuple[str, str, str], Execution] = OrderedDict()  # (program, args, mode)
+        self._parsed: dict[str, tuple[Any, ...]] = {}  # literal args text -> values, for the call in progress
         self._closed = False
         n = config.workers or os.cpu_count() or 1
         seeds = config.hash_seeds if config.check_determinism else config.hash_seeds[:1]
-        self._worker_config: dict[str, Any] = {"isolate": config.isolate}
+        self._worker_config: dict[str, Any] = {
+            "isolate": config.isolate,
+            "allowed_modules": sorted(ALLOWED_MODULES),
+            "preload": list(config.preload),
+        }
         if config.isolate:
             programs, error = build_seccomp_programs()
             self._worker_config["seccomp"] = [bpf.hex() for bpf in programs] if programs else None
@@ -106,10 +112,11 @@ class Verifier:
 
     def _warn_once(self) -> None:
         global _warned_isolation
-        if not self.isolation.full and not _warned_isolation:
+        if (not self.isolation.full or self.isolation.errors) and not _warned_isolation:
             _warned_isolation = True
             logger.warning(
-                "verifier isolation is partial on this machine (%s): %s",
+                "verifier isolation is %s on this machine (%s): %s",
+                "full, with problems" if self.isolation.full else "partial",
                 ", ".join(f"{k}={v}" for k, v in self.isolation.__dict__.items() if k != "errors"),
                 "; ".join(self.isolation.errors) or "no reason given",
             )
@@ -163,6 +170,7 @@ class Verifier:
         with self._lock:
             if self._closed:
                 raise RuntimeError("this Verifier is closed; create a new one")
+            self._parsed.clear()
             verdicts: list[Execution | None] = [self._precheck(p, a, mode) for p, a in items]
             todo: dict[str, list[str]] = {}
             for (program, args), verdict in zip(items, verdicts):
@@ -186,7 +194,9 @@ class Verifier:
             return Execution(static.status, None, static.detail)
         if mode == "literal":
             try:
-                parse_args(args, max_chars=cfg.max_literal_chars, max_depth=cfg.max_depth)
+                self._parsed[args] = parse_args(
+                    args, max_chars=cfg.max_literal_chars, max_depth=cfg.max_depth
+                )
             except LiteralError as e:
                 return Execution("bad_input", None, str(e))
             return None
@@ -251,10 +261,10 @@ class Verifier:
                     continue
                 try:
                     if fd in ready:
-                        message = worker.poll_frame()
-                        if message is None:
+                        payload = worker.poll_frame()
+                        if payload is None:
                             continue
-                        task.results = _checked_results(message, len(task.calls))
+                        task.results = _checked_results(payload, len(task.calls))
                     else:
                         raise WorkerHung(f"verifier worker {worker.pid} missed its deadline")
                 except WorkerDied as e:
@@ -270,8 +280,11 @@ class Verifier:
 
     def _send(self, worker: WorkerHandle, task: _Task, busy: dict[int, tuple[WorkerHandle, _Task]]) -> None:
         cfg = self.config
+        calls: list[Any] = task.calls
+        if task.mode == "literal":  # parsed (and checked) in _precheck: the worker has no parser
+            calls = [self._parsed[a] for a in calls]
         request = {
-            "program": task.program, "calls": task.calls, "timeout": cfg.timeout, "memory_mb": cfg.memory_mb,
+            "program": task.program, "calls": calls, "timeout": cfg.timeout, "memory_mb": cfg.memory_mb,
             "max_output": cfg.max_output_chars, "max_depth": cfg.max_depth, "recursion_limit": cfg.recursion_limit,
             "guards": cfg.language_guards,
             "mode": task.mode,
@@ -334,14 +347,15 @@ def _require_str(name: str, value: object) -> None:
         raise TypeError(f"{name} must be str, got {type(value).__name__}")
 
 
-def _checked_results(message: dict[str, Any], n: int) -> list[list[Any]]:
-    results = message.get("results")
-    if not (isinstance(results, list) and len(results) == n):
+def _checked_results(payload: bytes, n: int) -> list[list[Any]]:
+    lines = payload.split(b"\n")
+    if len(lines) != n + 1 or lines[-1]:
         raise WorkerDied("verifier worker answered with the wrong number of results")
+    results = [parse_line(line) for line in lines[:-1]]
     for r in results:
-        if not (isinstance(r, list) and len(r) == 3 and r[0] in STATUSES):
+        if r is None or r[0] not in STATUSES:
             raise WorkerDied("verifier worker answered out of protocol")
-    return results
+    return results  # type: ignore[return-value]
 
 
 def _combine(runs: list[list[Any]], seeds: list[int]) -> Execution:
