@@ -240,7 +240,7 @@ def _imports_through_fds(allowed: frozenset[str]) -> tuple[list[int], str | None
                 return name + path[len(root) :]
         return path
 
-    sys.path[:] = aliases.values()  # not `own`: the worker's modules are all imported by now
+    sys.path[:] = aliases.values()  # the worker's own folder goes: its modules are all imported by now
     for module in list(sys.modules.values()):
         package_path = getattr(module, "__path__", None)
         if isinstance(package_path, list):
