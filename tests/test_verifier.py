@@ -16,6 +16,7 @@ from populora_env.verifier import (
     canonical_text,
     outputs_equal,
     parse_args,
+    verdicts,
 )
 from populora_env.verifier import verifier as verifier_module
 from populora_env.verifier.prefilter import ALLOWED_MODULES
@@ -36,7 +37,19 @@ STATUS_CASES = {
 
 
 def test_every_status_has_a_case():
-    assert set(STATUS_CASES) == set(STATUSES)
+    assert set(STATUS_CASES) == set(STATUSES) == verdicts.KNOWN
+
+
+def test_a_forged_line_with_an_unknown_status_is_bad_output_and_keeps_the_worker(bare_verifier):
+    """A program past the language layer can write to its result pipe; a line with a status the host does
+    not know must cost that call a verdict, not the worker (which the host would replace)."""
+    program = (
+        "import os\ndef f(x):\n    for fd in range(3, 16):\n        try:\n"
+        "            os.write(fd, b'pwned\\x1f=1\\x1f\\n')\n        except OSError:\n            pass\n    return x"
+    )
+    workers = [w.pid for pool in bare_verifier._pools for w in pool]
+    assert bare_verifier.run(program, "1").status == "bad_output"
+    assert [w.pid for pool in bare_verifier._pools for w in pool] == workers
 
 
 @pytest.mark.parametrize("status", sorted(STATUS_CASES))

@@ -14,6 +14,22 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+#: The statuses a line may carry (``records.Status`` lists the same; a test keeps them equal).
+KNOWN = frozenset(
+    {
+        "ok",
+        "syntax",
+        "forbidden",
+        "timeout",
+        "memory",
+        "runtime",
+        "nondeterministic",
+        "bad_output",
+        "bad_input",
+    }
+)
+
+
 def line(status: str, output: str | None = None, detail: str = "") -> bytes:
     """One verdict line (``detail`` is cut to 300 characters and made single-line)."""
     detail = detail[:300].replace("\n", " ").replace("\x1f", " ")
@@ -22,8 +38,9 @@ def line(status: str, output: str | None = None, detail: str = "") -> bytes:
 
 
 def parse_line(raw: bytes) -> list[Any] | None:
-    """The ``[status, output, detail]`` of a verdict line (without its LF), or ``None`` if malformed."""
+    """The ``[status, output, detail]`` of a verdict line (without its LF), or ``None`` if malformed or its
+    status is unknown. The worker turns such a line from a child into ``bad_output`` for that call."""
     parts = raw.decode("utf-8", "replace").split("\x1f")
-    if len(parts) != 3 or not parts[1] or parts[1][0] not in "=-":
+    if len(parts) != 3 or parts[0] not in KNOWN or not parts[1] or parts[1][0] not in "=-":
         return None
     return [parts[0], parts[1][1:] if parts[1][0] == "=" else None, parts[2]]
