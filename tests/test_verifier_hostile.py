@@ -8,13 +8,22 @@ left behind.
 
 from __future__ import annotations
 
+import ast
 import builtins
+import json
 import os
+import random
 import sys
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
+
+from populora_env.verifier import prefilter as prefilter_module
+from populora_env.verifier.prefilter import prefilter
+
+from .conftest import CRUXEVAL
 
 ESCAPE_DIR = Path("/tmp") / f"populora-hostile-{uuid.uuid4().hex[:8]}"
 
@@ -170,3 +179,58 @@ def test_kernel_layers_are_all_active_here(bare_verifier):
     if not report.full and not os.environ.get("CI"):
         pytest.skip(f"partial isolation on this machine: {report}")
     assert report.seccomp and report.landlock_abi >= 1 and report.namespaces and report.unprivileged
+
+
+# Sources the pre-filter must reject: each hides its forbidden part from a naive text search somehow.
+DISGUISED = [
+    "def f(x):\n    return x. __class__",
+    "def f(x):\n    return x.\\\n__class__",
+    "def f(x):\n    return x._private",
+    "def f(x):\n    global __b\n    return x",
+    "def f(x):\n    return (lambda: 0).__globals__",
+    "def f(x):\n    return f\"{__import__('os')}\"",
+    "def f(x):\n    return [id for id in x]",
+    "def f(x):\n    return ｅｖａｌ('1')",
+    "def f(x):\n    return x.ｅ if 0 else __name__ or vars()",
+    "from math import *\nimport os\ndef f(x):\n    return x",
+    "def f(x):\n    from math import _x\n    return x",
+    "def f(x):\n    return(getattr)(x, 'y')",
+    "def f(x):\n    return 1if x else(exec)",
+]
+
+
+def _walk_finds(source: str) -> str | None:
+    with warnings.catch_warnings():  # mutated sources: invalid escapes, numbers glued to names
+        warnings.simplefilter("ignore")
+        tree = ast.parse(source)
+    return next((reason for node in ast.walk(tree) if (reason := prefilter_module._forbidden(node))), None)
+
+
+@pytest.mark.filterwarnings("ignore::SyntaxWarning", "ignore::DeprecationWarning")
+def test_the_prefilter_text_shortcut_never_skips_a_finding():
+    """``prefilter`` skips walking a tree when the source's text shows nothing it could report; on every
+    source here, real and mutated, a skipped walk would have found nothing."""
+    sources = [program for program, _, _ in FAMILIES.values()] + DISGUISED
+    if CRUXEVAL.exists():
+        sources += [json.loads(line)["code"] for line in CRUXEVAL.read_text().splitlines()]
+    rng = random.Random(0)
+    inserts = ["__x", "._y", "id", "import math\n", " eval", "_", "vars()", "x.__class__", "ｉｄ", "é"]
+    mutated = []
+    for source in sources[:300]:
+        for _ in range(5):
+            at = rng.randrange(len(source) + 1)
+            mutated.append(source[:at] + rng.choice(inserts) + source[at:])
+    checked = 0
+    for source in sources + mutated:
+        try:
+            finding = _walk_finds(source)
+        except (SyntaxError, ValueError):
+            continue
+        checked += 1
+        if not prefilter_module._needs_walk(source):
+            assert finding is None, (source, finding)
+        else:
+            assert finding is None or prefilter(source).status != "ok", source
+    assert checked > 300
+    for source in DISGUISED:
+        assert prefilter(source).status == "forbidden", source

@@ -10,6 +10,7 @@ Identifiers are NFKC-normalised by Python's parser, so unicode look-alikes (``ï½
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
@@ -33,6 +34,25 @@ BANNED_NAMES = frozenset(
         "__builtins__", "__loader__", "__spec__",
     }
 )  # fmt: skip
+
+
+# What every finding of ``_forbidden`` needs in an ASCII source: the keyword ``import``, an identifier that
+# starts with ``_`` (dunder names, private attributes and imports, ``global __x``; a digit or letter before
+# ``_`` is part of the same token), or a banned name as a whole word. A source without any of them is
+# passed without walking its tree (the walk is about half the pre-filter's time on CRUXEval, and 96% of
+# its programs match nothing); a match, in code, a string or a comment, only means the tree is walked.
+# Outside ASCII the parser's NFKC normalisation makes text search unsound, so such sources are walked.
+_MAY_BE_FORBIDDEN = re.compile(
+    r"(?<![A-Za-z0-9_])_|\b(?:import|"
+    + "|".join(sorted(name for name in BANNED_NAMES if not name.startswith("_")))
+    + r")\b",
+    re.ASCII,
+)
+
+
+def _needs_walk(source: str) -> bool:
+    """Whether ``source``'s tree may hold something ``_forbidden`` reports (see ``_MAY_BE_FORBIDDEN``)."""
+    return not source.isascii() or _MAY_BE_FORBIDDEN.search(source) is not None
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,8 @@ def prefilter(program: str) -> Prefiltered:
         return Prefiltered("syntax", f"{type(e).__name__}{where}: {getattr(e, 'msg', str(e))}"[:200])
     if not any(isinstance(n, ast.FunctionDef) and n.name == "f" for n in tree.body):
         return Prefiltered("syntax", "the program must define a top-level function `f`")
+    if not _needs_walk(program):
+        return Prefiltered("ok")
     for node in ast.walk(tree):
         reason = _forbidden(node)
         if reason:
@@ -83,6 +105,8 @@ def prefilter_expression(args: str) -> Prefiltered:
     body = tree.body
     if not (isinstance(body, ast.Call) and isinstance(body.func, ast.Name) and body.func.id == "f"):
         return Prefiltered("syntax", "args must be an argument list, like '[1, 2], 3'")
+    if not _needs_walk(args):
+        return Prefiltered("ok")
     for node in ast.walk(tree):
         reason = _forbidden(node)
         if reason:
