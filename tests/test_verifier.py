@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 
 import pytest
 
@@ -252,3 +253,66 @@ def test_host_literal_parsing_is_guarded():
         with pytest.raises(ValueError):
             parse_args(bad)
     assert not outputs_equal("[" * 10_000, "[" * 10_000)
+
+
+def test_a_syntax_error_is_syntax_with_the_language_guards_off(bare_verifier):
+    # Without the host's parse the worker's compile is the first to see it: one verdict per call.
+    broken = "def f(x:\n    return x"
+    assert [e.status for e in bare_verifier.run_many([(broken, "1"), (broken, "2")])] == ["syntax"] * 2
+    assert bare_verifier.run(broken, "1").detail.startswith("SyntaxError")
+
+
+def test_run_many_sends_programs_in_batches_with_exact_verdicts(monkeypatch):
+    sent: list[int] = []
+    send = verifier_module.WorkerHandle.send
+
+    def counting_send(self, message, deadline):
+        sent.append(len(message["jobs"]))
+        return send(self, message, deadline)
+
+    monkeypatch.setattr(verifier_module.WorkerHandle, "send", counting_send)
+    programs = [f"def f(x):\n    return x * {i}" for i in range(40)]
+    items = [(p, a) for p in programs for a in ("2", "3")]
+    items.append(("def f(x):\n    return 1 // x", "0"))  # a failure in the middle of a batch
+    items += [(f"def f(x):\n    return x - {i}", "1") for i in range(5)]
+    with Verifier(workers=2) as v:
+        results = v.run_many(items)
+    assert [(e.status, e.output) for e in results] == (
+        [("ok", str(int(a) * i)) for i in range(40) for a in ("2", "3")]
+        + [("runtime", None)]
+        + [("ok", str(1 - i)) for i in range(5)]
+    )
+    assert max(sent) == verifier_module.MAX_BATCH and sum(sent) == 46 + 45  # second runs: the 45 ok ones
+
+
+def test_a_worker_dying_during_a_batch_costs_no_program_its_verdict(caplog):
+    slow = "def f(x):\n    n = 0\n    for i in range(3 * 10 ** 6):\n        n += i\n    return x"
+    items = [(slow, "0")] + [(f"def f(x):\n    return x + {i}", "1") for i in range(15)]
+    with Verifier(workers=1, check_determinism=False, timeout=10.0) as v:
+        victim = v._pools[0][0].pid
+        killer = threading.Timer(0.1, os.kill, (victim, 9))
+        killer.start()
+        results = v.run_many(items)
+        killer.join()
+        assert [e.output for e in results] == ["0"] + [str(1 + i) for i in range(15)]
+        assert v._pools[0][0].pid != victim
+    assert f"verifier worker {victim} died or hung" in caplog.text
+
+
+def test_a_host_check_that_raises_mid_run_leaves_the_verifier_usable(monkeypatch):
+    real = verifier_module.prefilter
+
+    def failing(program: str):
+        if "boom" in program:
+            raise RuntimeError("host check failed")
+        return real(program)
+
+    monkeypatch.setattr(verifier_module, "prefilter", failing)
+    items = [(f"def f(x):\n    return x + {i}", "1") for i in range(30)]
+    items.insert(20, ("def f(x):\n    return 'boom'", "1"))
+    with Verifier(workers=2) as v:
+        with pytest.raises(RuntimeError, match="host check failed"):
+            v.run_many(items)
+        # no answer of the interrupted call is left in a pipe to be read as the next call's
+        assert [e.output for e in v.run_many(items[:20] + items[21:])] == [str(1 + i) for i in range(30)]
+        assert v.run(DOUBLE, "4").output == "8"

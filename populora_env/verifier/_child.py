@@ -87,6 +87,12 @@ class Prepared:
         self.args: list[Any] = []
         self.table = table
 
+    def rest(self, start: int) -> Prepared:
+        """The same program with the calls from ``start`` on (for a new child after one died)."""
+        other = Prepared(self.table)
+        other.code, other.error, other.args = self.code, self.error, self.args[start:]
+        return other
+
 
 def prepare(
     program: str,
@@ -110,6 +116,7 @@ def prepare(
         prepared.code = compile(program, "<program>", "exec")
     except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
         prepared.error = _line("syntax", None, _describe(e))
+        prepared.args = [None] * len(calls)  # one verdict per call (the count is all the child needs)
         return prepared
     if mode == "literal":
         prepared.args = list(calls)

@@ -5,8 +5,8 @@ folder is put first on ``sys.path``, so this process never imports the heavy ``p
 pettingzoo). It isolates itself (see ``sandbox.py``; its own seccomp filter last) and then serves requests,
 each a frame of a 4-byte big-endian length and a payload, on stdin/stdout:
 
-    request   marshal of {"program": str, "calls": [...], "mode": str, "timeout": s, "memory_mb": n, ...}
-    response  one verdict line per call (``verdicts.py``), concatenated
+    request   marshal of {"jobs": [(program, [call, ...]), ...], "mode": str, "timeout": s, "memory_mb": n, ...}
+    response  one verdict line per call of every job, in order (``verdicts.py``), concatenated
 
 ``CONFIG`` is the hex of a marshalled dict. The first frame the worker writes is its isolation report, as
 the ``repr`` of a dict of plain literals. The host writes every marshal payload; nothing a program can
@@ -116,19 +116,33 @@ class Worker:
                 _child.run_program(prepared, self.devnull, max_output=10_000, max_depth=50, mode=mode)
 
     def handle(self, request: dict[str, Any]) -> bytes:
-        calls: list[Any] = request["calls"]
+        """Runs every job of a request, one child per program (another one for the calls left when a
+        child dies), one program after another.
+
+        All programs of the request are compiled before the first fork. After each fork every page this
+        process writes costs it a page fault (a copy while the child lives), and compiling writes a
+        hundred-odd pages: compiled in one go, a batch of programs pays those faults about once instead
+        of once per program (measured here: ~150 worker page faults per program one at a time).
+        """
+        mode = str(request.get("mode", "literal"))
+        allowed = self.allowed if request.get("guards", True) else None
+        jobs: list[Any] = request["jobs"]
+        prepared = [_child.prepare(program, calls, mode=mode, allowed=allowed) for program, calls in jobs]
         lines: list[bytes] = []
-        while len(lines) < len(calls):
-            lines.extend(self._run_child(request["program"], calls[len(lines) :], request))
+        for job in prepared:
+            done = 0
+            while done < len(job.args):
+                new = self._run_child(job.rest(done) if done else job, request)
+                done += len(new)
+                lines.extend(new)
         return b"".join(lines)
 
-    def _run_child(self, program: str, calls: list[Any], request: dict[str, Any]) -> list[bytes]:
-        """Runs a child over ``calls``; returns at least one verdict line (more if the child lasted)."""
+    def _run_child(self, prepared: _child.Prepared, request: dict[str, Any]) -> list[bytes]:
+        """Runs a child over ``prepared``'s calls; returns at least one verdict line (more if the child
+        lasted)."""
         timeout = float(request["timeout"])
         mode = str(request.get("mode", "literal"))
-        prepared = _child.prepare(
-            program, calls, mode=mode, allowed=self.allowed if request.get("guards", True) else None
-        )
+        calls = prepared.args
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # ---------------------------------------------------------------- the child

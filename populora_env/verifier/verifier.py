@@ -9,7 +9,7 @@ import select
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,6 +36,14 @@ class _Task:
     mode: str
     results: list[list[Any]] | None = None
     attempts: int = 0
+    alone: bool = False  # sent in a request of its own (after a worker died on a batch holding it)
+
+
+MAX_BATCH = 8
+"""Most programs in one request to a worker. The worker compiles a request's programs before forking
+the first child (see ``_worker.Worker.handle``), which spares it most of the page faults a compile
+costs right after a fork; more than a few per request gains little and leaves workers idle at the end of a
+``run_many``."""
 
 
 class Verifier:
@@ -171,19 +179,22 @@ class Verifier:
             if self._closed:
                 raise RuntimeError("this Verifier is closed; create a new one")
             self._parsed.clear()
-            verdicts: list[Execution | None] = [self._precheck(p, a, mode) for p, a in items]
+            known: list[Execution | None] = [self._cached(p, a, mode) for p, a in items]
             todo: dict[str, list[str]] = {}
-            for (program, args), verdict in zip(items, verdicts):
+            for (program, args), verdict in zip(items, known):
                 if verdict is None and args not in todo.setdefault(program, []):
                     todo[program].append(args)
             fresh = self._execute(todo, mode) if todo else {}
-            return [v if v is not None else fresh[(p, a)] for (p, a), v in zip(items, verdicts)]
+            return [v if v is not None else fresh[(p, a)] for (p, a), v in zip(items, known)]
 
-    def _precheck(self, program: str, args: str, mode: str) -> Execution | None:
+    def _cached(self, program: str, args: str, mode: str) -> Execution | None:
         cached = self._cache.get((program, args, mode))
         if cached is not None:
             self._cache.move_to_end((program, args, mode))
-            return cached
+        return cached
+
+    def _precheck(self, program: str, args: str, mode: str) -> Execution | None:
+        """The verdict of the host's static checks, or ``None`` when the call is to be run."""
         cfg = self.config
         if len(program) > cfg.max_program_chars:
             return Execution(
@@ -210,25 +221,36 @@ class Verifier:
         return None
 
     def _execute(self, todo: dict[str, list[str]], mode: str) -> dict[tuple[str, str], Execution]:
-        """Runs every pending call under the first hash seed, then re-runs the successful ones under the
-        second: a call that already failed is invalid whatever the seed, so it costs one run, not two."""
-        first = [_Task(program, calls, 0, mode) for program, calls in todo.items()]
-        self._dispatch(first)
-        runs: dict[tuple[str, str], list[list[Any]]] = {}
-        for task in first:
-            for args, result in zip(task.calls, task.results or []):
-                runs[(task.program, args)] = [result]
-        if len(self._pools) > 1:
-            again: dict[str, list[str]] = {}
-            for (program, args), (result,) in runs.items():
-                if result[0] == "ok":
-                    again.setdefault(program, []).append(args)
-            second = [_Task(program, calls, 1, mode) for program, calls in again.items()]
-            self._dispatch(second)
-            for task in second:
-                for args, result in zip(task.calls, task.results or []):
-                    runs[(task.program, args)].append(result)
+        """Checks and runs every pending call under the first hash seed and re-runs the successful ones
+        under the second: a call that already failed is invalid whatever the seed, so it costs one run, not
+        two. The host's static checks of a program are made while the workers run the programs before it,
+        and a program's second run is queued as soon as its first one is back."""
         fresh: dict[tuple[str, str], Execution] = {}
+        runs: dict[tuple[str, str], list[list[Any]]] = {}
+
+        def first_runs() -> Iterator[_Task]:
+            for program, calls in todo.items():
+                to_run = []
+                for args in calls:
+                    verdict = self._precheck(program, args, mode)
+                    if verdict is None:
+                        to_run.append(args)
+                    else:
+                        fresh[(program, args)] = verdict
+                if to_run:
+                    yield _Task(program, to_run, 0, mode)
+
+        def finished(task: _Task) -> _Task | None:
+            results = task.results or []
+            for args, result in zip(task.calls, results):
+                runs.setdefault((task.program, args), []).append(result)
+            if task.pool + 1 < len(self._pools):
+                again = [args for args, result in zip(task.calls, results) if result[0] == "ok"]
+                if again:
+                    return _Task(task.program, again, task.pool + 1, mode)
+            return None
+
+        self._dispatch(first_runs(), finished)
         for key, results in runs.items():
             verdict = _combine(results, self._seeds)
             fresh[key] = verdict
@@ -242,61 +264,133 @@ class Verifier:
         if len(self._cache) > self.config.cache_size:
             self._cache.popitem(last=False)
 
-    def _dispatch(self, tasks: list[_Task]) -> None:
-        """Feeds tasks to idle workers of their pool until every task has results."""
-        queue = [list(t for t in tasks if t.pool == p) for p in range(len(self._pools))]
-        busy: dict[int, tuple[WorkerHandle, _Task]] = {}  # out_fd -> (worker, task)
+    def _dispatch(self, source: Iterator[_Task], finished: Callable[[_Task], _Task | None]) -> None:
+        """Feeds tasks to idle workers of their pool, a few programs per request, until every task has
+        results. Tasks come from ``source`` (drawn as workers need them) and from ``finished``, called on
+        each task with results, which may return a follow-up task."""
+        n_pools = len(self._pools)
+        queue: list[list[_Task]] = [[] for _ in range(n_pools)]
+        busy: dict[int, tuple[WorkerHandle, list[_Task]]] = {}  # out_fd -> (worker, its batch)
         idle = [list(pool) for pool in self._pools]
-        while any(queue) or busy:
-            for p in range(len(self._pools)):
-                while queue[p] and idle[p]:
-                    self._send(idle[p].pop(), queue[p].pop(0), busy)
+        drained = False
+        failure: BaseException | None = None  # raised once the requests in flight are answered
+
+        def draw(count: int) -> None:
+            nonlocal drained, failure
+            while not drained and len(queue[0]) < count:
+                try:
+                    task = next(source, None)
+                except BaseException as e:
+                    failure, task = e, None
+                if task is None:
+                    drained = True
+                else:
+                    queue[0].append(task)
+
+        def coming(p: int) -> bool:  # whether more tasks may still join queue[p]
+            return not drained or any(queue[:p]) or any(b[0].pool < p for _, b in busy.values())
+
+        while True:
+            for p in range(n_pools):
+                while idle[p] and failure is None:
+                    if p == 0:
+                        draw(MAX_BATCH)
+                    if not queue[p]:
+                        break
+                    batch = self._take(queue[p], len(self._pools[p]), coming(p))
+                    self._send(idle[p].pop(), batch, busy)
             if not busy:
+                if failure is not None:
+                    raise failure
+                if drained and not any(queue):
+                    return
                 continue
+            # with checks left to make, make some while the workers run (then look again at once)
+            spare = not drained and len(queue[0]) < MAX_BATCH * len(self._pools[0])
             deadline = min(w.busy_until or 0.0 for w, _ in busy.values())
-            ready = select.select(list(busy), [], [], max(0.0, deadline - time.monotonic()))[0]
+            wait = 0.0 if spare else max(0.0, deadline - time.monotonic())
+            ready = select.select(list(busy), [], [], wait)[0]
+            if spare and not ready:
+                draw(len(queue[0]) + 1)
+                continue
             now = time.monotonic()
-            for fd, (worker, task) in list(busy.items()):
+            for fd, (worker, batch) in list(busy.items()):
                 if fd not in ready and (worker.busy_until or 0.0) > now:
                     continue
+                pool = batch[0].pool
+                done: list[_Task] = []
                 try:
                     if fd in ready:
                         payload = worker.poll_frame()
                         if payload is None:
                             continue
-                        task.results = _checked_results(payload, len(task.calls))
+                        results = _checked_results(payload, sum(len(t.calls) for t in batch))
+                        for task in batch:
+                            task.results, results = results[: len(task.calls)], results[len(task.calls) :]
+                        done = batch
                     else:
                         raise WorkerHung(f"verifier worker {worker.pid} missed its deadline")
                 except WorkerDied as e:
-                    worker = self._replace(worker, task.pool)
-                    task.attempts += 1
-                    hung = isinstance(e, WorkerHung)
-                    if task.attempts < 2 and not hung:
-                        queue[task.pool].insert(0, task)  # one retry on a fresh worker
+                    worker = self._replace(worker, pool)
+                    if len(batch) > 1:  # each program again in a request of its own, as if never sent
+                        for task in reversed(batch):
+                            task.alone = True
+                            queue[pool].insert(0, task)
                     else:
-                        task.results = [["timeout" if hung else "runtime", None, str(e)]] * len(task.calls)
+                        task = batch[0]
+                        task.attempts += 1
+                        hung = isinstance(e, WorkerHung)
+                        if task.attempts < 2 and not hung:
+                            queue[pool].insert(0, task)  # one retry on a fresh worker
+                        else:
+                            task.results = [["timeout" if hung else "runtime", None, str(e)]] * len(
+                                task.calls
+                            )
+                            done = batch
                 del busy[fd]
-                idle[task.pool].append(worker)
+                idle[pool].append(worker)
+                for task in done:
+                    follow = finished(task)
+                    if follow is not None:
+                        queue[follow.pool].append(follow)
 
-    def _send(self, worker: WorkerHandle, task: _Task, busy: dict[int, tuple[WorkerHandle, _Task]]) -> None:
+    @staticmethod
+    def _take(queue: list[_Task], workers: int, coming: bool) -> list[_Task]:
+        """The next request's tasks: up to ``MAX_BATCH``; when no more are ``coming``, fewer as the queue
+        runs short so that every worker of the pool keeps getting work; a task marked ``alone`` by itself."""
+        if queue[0].alone:
+            return [queue.pop(0)]
+        size = MAX_BATCH if coming else max(1, min(MAX_BATCH, len(queue) // (2 * workers)))
+        batch: list[_Task] = []
+        while queue and len(batch) < size and not queue[0].alone:
+            batch.append(queue.pop(0))
+        return batch
+
+    def _send(
+        self, worker: WorkerHandle, batch: list[_Task], busy: dict[int, tuple[WorkerHandle, list[_Task]]]
+    ) -> None:
         cfg = self.config
-        calls: list[Any] = task.calls
-        if task.mode == "literal":  # parsed (and checked) in _precheck: the worker has no parser
-            calls = [self._parsed[a] for a in calls]
+        jobs = []
+        for task in batch:
+            calls: list[Any] = task.calls
+            if task.mode == "literal":  # parsed (and checked) in _precheck: the worker has no parser
+                calls = [self._parsed[a] for a in calls]
+            jobs.append((task.program, calls))
         request = {
-            "program": task.program, "calls": calls, "timeout": cfg.timeout, "memory_mb": cfg.memory_mb,
+            "jobs": jobs, "timeout": cfg.timeout, "memory_mb": cfg.memory_mb,
             "max_output": cfg.max_output_chars, "max_depth": cfg.max_depth, "recursion_limit": cfg.recursion_limit,
             "guards": cfg.language_guards,
-            "mode": task.mode,
+            "mode": batch[0].mode,
         }  # fmt: skip
         # The worker enforces each call's wall time itself; this deadline only catches a stuck worker.
-        deadline = time.monotonic() + cfg.timeout * len(task.calls) * 1.5 + 10.0
+        n_calls = sum(len(task.calls) for task in batch)
+        deadline = time.monotonic() + cfg.timeout * n_calls * 1.5 + 10.0 * len(batch)
         try:
             worker.send(request, deadline)
         except WorkerDied:
-            worker = self._replace(worker, task.pool)
+            worker = self._replace(worker, batch[0].pool)
             worker.send(request, deadline)
-        busy[worker.out_fd] = (worker, task)
+        busy[worker.out_fd] = (worker, batch)
 
     def _replace(self, worker: WorkerHandle, pool: int) -> WorkerHandle:
         worker.kill()
