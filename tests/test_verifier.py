@@ -347,3 +347,23 @@ def _children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             children.append(int(entry))
     return children
+
+
+def test_an_interrupt_mid_run_leaves_no_answer_for_the_next_call(monkeypatch):
+    # Ctrl-C is not held back until the workers answer; the busy workers are replaced instead, so that
+    # their answers (here: as many verdicts as the next call expects) are never read as the next call's.
+    real = verifier_module.prefilter
+
+    def interrupting(program: str):
+        if "stop" in program:
+            raise KeyboardInterrupt
+        return real(program)
+
+    monkeypatch.setattr(verifier_module, "prefilter", interrupting)
+    slow = "def f(x):\n    n = 0\n    for i in range(10 ** 6):\n        n += i\n    return x + {}"
+    first = [(slow.format(i), "1") for i in range(16)] + [("def f(x):\n    return 'stop'", "1")]
+    with Verifier(workers=2, check_determinism=False) as v:
+        with pytest.raises(KeyboardInterrupt):
+            v.run_many(first)
+        second = [(f"def f(x):\n    return x * {i}", "3") for i in range(16)]
+        assert [e.output for e in v.run_many(second)] == [str(3 * i) for i in range(16)]

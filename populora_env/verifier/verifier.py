@@ -273,14 +273,14 @@ class Verifier:
         busy: dict[int, tuple[WorkerHandle, list[_Task]]] = {}  # out_fd -> (worker, its batch)
         idle = [list(pool) for pool in self._pools]
         drained = False
-        failure: BaseException | None = None  # raised once the requests in flight are answered
+        failure: Exception | None = None
 
         def draw(count: int) -> None:
             nonlocal drained, failure
             while not drained and len(queue[0]) < count:
                 try:
                     task = next(source, None)
-                except BaseException as e:
+                except Exception as e:  # raised once the requests in flight are answered
                     failure, task = e, None
                 if task is None:
                     drained = True
@@ -290,69 +290,83 @@ class Verifier:
         def coming(p: int) -> bool:  # whether more tasks may still join queue[p]
             return not drained or any(queue[:p]) or any(b[0].pool < p for _, b in busy.values())
 
-        while True:
-            for p in range(n_pools):
-                while idle[p] and failure is None:
-                    if p == 0:
-                        draw(MAX_BATCH)
-                    if not queue[p]:
-                        break
-                    batch = self._take(queue[p], len(self._pools[p]), coming(p))
-                    self._send(idle[p].pop(), batch, busy)
-            if not busy:
-                if failure is not None:
-                    raise failure
-                if drained and not any(queue):
-                    return
-                continue
-            # with checks left to make, make some while the workers run (then look again at once)
-            spare = not drained and len(queue[0]) < MAX_BATCH * len(self._pools[0])
-            deadline = min(w.busy_until or 0.0 for w, _ in busy.values())
-            wait = 0.0 if spare else max(0.0, deadline - time.monotonic())
-            ready = select.select(list(busy), [], [], wait)[0]
-            if spare and not ready:
-                draw(len(queue[0]) + 1)
-                continue
-            now = time.monotonic()
-            for fd, (worker, batch) in list(busy.items()):
-                if fd not in ready and (worker.busy_until or 0.0) > now:
+        try:
+            while True:
+                for p in range(n_pools):
+                    while idle[p] and failure is None:
+                        if p == 0:
+                            draw(MAX_BATCH)
+                        if not queue[p]:
+                            break
+                        batch = self._take(queue[p], len(self._pools[p]), coming(p))
+                        self._send(idle[p].pop(), batch, busy)
+                if not busy:
+                    if failure is not None:
+                        raise failure
+                    if drained and not any(queue):
+                        return
                     continue
-                pool = batch[0].pool
-                done: list[_Task] = []
-                try:
-                    if fd in ready:
-                        payload = worker.poll_frame()
-                        if payload is None:
-                            continue
-                        results = _checked_results(payload, sum(len(t.calls) for t in batch))
-                        for task in batch:
-                            task.results, results = results[: len(task.calls)], results[len(task.calls) :]
-                        done = batch
-                    else:
-                        raise WorkerHung(f"verifier worker {worker.pid} missed its deadline")
-                except WorkerDied as e:
-                    worker = self._replace(worker, pool)
-                    if len(batch) > 1:  # each program again in a request of its own, as if never sent
-                        for task in reversed(batch):
-                            task.alone = True
-                            queue[pool].insert(0, task)
-                    else:
-                        task = batch[0]
-                        task.attempts += 1
-                        hung = isinstance(e, WorkerHung)
-                        if task.attempts < 2 and not hung:
-                            queue[pool].insert(0, task)  # one retry on a fresh worker
-                        else:
-                            task.results = [["timeout" if hung else "runtime", None, str(e)]] * len(
-                                task.calls
-                            )
+                # with checks left to make, make some while the workers run (then look again at once)
+                spare = not drained and len(queue[0]) < MAX_BATCH * len(self._pools[0])
+                deadline = min(w.busy_until or 0.0 for w, _ in busy.values())
+                wait = 0.0 if spare else max(0.0, deadline - time.monotonic())
+                ready = select.select(list(busy), [], [], wait)[0]
+                if spare and not ready:
+                    draw(len(queue[0]) + 1)
+                    continue
+                now = time.monotonic()
+                for fd, (worker, batch) in list(busy.items()):
+                    if fd not in ready and (worker.busy_until or 0.0) > now:
+                        continue
+                    pool = batch[0].pool
+                    done: list[_Task] = []
+                    try:
+                        if fd in ready:
+                            payload = worker.poll_frame()
+                            if payload is None:
+                                continue
+                            results = _checked_results(payload, sum(len(t.calls) for t in batch))
+                            for task in batch:
+                                task.results, results = results[: len(task.calls)], results[len(task.calls) :]
                             done = batch
-                del busy[fd]
-                idle[pool].append(worker)
-                for task in done:
-                    follow = finished(task)
-                    if follow is not None:
-                        queue[follow.pool].append(follow)
+                        else:
+                            raise WorkerHung(f"verifier worker {worker.pid} missed its deadline")
+                    except WorkerDied as e:
+                        worker = self._replace(worker, pool)
+                        if len(batch) > 1:  # each program again in a request of its own, as if never sent
+                            for task in reversed(batch):
+                                task.alone = True
+                                queue[pool].insert(0, task)
+                        else:
+                            task = batch[0]
+                            task.attempts += 1
+                            hung = isinstance(e, WorkerHung)
+                            if task.attempts < 2 and not hung:
+                                queue[pool].insert(0, task)  # one retry on a fresh worker
+                            else:
+                                task.results = [["timeout" if hung else "runtime", None, str(e)]] * len(
+                                    task.calls
+                                )
+                                done = batch
+                    del busy[fd]
+                    idle[pool].append(worker)
+                    for task in done:
+                        follow = finished(task)
+                        if follow is not None:
+                            queue[follow.pool].append(follow)
+        except BaseException:
+            # Interrupted (Ctrl-C, or an error here): the busy workers' answers would be read as the next
+            # call's, so they are replaced now.
+            self._abandon(busy)
+            raise
+
+    def _abandon(self, busy: dict[int, tuple[WorkerHandle, list[_Task]]]) -> None:
+        for worker, batch in list(busy.values()):
+            try:
+                self._replace(worker, batch[0].pool, "was busy with an interrupted call")
+            except BaseException:  # a worker that cannot start now fails the next call, clearly
+                worker.kill()
+        busy.clear()
 
     @staticmethod
     def _take(queue: list[_Task], workers: int, coming: bool) -> list[_Task]:
@@ -392,9 +406,9 @@ class Verifier:
             worker.send(request, deadline)
         busy[worker.out_fd] = (worker, batch)
 
-    def _replace(self, worker: WorkerHandle, pool: int) -> WorkerHandle:
+    def _replace(self, worker: WorkerHandle, pool: int, why: str = "died or hung") -> WorkerHandle:
         worker.kill()
-        logger.warning("verifier worker %d died or hung; starting a replacement", worker.pid)
+        logger.warning("verifier worker %d %s; starting a replacement", worker.pid, why)
         fresh = WorkerHandle(self._seeds[pool], self._worker_config)
         fresh.wait_ready(self.config.start_timeout)
         members = self._pools[pool]
