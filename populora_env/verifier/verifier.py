@@ -399,12 +399,14 @@ class Verifier:
         # The worker enforces each call's wall time itself; this deadline only catches a stuck worker.
         n_calls = sum(len(task.calls) for task in batch)
         deadline = time.monotonic() + cfg.timeout * n_calls * 1.5 + 10.0 * len(batch)
+        busy[worker.out_fd] = (worker, batch)  # before sending: an interrupted send leaves it abandoned
         try:
             worker.send(request, deadline)
         except WorkerDied:
+            del busy[worker.out_fd]
             worker = self._replace(worker, batch[0].pool)
+            busy[worker.out_fd] = (worker, batch)
             worker.send(request, deadline)
-        busy[worker.out_fd] = (worker, batch)
 
     def _replace(self, worker: WorkerHandle, pool: int, why: str = "died or hung") -> WorkerHandle:
         worker.kill()
