@@ -28,7 +28,8 @@ _warned_isolation = False
 
 @dataclass
 class _Task:
-    """One request to one hash-seed pool: a program and the argument texts it is called with."""
+    """A program and the argument texts it is called with, for one hash-seed pool (a request to a worker
+    carries up to ``MAX_BATCH`` of them)."""
 
     program: str
     calls: list[str]
