@@ -367,3 +367,10 @@ def test_an_interrupt_mid_run_leaves_no_answer_for_the_next_call(monkeypatch):
             v.run_many(first)
         second = [(f"def f(x):\n    return x * {i}", "3") for i in range(16)]
         assert [e.output for e in v.run_many(second)] == [str(3 * i) for i in range(16)]
+
+
+def test_programs_run_as_plain_python_not_under_the_verifiers_future_imports(verifier):
+    # The verifier's modules use `from __future__ import annotations`; compile() would pass it on.
+    undefined = verifier.run("def f(x: undefined_name):\n    return x", "1")
+    assert undefined.status == "runtime" and "NameError" in undefined.detail
+    assert verifier.run("def f(x: int) -> str:\n    return str(x)", "1").output == "'1'"

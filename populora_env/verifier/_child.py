@@ -113,7 +113,9 @@ def prepare(
         _TABLES[guards] = safe_builtins(allowed) if allowed is not None else dict(vars(builtins))
     prepared = Prepared(_TABLES[guards])
     try:
-        prepared.code = compile(program, "<program>", "exec")
+        # dont_inherit: not this module's `from __future__ import annotations` (programs run as plain Python,
+        # annotations evaluated when `f` is defined)
+        prepared.code = compile(program, "<program>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
         prepared.error = _line("syntax", None, _describe(e))
         prepared.args = [None] * len(calls)  # one verdict per call (the count is all the child needs)
@@ -123,7 +125,9 @@ def prepare(
         return prepared
     for text in calls:
         try:
-            prepared.args.append(compile(f"__populora_pack__(\n{text}\n)", "<args>", "eval"))
+            prepared.args.append(
+                compile(f"__populora_pack__(\n{text}\n)", "<args>", "eval", dont_inherit=True)
+            )
         except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
             prepared.args.append(_line("bad_input", None, f"args are not valid Python: {_describe(e)}"))
     return prepared
