@@ -16,7 +16,7 @@ from typing import Any
 from .literals import LiteralError, outputs_equal, parse_args
 from .pool import WorkerDied, WorkerHandle, WorkerHung
 from .prefilter import ALLOWED_MODULES, prefilter, prefilter_expression
-from .records import STATUSES, Execution, IsolationReport, VerifierConfig
+from .records import Execution, IsolationReport, VerifierConfig
 from .sandbox import build_seccomp_programs
 from .verdicts import parse_line
 
@@ -462,10 +462,9 @@ def _checked_results(payload: bytes, n: int) -> list[list[Any]]:
     lines = payload.split(b"\n")
     if len(lines) != n + 1 or lines[-1]:
         raise WorkerDied("verifier worker answered with the wrong number of results")
-    results = [parse_line(line) for line in lines[:-1]]
-    for r in results:
-        if r is None or r[0] not in STATUSES:
-            raise WorkerDied("verifier worker answered out of protocol")
+    results = [parse_line(line) for line in lines[:-1]]  # None also for a status outside STATUSES
+    if None in results:
+        raise WorkerDied("verifier worker answered out of protocol")
     return results  # type: ignore[return-value]
 
 
