@@ -274,15 +274,11 @@ class Verifier:
         busy: dict[int, tuple[WorkerHandle, list[_Task]]] = {}  # out_fd -> (worker, its batch)
         idle = [list(pool) for pool in self._pools]
         drained = False
-        failure: Exception | None = None
 
         def draw(count: int) -> None:
-            nonlocal drained, failure
+            nonlocal drained
             while not drained and len(queue[0]) < count:
-                try:
-                    task = next(source, None)
-                except Exception as e:  # raised once the requests in flight are answered
-                    failure, task = e, None
+                task = next(source, None)
                 if task is None:
                     drained = True
                 else:
@@ -294,7 +290,7 @@ class Verifier:
         try:
             while True:
                 for p in range(n_pools):
-                    while idle[p] and failure is None:
+                    while idle[p]:
                         if p == 0:
                             draw(MAX_BATCH)
                         if not queue[p]:
@@ -302,8 +298,6 @@ class Verifier:
                         batch = self._take(queue[p], len(self._pools[p]), coming(p))
                         self._send(idle[p].pop(), batch, busy)
                 if not busy:
-                    if failure is not None:
-                        raise failure
                     if drained and not any(queue):
                         return
                     continue
@@ -356,8 +350,8 @@ class Verifier:
                         if follow is not None:
                             queue[follow.pool].append(follow)
         except BaseException:
-            # Interrupted (Ctrl-C, or an error here): the busy workers' answers would be read as the next
-            # call's, so they are replaced now.
+            # Interrupted (Ctrl-C, a host check that raised, a worker that cannot start): the busy workers'
+            # answers would be read as the next call's, so they are replaced now.
             self._abandon(busy)
             raise
 
