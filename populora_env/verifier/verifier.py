@@ -314,35 +314,19 @@ class Verifier:
                     if fd not in ready and (worker.busy_until or 0.0) > now:
                         continue
                     pool = batch[0].pool
-                    done: list[_Task] = []
                     try:
-                        if fd in ready:
-                            payload = worker.poll_frame()
-                            if payload is None:
-                                continue
-                            results = _checked_results(payload, sum(len(t.calls) for t in batch))
-                            for task in batch:
-                                task.results, results = results[: len(task.calls)], results[len(task.calls) :]
-                            done = batch
-                        else:
+                        if fd not in ready:
                             raise WorkerHung(f"verifier worker {worker.pid} missed its deadline")
+                        payload = worker.poll_frame()
+                        if payload is None:
+                            continue
+                        results = _checked_results(payload, sum(len(t.calls) for t in batch))
+                        for task in batch:
+                            task.results, results = results[: len(task.calls)], results[len(task.calls) :]
+                        done = batch
                     except WorkerDied as e:
                         worker = self._replace(worker, pool)
-                        if len(batch) > 1:  # each program again in a request of its own, as if never sent
-                            for task in reversed(batch):
-                                task.alone = True
-                                queue[pool].insert(0, task)
-                        else:
-                            task = batch[0]
-                            task.attempts += 1
-                            hung = isinstance(e, WorkerHung)
-                            if task.attempts < 2 and not hung:
-                                queue[pool].insert(0, task)  # one retry on a fresh worker
-                            else:
-                                task.results = [["timeout" if hung else "runtime", None, str(e)]] * len(
-                                    task.calls
-                                )
-                                done = batch
+                        done = _after_death(batch, e, queue[pool])
                     del busy[fd]
                     idle[pool].append(worker)
                     for task in done:
@@ -450,6 +434,27 @@ class Verifier:
 def _require_str(name: str, value: object) -> None:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be str, got {type(value).__name__}")
+
+
+def _after_death(batch: list[_Task], error: WorkerDied, queue: list[_Task]) -> list[_Task]:
+    """Deals out a batch whose worker died or hung: returns the tasks that got a verdict, queues the others.
+
+    The programs of a batch go back one per request, as if never sent; a program alone gets one retry on a
+    fresh worker, then the worker's failure as its verdict (a hang at once: ``timeout``).
+    """
+    if len(batch) > 1:
+        for task in reversed(batch):
+            task.alone = True
+            queue.insert(0, task)
+        return []
+    task = batch[0]
+    task.attempts += 1
+    hung = isinstance(error, WorkerHung)
+    if task.attempts < 2 and not hung:
+        queue.insert(0, task)
+        return []
+    task.results = [["timeout" if hung else "runtime", None, str(error)]] * len(task.calls)
+    return [task]
 
 
 def _checked_results(payload: bytes, n: int) -> list[list[Any]]:
