@@ -151,6 +151,7 @@ class Worker:
         """Forks the child for ``prepared``'s calls; with ``gated`` it waits, isolated, until
         ``_finish_child`` lets it run. Returns ``(pid, result read end, gate write end or None)``."""
         timeout = float(request["timeout"])
+        mode = str(request.get("mode", "literal"))
         calls = prepared.args
         read_fd, write_fd = os.pipe()
         gate_read, gate_write = os.pipe() if gated else (-1, None)
@@ -170,7 +171,7 @@ class Worker:
                     os.close(gate_read)
                 _child.run_program(
                     prepared, write_fd, max_output=int(request["max_output"]),
-                    max_depth=int(request["max_depth"]), mode=str(request.get("mode", "literal")),
+                    max_depth=int(request["max_depth"]), mode=mode,
                 )  # fmt: skip
             finally:
                 os._exit(0)
