@@ -72,12 +72,13 @@ def _correct_flags(task: Task, texts: list[str], verifier: Any) -> list[bool]:
         runs = verifier.run_many([(task.program, t) for t in texts])
         return [_produced(r, task.outputs[0]) for r in runs]
     hidden = task.hidden_pairs
-    runs = list(verifier.run_many([(t, args) for t in texts for args, _ in hidden]))
-    n = len(hidden)  # runs[i * n : (i + 1) * n] are text i's runs on the hidden pairs
-    return [
-        all(_produced(r, out) for r, (_, out) in zip(runs[i * n : (i + 1) * n], hidden, strict=True))
-        for i in range(len(texts))
-    ]
+    runs = verifier.run_many([(t, args) for t in texts for args, _ in hidden])
+    if len(runs) != len(texts) * len(hidden):
+        raise RuntimeError(f"the verifier returned {len(runs)} runs for {len(texts) * len(hidden)} programs")
+    expected = [out for _, out in hidden] * len(texts)
+    produced = list(map(_produced, runs, expected))
+    n = len(hidden)  # produced[i * n : (i + 1) * n] are text i's runs on the hidden pairs
+    return [all(produced[i * n : (i + 1) * n]) for i in range(len(texts))]
 
 
 def _produced(run: Any, expected: str) -> bool:

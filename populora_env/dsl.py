@@ -156,7 +156,7 @@ def decode(action: np.ndarray, n_slots: int) -> DslProgram:
     ints = vec.tolist()  # Python ints: the bounds check and the slots need no numpy scalars
     if min(ints) < 0 or not all(map(operator.lt, ints, nvec)):
         raise ValueError(f"structured action {ints} lies outside MultiDiscrete({list(nvec)})")
-    return DslProgram(ints[0], ints[1], tuple(zip(ints[2::2], ints[3::2], strict=True)))
+    return DslProgram(ints[0], ints[1], tuple(zip(ints[2::2], ints[3::2])))  # equal lengths: shape checked
 
 
 def input_value(input_type: int, index: int) -> int | list[int] | str:
@@ -264,25 +264,31 @@ def perturbed_slots(program: DslProgram, rng: random.Random, n: int) -> Iterator
 
     Candidate generation renders and deduplicates many such variants and keeps few, so it works on slots
     and builds a ``DslProgram`` only for the variants it keeps. A program without ops yields its own slots.
+    Each variant costs three ``rng.random()`` draws, a uniform index being ``int(rng.random() * m)``
+    (``random.choice``/``randrange`` cost several times more per call; this is every structured
+    proposal's hot loop, bench/env.py).
     """
-    used = [i for i, (op, _) in enumerate(program.slots) if op != 0]
+    base = program.slots
+    used = [i for i, (op, _) in enumerate(base) if op != 0]
+    draw = rng.random
     for _ in range(n):
         if not used:
-            yield program.slots
+            yield base
             continue
-        slots = list(program.slots)
-        i = rng.choice(used)
+        slots = list(base)
+        i = used[int(draw() * len(used))]
         op, a = slots[i]
-        if rng.random() < 0.5:
-            slots[i] = (op, (a + rng.randrange(1, N_ARGS)) % N_ARGS)
+        if draw() < 0.5:
+            slots[i] = (op, (a + 1 + int(draw() * (N_ARGS - 1))) % N_ARGS)
         else:
-            slots[i] = (rng.choice(_SAME_SIGNATURE[op]), a)
+            same = _SAME_SIGNATURE[op]
+            slots[i] = (same[int(draw() * len(same))], a)
         yield tuple(slots)
 
 
 def perturbed_input_index(program: DslProgram, rng: random.Random) -> int:
     """Another input index of the same type for ``program`` (its abduction distractors' inputs)."""
-    return (program.input_index + rng.randrange(1, N_INPUTS)) % N_INPUTS
+    return (program.input_index + 1 + int(rng.random() * (N_INPUTS - 1))) % N_INPUTS
 
 
 def induction_inputs(program: DslProgram, n: int) -> tuple[str, ...]:

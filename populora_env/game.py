@@ -365,21 +365,22 @@ class Game:
         bad = next((r for r in runs if r.status != "ok" or r.output is None), None)
         if bad is not None:
             return None, "invalid", str(bad.status)
-        fields: dict[str, Any] = {
-            "task_id": task_id_for(turn.task_type, action.program, action.inputs),
-            "task_type": turn.task_type,
-            "program": action.program,
-            "inputs": action.inputs,
-            "outputs": tuple(str(r.output) for r in runs),
-            "message": action.message,
-            "n_shown": max(1, len(runs) // 2) if turn.task_type == "induction" else 1,
-            "source": turn.agent,
-            "program_dsl": program_dsl,
-        }
-        task = Task(**fields)
-        if cfg.mode == "structured":  # a second construction: cheaper than dataclasses.replace
+        task = Task(
+            task_id=task_id_for(turn.task_type, action.program, action.inputs),
+            task_type=turn.task_type,
+            program=action.program,
+            inputs=action.inputs,
+            outputs=tuple(str(r.output) for r in runs),
+            message=action.message,
+            n_shown=max(1, len(runs) // 2) if turn.task_type == "induction" else 1,
+            source=turn.agent,
+            program_dsl=program_dsl,
+        )
+        if cfg.mode == "structured":
             candidates = make_candidates(task, self.verifier, self._local, cfg.n_candidates)
-            task = Task(**fields, candidates=candidates)
+            # the one field that needs the task itself, set before anyone else sees the task (cheaper
+            # than a second construction or dataclasses.replace)
+            object.__setattr__(task, "candidates", candidates)
         return task, "valid", "ok"
 
     def _solve(self, turn: Turn, action: Any) -> StepOutcome:
@@ -395,15 +396,21 @@ class Game:
             verdict = "correct" if correct else "wrong"
             status, reward = "ok", cfg.student_correct_reward if correct else cfg.student_wrong_reward
         solved = verdict == "correct"
-        self._attempts.setdefault(task.task_id, []).append((turn.agent, solved))
-        self.attempt_log.append((turn.agent, task.task_id, solved))
-        info = self._base_info(turn)  # filled in place: one dict per step (the env's most frequent step)
-        info["task_id"] = task.task_id
-        info["verdict"] = verdict
-        info["status"] = status
-        info["score"] = score
-        info["gold"] = task.gold
-        return StepOutcome({turn.agent: reward}, {turn.agent: info}, False)
+        agent, task_id = turn.agent, task.task_id
+        self._attempts.setdefault(task_id, []).append((agent, solved))
+        self.attempt_log.append((agent, task_id, solved))
+        info = {  # _base_info's keys first; one literal: the env's most frequent step
+            "round": turn.round,
+            "phase": turn.phase,
+            "task_type": turn.task_type,
+            "attempt": turn.attempt,
+            "task_id": task_id,
+            "verdict": verdict,
+            "status": status,
+            "score": score,
+            "gold": task.gold,
+        }
+        return StepOutcome({agent: reward}, {agent: info}, False)
 
     def _score(self, task: Task, action: Any) -> float:
         """1.0/0.0 for deduction and abduction, the fraction of hidden pairs matched for induction."""

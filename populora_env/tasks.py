@@ -123,9 +123,21 @@ class TaskBuffer:
     def sample(self, task_type: TaskType, k: int, rng: random.Random) -> tuple[Task, ...]:
         """Up to ``k`` distinct tasks of a type, drawn uniformly without replacement, in random order."""
         bucket = self._tasks[task_type]
-        if not bucket or k <= 0:
+        n = len(bucket)
+        k = min(k, n)
+        if k <= 0:
             return ()
-        return tuple(rng.sample(bucket, min(k, len(bucket))))
+        if 2 * k > n:  # a large share of a small bucket: the library's sampler
+            return tuple(rng.sample(bucket, k))
+        # a few of many (the usual case, every round): distinct indices by rejection, each uniform from one
+        # rng.random() draw: every ordered k-tuple of distinct tasks is equally likely, as with rng.sample,
+        # at a fraction of its cost per call
+        picks: list[int] = []
+        while len(picks) < k:
+            i = int(rng.random() * n)
+            if i not in picks:
+                picks.append(i)
+        return tuple(bucket[i] for i in picks)
 
 
 @dataclass(frozen=True)

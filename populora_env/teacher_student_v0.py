@@ -88,6 +88,8 @@ __all__ = ["TeacherStudentConfig", "env", "parallel_env", "raw_env", "shared_ver
 
 PHASES = {"idle": 0, "propose": 1, "solve": 2}
 _TASK_TYPE_INDEX = {task_type: i for i, task_type in enumerate(TASK_TYPES)}
+# a student's task encoding: program vector, shown pairs, candidate rows, action mask
+_TaskArrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 _SHARED: list[Any] = []
 
 
@@ -192,7 +194,7 @@ class raw_env(AECEnv):
         self._prompt_cache: dict[tuple[Any, ...], str] = {}
         self._candidate_width = max(dsl.program_width(self.config.n_slots), dsl.VALUE_WIDTH)
         # id(task) -> (task, arrays); holding the task keeps its id from being reused while cached
-        self._array_cache: dict[int, tuple[Task | None, dict[str, np.ndarray]]] = {}
+        self._array_cache: dict[int, tuple[Task | None, _TaskArrays]] = {}
         self._reference_cache: dict[int, tuple[Task, np.ndarray]] = {}  # id(task) -> (task, program vector)
         self._build_spaces()
 
@@ -408,17 +410,21 @@ class raw_env(AECEnv):
         return {"prompt": prompt, **self._head(turn)}
 
     def _structured_obs(self, agent: str, turn: Turn | None) -> dict[str, Any]:
-        cfg = self.config
         head = self._head(turn)
         if agent.startswith("teacher"):
+            cfg = self.config
             refs = np.zeros((cfg.n_references, dsl.program_width(cfg.n_slots)), dtype=np.float32)
             for i, ref in enumerate(turn.references if turn else ()):
                 if ref.program_dsl is not None:
                     refs[i] = self._reference_row(ref)
-            return {**head, "references": refs}
+            head["references"] = refs
+            return head
         # fresh copies: Gymnasium's checker rejects observations that share mutable objects
-        for key, value in self._task_arrays(turn.task if turn else None).items():
-            head[key] = value.copy()
+        program, pairs, candidates, mask = self._task_arrays(turn.task if turn else None)
+        head["program"] = program.copy()
+        head["pairs"] = pairs.copy()
+        head["candidates"] = candidates.copy()
+        head["action_mask"] = mask.copy()
         return head
 
     def _reference_row(self, task: Task) -> np.ndarray:
@@ -435,8 +441,9 @@ class raw_env(AECEnv):
         self._reference_cache[id(task)] = (task, row)
         return row
 
-    def _task_arrays(self, task: Task | None) -> dict[str, np.ndarray]:
-        """A student's task encoding, computed once per task and cached for its attempts."""
+    def _task_arrays(self, task: Task | None) -> _TaskArrays:
+        """A student's task encoding (program, pairs, candidates, action mask), computed once per task and
+        cached for its attempts; the caller copies them."""
         key = id(task)  # by object: the same program proposed twice (by two teachers) has other candidates
         hit = self._array_cache.get(key)
         if hit is not None and hit[0] is task:
@@ -449,28 +456,27 @@ class raw_env(AECEnv):
         candidates = np.zeros((cfg.n_candidates, self._candidate_width), dtype=np.float32)
         mask = np.zeros(cfg.n_candidates, dtype=np.int8)
         if task is not None:
-            if task.program_dsl is not None and task.task_type != "induction":
+            task_type = task.task_type
+            if task.program_dsl is not None and task_type != "induction":
                 program[:] = task.program_dsl.vector()
-                if task.task_type == "abduction":
+                if task_type == "abduction":
                     program[1] = 0  # the input index is the abduction answer: hide it
-            pairs = (
-                task.shown_pairs if task.task_type == "induction" else ((task.inputs[0], task.outputs[0]),)
-            )
+            pairs = task.shown_pairs if task_type == "induction" else ((task.inputs[0], task.outputs[0]),)
             for i, (args, out) in enumerate(pairs[: values.shape[0]]):
-                if task.task_type != "abduction":
+                if task_type != "abduction":
                     values[i, 0] = dsl.value_row(args)
-                if task.task_type != "deduction":
+                if task_type != "deduction":
                     values[i, 1] = dsl.value_row(out)
-            for i, cand in enumerate(task.candidates):
-                row = cand.program.vector() if cand.program is not None else dsl.value_row(cand.text)
-                candidates[i, : len(row)] = row
+            cands = task.candidates
+            if cands and all(c.program is not None for c in cands):  # induction: one conversion for all rows
+                vectors = [c.program.vector() for c in cands if c.program is not None]
+                candidates[: len(vectors), : len(vectors[0])] = vectors
+            else:
+                for i, cand in enumerate(cands):
+                    row = cand.program.vector() if cand.program is not None else dsl.value_row(cand.text)
+                    candidates[i, : len(row)] = row
             mask[: len(task.candidates)] = 1
-        arrays: dict[str, np.ndarray] = {
-            "program": program,
-            "pairs": values,
-            "candidates": candidates,
-            "action_mask": mask,
-        }
+        arrays = (program, values, candidates, mask)
         self._array_cache[key] = (task, arrays)
         return arrays
 

@@ -224,6 +224,56 @@ def test_buffer_dedups_caps_and_keeps_seeds():
     assert buf.sample("induction", 2, random.Random(0)) == ()
 
 
+def test_buffer_sample_is_uniform_over_ordered_draws():
+    # the few-of-many path draws indices by rejection; every ordered k-tuple must stay equally likely
+    buf = TaskBuffer(capacity=20)
+    for i in range(6):
+        buf.add(_task(i))
+    rng = random.Random(0)
+    counts: dict[tuple[str, ...], int] = {}
+    trials = 36_000
+    for _ in range(trials):
+        picks = buf.sample("deduction", 2, rng)
+        assert len(picks) == 2 and picks[0] is not picks[1]
+        key = tuple(t.program[-1] for t in picks)
+        counts[key] = counts.get(key, 0) + 1
+    assert len(counts) == 30  # 6 * 5 ordered pairs, all reachable
+    expected = trials / 30
+    chi2 = sum((c - expected) ** 2 / expected for c in counts.values())
+    assert chi2 < 60, chi2  # 29 degrees of freedom: P(chi2 > 60) < 0.001 for a uniform sampler
+    # the large-share path (k > n / 2) and k >= n give every task once
+    bucket = set(buf.tasks("deduction"))
+    assert len(set(four := buf.sample("deduction", 4, rng))) == 4 and set(four) <= bucket
+    assert set(buf.sample("deduction", 9, rng)) == bucket
+
+
+def test_perturbed_slots_change_one_slot_within_the_signature():
+    program = dsl.random_program(random.Random(1), 6, 1.0)
+    used = [i for i, (op, _) in enumerate(program.slots) if op != 0]
+    rng = random.Random(0)
+    changed_args = changed_ops = 0
+    seen_args: set[int] = set()
+    for slots in dsl.perturbed_slots(program, rng, 4000):
+        diff = [i for i in range(len(slots)) if slots[i] != program.slots[i]]
+        assert len(diff) <= 1 and set(diff) <= set(used)
+        for i in diff:
+            (op0, a0), (op1, a1) = program.slots[i], slots[i]
+            assert 0 <= a1 < dsl.N_ARGS and 1 <= op1 < dsl.N_OPS
+            if op1 == op0:
+                changed_args += 1
+                seen_args.add((a1 - a0) % dsl.N_ARGS)
+            else:
+                assert a1 == a0 and dsl.OPS[op1 - 1].in_type == dsl.OPS[op0 - 1].in_type
+                assert dsl.OPS[op1 - 1].out_type == dsl.OPS[op0 - 1].out_type
+                changed_ops += 1
+    assert seen_args == set(range(1, dsl.N_ARGS))  # every other arg value is drawn, never the same one
+    assert 1700 < changed_args < 2300 and changed_ops > 1000  # half arg changes, the rest op swaps (or none)
+    base = dsl.DslProgram(0, 3, ((0, 0),) * 6)
+    assert list(dsl.perturbed_slots(base, rng, 3)) == [base.slots] * 3
+    others = {dsl.perturbed_input_index(program, rng) for _ in range(2000)}
+    assert others == set(range(dsl.N_INPUTS)) - {program.input_index}
+
+
 def test_matchmakers():
     rng = np.random.default_rng(0)
     students = ("student_0", "student_1", "student_2")
