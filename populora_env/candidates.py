@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from populora_env import dsl
-from populora_env.tasks import Candidate, Task
+from populora_env.tasks import Candidate, Task, run_all
 from populora_env.verifier.literals import outputs_equal
 
 
@@ -33,7 +33,7 @@ def make_candidates(task: Task, verifier: Any, rng: random.Random, k: int) -> tu
     if task.task_type == "deduction":  # outputs: all variants go to the verifier in one batch
         args = dsl.input_text(base.input_type, base.input_index)
         variants = dsl.perturbed_slots(base, rng, 3 * k)
-        runs = verifier.run_many([(dsl.render_source(base.input_type, slots), args) for slots in variants])
+        runs = run_all(verifier, [(dsl.render_source(base.input_type, slots), args) for slots in variants])
         pool = [(str(r.output), None) for r in runs if r.status == "ok" and r.output is not None]
     else:  # texts only: variants are drawn in the same order, but only until k distinct texts are found
         pool = _text_variants(base, task.task_type, rng, 3 * k)
@@ -69,12 +69,10 @@ def _correct_flags(task: Task, texts: list[str], verifier: Any) -> list[bool]:
     if task.task_type == "deduction":
         return [_outputs_equal(t, task.outputs[0]) for t in texts]
     if task.task_type == "abduction":
-        runs = verifier.run_many([(task.program, t) for t in texts])
+        runs = run_all(verifier, [(task.program, t) for t in texts])
         return [_produced(r, task.outputs[0]) for r in runs]
     hidden = task.hidden_pairs
-    runs = verifier.run_many([(t, args) for t in texts for args, _ in hidden])
-    if len(runs) != len(texts) * len(hidden):
-        raise RuntimeError(f"the verifier returned {len(runs)} runs for {len(texts) * len(hidden)} programs")
+    runs = run_all(verifier, [(t, args) for t in texts for args, _ in hidden])
     expected = [out for _, out in hidden] * len(texts)
     produced = list(map(_produced, runs, expected))
     n = len(hidden)  # produced[i * n : (i + 1) * n] are text i's runs on the hidden pairs

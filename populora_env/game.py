@@ -20,7 +20,7 @@ from populora_env import dsl
 from populora_env.candidates import make_candidates
 from populora_env.matchmaking import Matchmaker
 from populora_env.metrics import EpisodeMetrics, summarize_episode
-from populora_env.tasks import TASK_TYPES, Task, TaskBuffer, TaskType, task_id_for
+from populora_env.tasks import TASK_TYPES, Task, TaskBuffer, TaskType, run_all, task_id_for
 from populora_env.text_format import Answer, FormatError, Proposal
 
 __all__ = ["Game", "ResolvedProposal", "StepOutcome", "TeacherStudentConfig", "Turn", "teacher_reward"]
@@ -361,7 +361,7 @@ class Game:
             action = Proposal(source, inputs, "")
         if not isinstance(action, Proposal):
             return None, "format_error", "wrong_action_kind"
-        runs = self.verifier.run_many([(action.program, args) for args in action.inputs])
+        runs = run_all(self.verifier, [(action.program, args) for args in action.inputs])
         bad = next((r for r in runs if r.status != "ok" or r.output is None), None)
         if bad is not None:
             return None, "invalid", str(bad.status)

@@ -8,7 +8,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from populora_env import dsl
 from populora_env.verifier.jsonl import load_records
@@ -223,6 +223,21 @@ def load_jsonl_specs(path: str | Path, limit: int | None = None) -> list[SeedSpe
     return specs
 
 
+def run_all(verifier: Any, items: list[tuple[str, str]]) -> list[Any]:
+    """``verifier.run_many(items)``, checked to return one run per item: the env takes any object with the
+    verifier's methods, and a miscounting one would otherwise pair outputs with the wrong inputs.
+
+    Raises:
+        RuntimeError: the verifier returned another number of runs.
+    """
+    runs = list(verifier.run_many(items))
+    if len(runs) != len(items):
+        raise RuntimeError(
+            f"{type(verifier).__name__}.run_many returned {len(runs)} runs for {len(items)} (program, args) items"
+        )
+    return runs
+
+
 def verify_specs(specs: Iterable[SeedSpec], verifier: object) -> list[Task]:
     """Runs seed specs through the verifier and returns the valid ones as tasks.
 
@@ -231,7 +246,7 @@ def verify_specs(specs: Iterable[SeedSpec], verifier: object) -> list[Task]:
     """
     specs = list(specs)
     calls = [(s.program, a) for s in specs for a in s.inputs]
-    results = iter(verifier.run_many(calls))  # type: ignore[attr-defined]
+    results = iter(run_all(verifier, calls))
     tasks: list[Task] = []
     for spec in specs:
         runs = [next(results) for _ in spec.inputs]

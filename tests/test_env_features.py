@@ -166,3 +166,32 @@ def test_jsonl_seeds_skip_malformed_lines_with_a_warning(tmp_path, caplog):
     ]
     assert f"{data}:1: skipped: not JSON" in caplog.text
     assert f"{data}:3: skipped: field 'code' is missing or not a string" in caplog.text
+
+
+def test_a_verifier_returning_the_wrong_number_of_runs_gets_a_clear_error(verifier):
+    """The env takes any object with the verifier's methods; one whose ``run_many`` drops a run must be
+    named, not have its outputs paired with the wrong inputs."""
+
+    class DropsOne:
+        def __init__(self, inner):
+            self.inner = inner
+            self.drop = False
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def run_many(self, items):
+            runs = self.inner.run_many(items)
+            return runs[:-1] if self.drop else runs
+
+    for mode in ("text", "structured"):
+        wrapped = DropsOne(verifier)
+        env = teacher_student_v0.env(verifier=wrapped, mode=mode, n_teachers=1, n_students=1)
+        env.reset(seed=0)  # seeds verified through the honest path
+        wrapped.drop = True
+        policy = ScriptedTeacher(env, 0.5, seed=0)
+        with pytest.raises(RuntimeError, match=r"DropsOne\.run_many returned 0 runs for 1 "):
+            env.step(policy.act(env.last()[0], "teacher_0"))
+    wrapped.drop = True
+    with pytest.raises(RuntimeError, match=r"DropsOne\.run_many returned"):
+        teacher_student_v0.raw_env(verifier=wrapped, n_teachers=1, n_students=1).reset(seed=0)
