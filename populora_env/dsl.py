@@ -264,9 +264,9 @@ def perturbed_slots(program: DslProgram, rng: random.Random, n: int) -> Iterator
 
     Candidate generation renders and deduplicates many such variants and keeps few, so it works on slots
     and builds a ``DslProgram`` only for the variants it keeps. A program without ops yields its own slots.
-    Each variant costs three ``rng.random()`` draws, a uniform index being ``int(rng.random() * m)``
-    (``random.choice``/``randrange`` cost several times more per call; this is every structured
-    proposal's hot loop, bench/env.py).
+    Each variant costs three ``rng.random()`` draws, a uniform index being ``int(rng.random() * m)``, whose
+    bias from the 53-bit float is below ``m * 2**-53`` (``random.choice``/``randrange`` cost several times
+    more per call, and this is every structured proposal's hot loop: bench/env.py).
     """
     base = program.slots
     used = [i for i, (op, _) in enumerate(base) if op != 0]
