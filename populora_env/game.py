@@ -399,17 +399,12 @@ class Game:
         agent, task_id = turn.agent, task.task_id
         self._attempts.setdefault(task_id, []).append((agent, solved))
         self.attempt_log.append((agent, task_id, solved))
-        info = {  # _base_info's keys first; one literal: the env's most frequent step
-            "round": turn.round,
-            "phase": turn.phase,
-            "task_type": turn.task_type,
-            "attempt": turn.attempt,
-            "task_id": task_id,
-            "verdict": verdict,
-            "status": status,
-            "score": score,
-            "gold": task.gold,
-        }
+        info = self._base_info(turn)  # filled in place: one dict per step (the env's most frequent step)
+        info["task_id"] = task_id
+        info["verdict"] = verdict
+        info["status"] = status
+        info["score"] = score
+        info["gold"] = task.gold
         return StepOutcome({agent: reward}, {agent: info}, False)
 
     def _score(self, task: Task, action: Any) -> float:
