@@ -467,14 +467,9 @@ class raw_env(AECEnv):
                     values[i, 0] = dsl.value_row(args)
                 if task_type != "deduction":
                     values[i, 1] = dsl.value_row(out)
-            cands = task.candidates
-            if cands and all(c.program is not None for c in cands):  # induction: one conversion for all rows
-                vectors = [c.program.vector() for c in cands if c.program is not None]
-                candidates[: len(vectors), : len(vectors[0])] = vectors
-            else:
-                for i, cand in enumerate(cands):
-                    row = cand.program.vector() if cand.program is not None else dsl.value_row(cand.text)
-                    candidates[i, : len(row)] = row
+            for i, cand in enumerate(task.candidates):
+                row = cand.program.vector() if cand.program is not None else dsl.value_row(cand.text)
+                candidates[i, : len(row)] = row
             mask[: len(task.candidates)] = 1
         arrays = (program, values, candidates, mask)
         self._array_cache[key] = (task, arrays)
