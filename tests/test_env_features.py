@@ -192,6 +192,6 @@ def test_a_verifier_returning_the_wrong_number_of_runs_gets_a_clear_error(verifi
         policy = ScriptedTeacher(env, 0.5, seed=0)
         with pytest.raises(RuntimeError, match=r"DropsOne\.run_many returned 0 runs for 1 "):
             env.step(policy.act(env.last()[0], "teacher_0"))
-    wrapped.drop = True
+    # the seeds' check (verify_specs), with the last wrapper still dropping
     with pytest.raises(RuntimeError, match=r"DropsOne\.run_many returned"):
         teacher_student_v0.raw_env(verifier=wrapped, n_teachers=1, n_students=1).reset(seed=0)
