@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from populora_env import dsl
@@ -151,6 +151,7 @@ class SeedSpec:
         program_dsl: the DSL program it was rendered from, if any.
         message: induction hint.
         source: provenance tag.
+        expected: the output a JSONL record claims (checked by the verifier), or ``None``.
     """
 
     task_type: TaskType
@@ -159,6 +160,7 @@ class SeedSpec:
     program_dsl: dsl.DslProgram | None = None
     message: str = ""
     source: str = "seed"
+    expected: str | None = None
 
 
 def builtin_seed_specs(n_per_type: int, n_slots: int, seed: int = 0) -> list[SeedSpec]:
@@ -193,12 +195,13 @@ def builtin_seed_specs(n_per_type: int, n_slots: int, seed: int = 0) -> list[See
     return specs
 
 
-def load_jsonl_specs(path: str | Path, limit: int | None = None) -> list[SeedSpec]:
+def load_jsonl_specs(path: str | os.PathLike[str], limit: int | None = None) -> list[SeedSpec]:
     """Reads CRUXEval/AZR-format records ``{"code", "input", "output"}`` as deduction and abduction seeds.
 
     The given outputs are not trusted: the env re-runs every seed through the verifier and keeps only
-    those whose output matches. Malformed lines are skipped with a logged warning naming the line;
-    over-long fields are skipped.
+    those whose output matches; a record without an ``output`` gets the one the verifier computes.
+    Malformed lines are skipped with a logged warning naming the line; over-long fields are skipped with
+    one warning counting them.
 
     Args:
         path: a JSONL file given by the user.
@@ -211,15 +214,22 @@ def load_jsonl_specs(path: str | Path, limit: int | None = None) -> list[SeedSpe
     for error in errors:
         logger.warning("%s:%d: skipped: %s", path, error.line, error.reason)
     specs: list[SeedSpec] = []
+    too_long = 0
     for record in records:
         if limit is not None and len(specs) >= 2 * limit:
             break
         if len(record.code) > MAX_JSONL_FIELD_CHARS or len(record.input) > MAX_JSONL_FIELD_CHARS:
+            too_long += 1
             continue
         for task_type in ("deduction", "abduction"):
             specs.append(
-                SeedSpec(task_type, record.code, (record.input,), message=record.output or "", source="jsonl")
+                SeedSpec(task_type, record.code, (record.input,), source="jsonl", expected=record.output)
             )
+    if too_long:
+        logger.warning(
+            "%s: skipped %d record(s) whose code or input is over %d characters", path, too_long,
+            MAX_JSONL_FIELD_CHARS,
+        )  # fmt: skip
     return specs
 
 
@@ -241,23 +251,24 @@ def run_all(verifier: Any, items: list[tuple[str, str]]) -> list[Any]:
 def verify_specs(specs: Iterable[SeedSpec], verifier: object) -> list[Task]:
     """Runs seed specs through the verifier and returns the valid ones as tasks.
 
-    For JSONL seeds (``source == "jsonl"``) the record's expected output travels in ``message``; a seed
-    whose verified output differs from it is dropped.
+    A seed whose verified output differs from the one its JSONL record claims (``expected``) is dropped;
+    a warning counts them.
     """
     specs = list(specs)
     calls = [(s.program, a) for s in specs for a in s.inputs]
     results = iter(run_all(verifier, calls))
     tasks: list[Task] = []
+    mismatched = 0
     for spec in specs:
         runs = [next(results) for _ in spec.inputs]
         if any(r.status != "ok" or r.output is None for r in runs):
             continue
         outputs = tuple(str(r.output) for r in runs)
-        message = spec.message
-        if spec.source == "jsonl":
-            if not verifier.check_deduction(spec.program, spec.inputs[0], spec.message):  # type: ignore[attr-defined]
-                continue
-            message = ""
+        if spec.expected is not None and not verifier.check_deduction(  # type: ignore[attr-defined]
+            spec.program, spec.inputs[0], spec.expected
+        ):
+            mismatched += 1
+            continue
         n_shown = max(1, len(outputs) // 2) if spec.task_type == "induction" else 1
         tasks.append(
             Task(
@@ -266,10 +277,12 @@ def verify_specs(specs: Iterable[SeedSpec], verifier: object) -> list[Task]:
                 spec.program,
                 spec.inputs,
                 outputs,
-                message=message,
+                message=spec.message,
                 n_shown=n_shown,
                 source=spec.source,
                 program_dsl=spec.program_dsl,
             )
         )
+    if mismatched:
+        logger.warning("%d seed(s) dropped: the verified output differs from the record's", mismatched)
     return tasks

@@ -14,26 +14,33 @@ from populora_env import teacher_student_v0
 from populora_env.matchmaking import RatingPFSP
 from populora_env.play import play
 from populora_env.policies import ExecutingStudent, ReferenceStudent, ScriptedTeacher
-from populora_env.verifier.literals import outputs_equal
-
-from .conftest import CRUXEVAL
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_jsonl_seeds_are_verified(verifier, tmp_path):
-    lines = CRUXEVAL.read_text().splitlines()[:6]
-    bad = json.loads(lines[0]) | {"output": "'not the output'"}
+def test_jsonl_seeds_are_verified(verifier, tmp_path, caplog):
+    """Records in the CRUXEval/AZR format seed the buffer with verified outputs: a wrong claimed output drops
+    the record (counted in a warning), a missing one is computed, malformed lines are skipped."""
+    records = [
+        {"code": "def f(x):\n    return x * 2", "input": "21", "output": "42"},
+        {"code": "def f(s):\n    return s[::-1]", "input": "'abc'", "output": "'cba'"},
+        {"code": "def f(xs):\n    return sorted(xs)", "input": "[3, 1, 2]", "output": "[1, 2, 3]"},
+        {"code": "def f(d):\n    return len(d)", "input": "{'a': 1, 'b': 2}"},
+    ]
+    bad = {"code": "def f(x):\n    return x + 1", "input": "1", "output": "'not the output'"}
     path = tmp_path / "seeds.jsonl"
-    path.write_text("\n".join([*lines, json.dumps(bad), "not json", '{"code": 1}']) + "\n")
+    path.write_text("\n".join([*map(json.dumps, records), json.dumps(bad), "not json", '{"code": 1}']) + "\n")
     env = teacher_student_v0.raw_env(
-        verifier=verifier, seed_tasks_path=str(path), task_types=("deduction", "abduction"), n_seed_tasks=0
+        verifier=verifier, seed_tasks_path=path, task_types=("deduction", "abduction"), n_seed_tasks=0
     )
-    env.reset(seed=0)
-    deduction = env._game.buffer.tasks("deduction")
-    assert len(deduction) == 6 and {t.source for t in deduction} == {"jsonl"}
-    for task, line in zip(deduction, lines, strict=True):
-        assert outputs_equal(task.outputs[0], json.loads(line)["output"])
+    with caplog.at_level("WARNING", logger="populora_env.tasks"):
+        env.reset(seed=0)
+    assert "2 seed(s) dropped" in caplog.text  # the bad record, as deduction and as abduction
+    for task_type in ("deduction", "abduction"):
+        tasks = env._game.buffer.tasks(task_type)
+        assert [t.program for t in tasks] == [r["code"] for r in records]
+        assert {t.source for t in tasks} == {"jsonl"}
+        assert [t.outputs[0] for t in tasks] == ["42", "'cba'", "[1, 2, 3]", "2"]
     assert "```python\ndef f(" in env.observe("teacher_0")["prompt"]
 
 
@@ -160,7 +167,7 @@ def test_jsonl_seeds_skip_malformed_lines_with_a_warning(tmp_path, caplog):
     )
     with caplog.at_level("WARNING", logger="populora_env.tasks"):
         specs = load_jsonl_specs(data)
-    assert [(s.task_type, s.inputs, s.message) for s in specs] == [
+    assert [(s.task_type, s.inputs, s.expected) for s in specs] == [
         ("deduction", ("1",), "1"),
         ("abduction", ("1",), "1"),
     ]

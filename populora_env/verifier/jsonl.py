@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -69,7 +70,7 @@ class Summary:
     statuses: dict[str, int] = field(default_factory=dict)
 
 
-def load_records(path: str | Path) -> tuple[list[Record], list[LoadError]]:
+def load_records(path: str | os.PathLike[str]) -> tuple[list[Record], list[LoadError]]:
     """Reads a JSONL file; malformed lines become :class:`LoadError` entries instead of exceptions.
 
     Raises:
