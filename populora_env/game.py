@@ -8,6 +8,8 @@ the solve rates and valid tasks join the buffer. The AEC env in ``teacher_studen
 
 from __future__ import annotations
 
+import math
+import os
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -144,7 +146,7 @@ class TeacherStudentConfig:
     """Reward of a well-formed wrong attempt."""
     student_format_penalty: float = -1.0
     """Reward of a malformed attempt (text) or an illegal candidate when ``illegal_action="penalize"``."""
-    seed_tasks_path: str | None = None
+    seed_tasks_path: str | os.PathLike[str] | None = None
     """A JSONL file of ``{"code", "input", "output"}`` records seeding deduction/abduction (text mode)."""
     n_seed_tasks: int = 16
     """Built-in generated seed tasks per type (also used for types the JSONL file does not cover)."""
@@ -168,21 +170,36 @@ class TeacherStudentConfig:
     """Structured actions outside the space or masked: raise ``ValueError`` or pay the format penalty."""
 
     def __post_init__(self) -> None:
-        for name in ("n_teachers", "n_students", "rounds", "teacher_group_size", "student_group_size",
-                     "students_per_task", "buffer_capacity", "n_slots"):  # fmt: skip
+        minimum = {name: 1 for name in ("n_teachers", "n_students", "rounds", "teacher_group_size",
+                                         "student_group_size", "students_per_task", "buffer_capacity",
+                                         "n_slots", "induction_min_inputs")}  # fmt: skip
+        minimum.update(n_references=0, n_seed_tasks=0, induction_max_inputs=2, n_candidates=2)
+        minimum.update(max_action_chars=256, max_prompt_chars=256)
+        for name, least in minimum.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        for name in ("n_references", "n_seed_tasks"):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+        for name in ("teacher_extreme_reward", "teacher_invalid_penalty", "teacher_format_penalty",
+                     "student_correct_reward", "student_wrong_reward", "student_format_penalty"):  # fmt: skip
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        types = tuple(self.task_types) if not isinstance(self.task_types, str) else (self.task_types,)
-        object.__setattr__(self, "task_types", types)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite real number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if not isinstance(self.persist_buffer, bool):
+            raise ValueError(f"persist_buffer must be True or False, got {self.persist_buffer!r}")
+        if self.seed_tasks_path is not None:
+            if not isinstance(self.seed_tasks_path, (str, os.PathLike)):
+                raise ValueError(
+                    f"seed_tasks_path must be None or a path (str or os.PathLike), got {self.seed_tasks_path!r}"
+                )
+            object.__setattr__(self, "seed_tasks_path", os.fspath(self.seed_tasks_path))
+        raw = self.task_types
+        types = (raw,) if isinstance(raw, str) else tuple(raw) if isinstance(raw, (tuple, list)) else ()
         if not types or any(t not in TASK_TYPES for t in types) or len(set(types)) != len(types):
             raise ValueError(
                 f"task_types must be a non-empty subset of {TASK_TYPES}, got {self.task_types!r}"
             )
+        object.__setattr__(self, "task_types", types)
         if self.mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {self.mode!r}")
         if self.matching not in _MATCHING:
@@ -193,16 +210,11 @@ class TeacherStudentConfig:
             )
         if self.illegal_action not in ("raise", "penalize"):
             raise ValueError(f"illegal_action must be 'raise' or 'penalize', got {self.illegal_action!r}")
-        if not 1 <= self.induction_min_inputs <= self.induction_max_inputs or self.induction_max_inputs < 2:
+        if self.induction_min_inputs > self.induction_max_inputs:
             raise ValueError(
-                "induction_min_inputs and induction_max_inputs must satisfy 1 <= min <= max and max >= 2, "
-                f"got {self.induction_min_inputs}, {self.induction_max_inputs}"
+                "induction_min_inputs must be <= induction_max_inputs, "
+                f"got {self.induction_min_inputs} > {self.induction_max_inputs}"
             )
-        if self.n_candidates < 2:
-            raise ValueError(f"n_candidates must be >= 2, got {self.n_candidates}")
-        for name in ("max_action_chars", "max_prompt_chars"):
-            if getattr(self, name) < 256:
-                raise ValueError(f"{name} must be >= 256, got {getattr(self, name)}")
         if self.mode == "structured" and self.seed_tasks_path is not None:
             raise ValueError(
                 "seed_tasks_path is only allowed with mode='text' (structured mode needs DSL tasks)"

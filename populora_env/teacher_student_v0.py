@@ -148,6 +148,19 @@ def parallel_env(**kwargs: Any) -> Any:
     return turn_based_aec_to_parallel(raw_env(**kwargs))
 
 
+_VERIFIER_METHODS = ("run_many", "check_deduction", "check_abduction", "check_induction")
+
+
+def _require_methods(name: str, value: Any, methods: tuple[str, ...]) -> None:
+    """A ``ValueError`` naming ``name`` unless ``value`` is ``None`` or has every method in ``methods``."""
+    missing = [m for m in methods if not callable(getattr(value, m, None))]
+    if value is not None and missing:
+        raise ValueError(
+            f"{name} must be None or an object with the methods {', '.join(methods)}; "
+            f"{type(value).__name__} lacks {', '.join(missing)}"
+        )
+
+
 class raw_env(AECEnv):
     """The unwrapped AEC env.
 
@@ -184,6 +197,8 @@ class raw_env(AECEnv):
                 f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
             )
         self.render_mode = render_mode
+        _require_methods("verifier", verifier, _VERIFIER_METHODS)
+        _require_methods("matchmaker", matchmaker, ("assign", "update"))
         self._verifier = verifier
         cfg = self.config
         self._matchmaker = matchmaker or make_matchmaker(cfg.matching, cfg.students_per_task)

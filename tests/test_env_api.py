@@ -134,6 +134,10 @@ def test_bad_config_kwargs_name_the_field(verifier):
         teacher_student_v0.env(verifier=verifier, n_students=0)
     with pytest.raises(ValueError, match="render_mode"):
         teacher_student_v0.env(verifier=verifier, render_mode="rgb_array")
+    with pytest.raises(ValueError, match="verifier must be None or an object with the methods run_many"):
+        teacher_student_v0.env(verifier="python3")
+    with pytest.raises(ValueError, match=r"matchmaker must be .* int lacks assign, update"):
+        teacher_student_v0.env(verifier=verifier, matchmaker=5)
 
 
 @pytest.mark.parametrize("mode", MODES)

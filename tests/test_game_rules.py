@@ -68,6 +68,20 @@ def test_teacher_reward_table(config, solve_rate, reward):
         ({"max_action_chars": 10}, "max_action_chars"),
         ({"n_references": -1}, "n_references"),
         ({"mode": "structured", "seed_tasks_path": "x.jsonl"}, "seed_tasks_path"),
+        ({"seed_tasks_path": 123}, "seed_tasks_path must be None or a path"),
+        ({"n_candidates": "4"}, "n_candidates must be an int >= 2"),
+        ({"max_prompt_chars": None}, "max_prompt_chars must be an int >= 256"),
+        ({"max_action_chars": 300.5}, "max_action_chars must be an int >= 256"),
+        ({"induction_max_inputs": 2.5}, "induction_max_inputs must be an int >= 2"),
+        ({"induction_max_inputs": 1, "induction_min_inputs": 1}, "induction_max_inputs must be an int >= 2"),
+        ({"induction_min_inputs": 0}, "induction_min_inputs must be an int >= 1"),
+        ({"teacher_extreme_reward": "a"}, "teacher_extreme_reward must be a finite real number"),
+        ({"student_correct_reward": None}, "student_correct_reward must be a finite real number"),
+        ({"student_wrong_reward": float("nan")}, "student_wrong_reward must be a finite real number"),
+        ({"teacher_format_penalty": True}, "teacher_format_penalty must be a finite real number"),
+        ({"persist_buffer": "yes"}, "persist_buffer must be True or False"),
+        ({"task_types": 5}, "task_types must be a non-empty subset"),
+        ({"task_types": [["deduction"]]}, "task_types must be a non-empty subset"),
     ],
 )
 def test_config_validation_names_field(kwargs, field):
@@ -77,6 +91,15 @@ def test_config_validation_names_field(kwargs, field):
 
 def test_config_accepts_single_type_string():
     assert TeacherStudentConfig(task_types="abduction").task_types == ("abduction",)
+
+
+def test_config_normalizes_numbers_and_paths(tmp_path):
+    config = TeacherStudentConfig(
+        student_correct_reward=2, task_types=["induction"], seed_tasks_path=tmp_path
+    )
+    assert config.student_correct_reward == 2.0 and isinstance(config.student_correct_reward, float)
+    assert config.task_types == ("induction",)
+    assert config.seed_tasks_path == str(tmp_path)
 
 
 PROGRAM = "def f(x):\n    return x + 1"
