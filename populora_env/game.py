@@ -360,6 +360,10 @@ class Game:
         info.update(task_id=task.task_id if task else "", verdict=verdict, status=status)
         return StepOutcome({}, {turn.agent: info}, False)
 
+    def last_proposal_task(self) -> Task | None:
+        """The task of this round's latest proposal if it was valid (for rendering)."""
+        return self._proposals[-1][1] if self._proposals else None
+
     def _validate(self, turn: Turn, action: Any) -> tuple[Task | None, TeacherVerdict, str]:
         cfg = self.config
         program_dsl = None

@@ -70,13 +70,15 @@ from pettingzoo.utils import wrappers
 from pettingzoo.utils.conversions import turn_based_aec_to_parallel
 
 from populora_env import dsl
-from populora_env.game import Game, TeacherStudentConfig, Turn
+from populora_env.game import _INDEX_TYPES, Game, TeacherStudentConfig, Turn
 from populora_env.matchmaking import Matchmaker, make_matchmaker
 from populora_env.metrics import EpisodeMetrics
 from populora_env.tasks import TASK_TYPES, Task, builtin_seed_specs, load_jsonl_specs, verify_specs
 from populora_env.text_format import (
     CHARSET,
+    Answer,
     FormatError,
+    Proposal,
     parse_answer,
     parse_proposal,
     sanitize,
@@ -330,14 +332,15 @@ class raw_env(AECEnv):
         assert game is not None
         turn = game.current
         assert turn is not None and turn.agent == agent
-        outcome = game.step(self._parse(turn, action))
+        parsed = self._parse(turn, action)
+        outcome = game.step(parsed)
         self._cumulative_rewards[agent] = 0.0
         self.rewards = rewards = dict.fromkeys(self.agents, 0.0)
         for name, reward in outcome.rewards.items():
             rewards[name] += reward
         self.infos.update(outcome.infos)
         if self.render_mode is not None:
-            self._log_step(agent, outcome)
+            self._log_step(agent, outcome, turn, parsed)
         if outcome.done:
             self.terminations = dict.fromkeys(self.agents, True)
             self.agent_selection = self.agents[0]
@@ -491,7 +494,7 @@ class raw_env(AECEnv):
         return arrays
 
     # ----- rendering --------------------------------------------------------------------------
-    def _log_step(self, agent: str, outcome: Any) -> None:
+    def _log_step(self, agent: str, outcome: Any, turn: Turn, parsed: Any) -> None:
         info = outcome.infos.get(agent, {})
         if "verdict" in info:
             reward = f" reward={outcome.rewards.get(agent, 0.0):+.2f}" if info["phase"] == "solve" else ""
@@ -499,6 +502,9 @@ class raw_env(AECEnv):
                 f"{agent:>11} {info['phase']:<7} {info['task_type']:<9} #{info['attempt']} "
                 f"{info['verdict']:<12} {info['status']:<22} task={info['task_id'] or '-'}{reward}"
             )
+            game = self._game
+            task = game.last_proposal_task() if game is not None and info["phase"] == "propose" else None
+            self._log += _describe_action(turn, parsed, task)
         resolved = {a: i["resolved"] for a, i in outcome.infos.items() if "resolved" in i}
         for teacher, records in resolved.items():
             for r in records:
@@ -516,7 +522,7 @@ class raw_env(AECEnv):
         if self.render_mode is None:
             gymnasium.logger.warn("render() called without a render_mode; pass render_mode='ansi' or 'human'")
             return None
-        text = "\n".join(self._log[-60:])
+        text = "\n".join(self._log[-120:])
         if self.render_mode == "human":
             print(text)
             return None
@@ -524,6 +530,49 @@ class raw_env(AECEnv):
 
     def close(self) -> None:
         """Releases nothing of its own: the verifier is shared or owned by the caller."""
+
+
+_SHOWN_LINES = 8
+_SHOWN_CHARS = 100
+
+
+def _shown(text: str, label: str) -> list[str]:
+    """``text`` as render lines under ``label``: at most ``_SHOWN_LINES`` lines of ``_SHOWN_CHARS``
+    printable characters each, the rest elided with a count."""
+    lines = sanitize(text, 4 * _SHOWN_LINES * _SHOWN_CHARS).splitlines() or [""]
+    out = [f"{' ' * 13}{label}{_clip(lines[0])}"]
+    out += [f"{' ' * 13}{' ' * len(label)}{_clip(line)}" for line in lines[1:_SHOWN_LINES]]
+    if len(lines) > _SHOWN_LINES:
+        out.append(f"{' ' * 13}{' ' * len(label)}... ({len(lines) - _SHOWN_LINES} more lines)")
+    return out
+
+
+def _clip(line: str) -> str:
+    return line if len(line) <= _SHOWN_CHARS else line[: _SHOWN_CHARS - 3] + "..."
+
+
+def _describe_action(turn: Turn, parsed: Any, task: Task | None) -> list[str]:
+    """What a step proposed or answered, for the ansi log: the program and inputs of a proposal (``task``, the
+    verified one, if valid), the text of an answer (the chosen candidate's in structured mode); nothing for a
+    format error (its status says why)."""
+    if isinstance(parsed, dsl.DslProgram) and task is None:
+        source, args = dsl.render(parsed)
+        parsed = Proposal(source, (args,) if turn.task_type != "induction" else (), "")
+    if isinstance(parsed, (dsl.DslProgram, Proposal)):
+        shown = task if task is not None else parsed
+        assert not isinstance(shown, dsl.DslProgram)  # rendered above when there is no task
+        program, inputs, message = shown.program, shown.inputs, shown.message
+        lines = _shown(program, "program: ")
+        if inputs:
+            lines += _shown(" | ".join(inputs), "inputs:  " if len(inputs) > 1 else "input:   ")
+        return lines + (_shown(message, "message: ") if message else [])
+    if isinstance(parsed, Answer):
+        return _shown(parsed.text, "answer:  ")
+    if isinstance(parsed, _INDEX_TYPES) and not isinstance(parsed, bool) and turn.task is not None:
+        candidates = turn.task.candidates
+        if 0 <= int(parsed) < len(candidates):
+            return _shown(candidates[int(parsed)].text, f"answer:  [{int(parsed)}] ")
+    return []
 
 
 def config_fields() -> tuple[str, ...]:

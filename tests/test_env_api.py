@@ -8,9 +8,12 @@ import numpy as np
 import pettingzoo
 import pytest
 from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, render_test, seed_test
+from pettingzoo.utils import BaseWrapper
 
 from populora_env import teacher_student_v0
+from populora_env.policies import ExecutingStudent, ReferenceStudent, ScriptedTeacher
 from populora_env.registry import ENV_ID, register_envs
+from populora_env.text_format import format_proposal
 
 CONFIGS = [
     pytest.param({"n_teachers": 1, "n_students": 1}, id="1x1-all-types"),
@@ -33,38 +36,100 @@ def _quiet():
         yield
 
 
+class ValidTeachers(BaseWrapper):
+    """Random text never forms a valid proposal, so in text mode PettingZoo's tests alone would never reach a
+    student: this wrapper replaces every teacher action of even length (a function of the sampled action,
+    so seeded runs stay reproducible) with a scripted teacher's valid proposal."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self._teacher = ScriptedTeacher(env, 0.3, seed=0)
+
+    def reset(self, seed=None, options=None):
+        self._teacher.reseed(0 if seed is None else seed)
+        super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        agent = self.agent_selection
+        if agent.startswith("teacher") and isinstance(action, str) and len(action) % 2 == 0:
+            action = self._teacher.act(self.observe(agent), agent)
+        super().step(action)
+
+
+def _make(verifier, mode, extra, render_mode=None):
+    env = teacher_student_v0.env(render_mode=render_mode, **_kwargs(verifier, mode, extra))
+    return ValidTeachers(env) if mode == "text" else env
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("extra", CONFIGS)
 def test_api_and_seed(verifier, mode, extra):
-    kwargs = _kwargs(verifier, mode, extra)
-    api_test(teacher_student_v0.env(**kwargs), num_cycles=40)
-    seed_test(lambda: teacher_student_v0.env(**kwargs), num_cycles=40)
+    api_test(_make(verifier, mode, extra), num_cycles=40)
+    seed_test(lambda: _make(verifier, mode, extra), num_cycles=40)
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("extra", [CONFIGS[0], CONFIGS[1]])
+@pytest.mark.parametrize("extra", CONFIGS)
 def test_parallel_api(verifier, mode, extra):
     parallel_api_test(teacher_student_v0.parallel_env(**_kwargs(verifier, mode, extra)), num_cycles=40)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_render(verifier, mode):
-    def make(render_mode=None):
-        return teacher_student_v0.env(render_mode=render_mode, **_kwargs(verifier, mode, {}))
+@pytest.mark.parametrize("extra", CONFIGS)
+def test_render(verifier, mode, extra):
+    render_test(
+        lambda render_mode=None: _make(verifier, mode, extra, render_mode),
+        custom_tests={"ansi": lambda text: "== round 0" in text},
+    )
 
-    render_test(make, custom_tests={"ansi": lambda text: "== round 0" in text})
 
-
-def test_structured_game_reaches_students(verifier):
-    """Random structured teachers produce valid tasks, so api_test above really exercised students."""
-    env = teacher_student_v0.env(**_kwargs(verifier, "structured", {"rounds": 3}))
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("extra", CONFIGS)
+def test_random_play_reaches_students(verifier, mode, extra):
+    """The games the tests above play really reach the students (in text mode through ``ValidTeachers``), and
+    every observation is in its space."""
+    env = _make(verifier, mode, {**extra, "rounds": 3})
     env.reset(seed=3)
     phases = []
     for agent in env.agent_iter():
         obs, _, term, trunc, info = env.last()
+        assert env.observation_space(agent).contains(obs)
         phases.append(info.get("phase"))
-        env.step(None if term or trunc else env.action_space(agent).sample(obs.get("action_mask")))
+        action = env.action_space(agent).sample(obs.get("action_mask") if mode == "structured" else None)
+        env.step(None if term or trunc else action)
     assert "solve" in phases
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ansi_render_shows_proposals_verdicts_answers_and_rewards(verifier, mode):
+    env = teacher_student_v0.env(
+        verifier=verifier, mode=mode, n_teachers=2, n_students=2, rounds=1, render_mode="ansi",
+        task_types=("deduction", "induction"),
+    )  # fmt: skip
+    teacher = ScriptedTeacher(env, 0.4, seed=0)
+    student = ReferenceStudent(env, 1.0) if mode == "text" else ExecutingStudent(env, 1.0)
+    env.reset(seed=0)
+    for agent in env.agent_iter():
+        obs, _, term, trunc, _ = env.last()
+        env.step(
+            None if term or trunc else (teacher if agent.startswith("teacher") else student).act(obs, agent)
+        )
+    text = env.render()
+    proposal = env.unwrapped._game.history[0]
+    assert proposal.verdict == "valid" and proposal.task is not None
+    assert f"program: {proposal.task.program.splitlines()[0]}" in text
+    assert f"input:   {proposal.task.inputs[0]}" in text  # the deduction proposal
+    assert "inputs:  " in text  # the induction proposal's inputs
+    assert f"answer:  {'[' if mode == 'structured' else ''}" in text
+    assert "solve   deduction #0 correct" in text and "reward=+1.00" in text
+    assert f"resolve deduction #0 valid        solve_rate={proposal.solve_rate:.2f}" in text
+    if mode == "text":  # an invalid proposal shows its program too; a format error shows its reason
+        env.reset(seed=1)
+        env.step(format_proposal("def f(x):\n    return 1 / x", ["0"]))
+        env.step("no answer tags")
+        text = env.render()
+        assert "invalid      runtime" in text and "program: def f(x):" in text and "input:   0" in text
+        assert "format_error no_answer" in text
 
 
 def test_registry_make(verifier):
