@@ -72,10 +72,52 @@ def test_fuzz_no_crash_and_deterministic(verifier, mode):
         "n_seed_tasks": 4,
         "illegal_action": "penalize",
     }
-    steps = 1000 if mode == "text" else 500  # structured steps verify k candidates each
+    steps = 2000 if mode == "text" else 3000
     first = _rollout(teacher_student_v0.env(**kwargs), np.random.default_rng(123), steps, mode == "text")
     second = _rollout(teacher_student_v0.env(**kwargs), np.random.default_rng(123), steps, mode == "text")
     assert first == second
     verdicts = {dict(info).get("verdict") for _, _, info in first}
     assert "'format_error'" in verdicts  # hostile actions were really judged ...
     assert verdicts & {"'wrong'", "'correct'"}  # ... and some proposals were valid, so students played
+
+
+def test_fuzz_structured_out_of_space_actions_raise_and_change_nothing(verifier):
+    """With ``illegal_action="raise"`` every action outside its space (or masked) is a ``ValueError`` that
+    leaves the game as it was: the next legal action plays exactly as if the bad one had never been sent."""
+    kwargs = {"verifier": verifier, "mode": "structured", "n_teachers": 2, "n_students": 2, "rounds": 3,
+              "n_seed_tasks": 4}  # fmt: skip
+    rng = np.random.default_rng(7)
+    clean, noisy = teacher_student_v0.env(**kwargs), teacher_student_v0.env(**kwargs)
+    clean.reset(seed=5)
+    noisy.reset(seed=5)
+    raised = 0
+    for _ in range(3000):
+        agent = clean.agent_selection
+        assert noisy.agent_selection == agent
+        obs, _, term, trunc, _ = clean.last()
+        if term or trunc:
+            clean.step(None)
+            noisy.step(None)
+            if not clean.agents:
+                seed = int(rng.integers(1 << 30))
+                clean.reset(seed=seed)
+                noisy.reset(seed=seed)
+            continue
+        space = clean.action_space(agent)
+        if agent.startswith("teacher"):
+            legal = rng.integers(space.nvec)
+            bad = rng.integers(-3, 60, size=space.nvec.shape)
+            out_of_space = not space.contains(bad)
+        else:
+            mask = obs["action_mask"]
+            legal = int(rng.choice(np.flatnonzero(mask)))
+            bad = int(rng.integers(-3, 9))
+            out_of_space = not (0 <= bad < len(mask) and mask[bad])
+        if out_of_space:
+            with pytest.raises(ValueError):
+                noisy.step(bad)
+            raised += 1
+        clean.step(legal)
+        noisy.step(legal)
+        assert clean.rewards == noisy.rewards and clean.infos == noisy.infos
+    assert raised > 1000
