@@ -202,3 +202,27 @@ def test_a_verifier_returning_the_wrong_number_of_runs_gets_a_clear_error(verifi
     # the seeds' check (verify_specs), with the last wrapper still dropping
     with pytest.raises(RuntimeError, match=r"DropsOne\.run_many returned"):
         teacher_student_v0.raw_env(verifier=wrapped, n_teachers=1, n_students=1).reset(seed=0)
+
+
+@pytest.mark.parametrize("mode", ["text", "structured"])
+@pytest.mark.parametrize("k", [0, 2, 5])
+def test_teachers_see_k_distinct_reference_tasks_of_their_type(verifier, mode, k):
+    env = teacher_student_v0.raw_env(
+        verifier=verifier, mode=mode, n_teachers=3, n_students=1, n_references=k, n_seed_tasks=8
+    )
+    env.reset(seed=0)
+    for _ in range(3):  # the three teachers of round 0, one task type each
+        turn = env.current_turn
+        refs = turn.references
+        assert len(refs) == k and len({r.task_id for r in refs}) == k
+        assert {r.task_type for r in refs} <= {turn.task_type}
+        obs = env.observe(turn.agent)
+        if mode == "text":
+            assert obs["prompt"].count("### Reference ") == k
+            for r in refs:
+                assert r.program in obs["prompt"]
+        else:
+            assert obs["references"].shape[0] == k
+            for row, r in zip(obs["references"], refs, strict=True):
+                assert np.array_equal(row[: len(r.program_dsl.encode())], r.program_dsl.encode())
+        env.step("junk" if mode == "text" else env.action_space(turn.agent).sample())
