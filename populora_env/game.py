@@ -471,12 +471,25 @@ class Game:
                 results += [(turn.agent, s, ok) for s, ok in self._attempts.get(task.task_id, [])]
                 self.buffer.add(task)
         self.matchmaker.update(results)
+        solved: dict[str, list[dict[str, Any]]] = {}
         for teacher, records in resolved.items():
             self.history += records
             listed = [_record_info(r) for r in records]
             # A teacher whose own step closed the round keeps its step info next to the resolution.
             base = infos.get(teacher, {"round": self.round, "phase": "resolve"})
             infos[teacher] = {**base, "resolved": listed}
+            for record in records:
+                attempts = self._attempts.get(record.task_id, []) if record.task is not None else []
+                for student in dict.fromkeys(s for s, _ in attempts):
+                    own = [ok for s, ok in attempts if s == student]
+                    solved.setdefault(student, []).append(
+                        {"task_id": record.task_id, "task_type": record.task_type, "teacher": teacher,
+                         "solve_rate": record.solve_rate, "n_attempts": record.n_attempts, "gold": record.gold,
+                         "own_attempts": len(own), "own_correct": sum(own)}
+                    )  # fmt: skip
+        for student, entries in solved.items():  # each student: the tasks it attempted, now resolved
+            base = infos.get(student, {"round": self.round, "phase": "resolve"})
+            infos[student] = {**base, "resolved": entries}
         self.round += 1
         self.done = self.round >= self.config.rounds
         if not self.done:

@@ -43,7 +43,9 @@ Rewards
 Info
     A step's info holds round, phase, task_type, attempt, task_id, verdict, status (students also score and
     gold); when a round resolves each teacher's info holds ``resolved``: one dict per proposal with
-    verdict, status, solve_rate, n_attempts, reward and gold.
+    verdict, status, solve_rate, n_attempts, reward and gold, and each student that attempted tasks that
+    round gets ``resolved`` too: one dict per task with task_id, task_type, teacher, solve_rate (over all
+    students' attempts), n_attempts, gold, own_attempts and own_correct.
 
 Usage
     ``env(**fields)`` (OrderEnforcingWrapper), ``raw_env(**fields)``, ``parallel_env(**fields)``, or
@@ -505,7 +507,9 @@ class raw_env(AECEnv):
             game = self._game
             task = game.last_proposal_task() if game is not None and info["phase"] == "propose" else None
             self._log += _describe_action(turn, parsed, task)
-        resolved = {a: i["resolved"] for a, i in outcome.infos.items() if "resolved" in i}
+        resolved = {
+            a: i["resolved"] for a, i in outcome.infos.items() if "resolved" in i and a.startswith("teacher")
+        }
         for teacher, records in resolved.items():
             for r in records:
                 rate = "-" if r["solve_rate"] is None else f"{r['solve_rate']:.2f}"

@@ -96,6 +96,12 @@ def test_golden_infos_carry_gold_and_solve_rates(verifier):
         ("valid", 0.5, 0.5, "5", 2)
     ]
     assert raw.infos["teacher_0"]["resolved"][0]["gold"] == "4"
+    keys = ("teacher", "task_type", "solve_rate", "n_attempts", "gold", "own_attempts", "own_correct")
+    for student, correct in (("student_0", 1), ("student_1", 0)):  # student_0 solved both, student_1 neither
+        assert [tuple(r[k] for k in keys) for r in raw.infos[student]["resolved"]] == [
+            ("teacher_0", "deduction", 0.5, 2, "4", 1, correct),
+            ("teacher_1", "abduction", 0.5, 2, "5", 1, correct),
+        ]
     assert raw.agent_selection == "teacher_0" and raw.observe("teacher_0")["prompt"].startswith(
         "## Propose a induction task"
     )
