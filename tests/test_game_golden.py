@@ -158,3 +158,34 @@ def test_structured_scripted_round_rewards_match_infos(verifier):
         )
     assert record.metrics.student_solve_rate["student_0"] == 1.0
     assert record.returns["student_0"] == 1.0 * sum(r.n_attempts for r in history) / 2
+
+
+class WrongCandidate:
+    """Picks the first candidate the env marked incorrect (privileged: reads the pending turn's task)."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def act(self, observation, agent):
+        task = self.env.unwrapped.current_turn.task
+        return next(i for i, c in enumerate(task.candidates) if not c.correct)
+
+
+def test_structured_golden_round_rewards(verifier):
+    """Structured mode, exact figures: scripted teachers' six DSL proposals are all valid; one student always
+    right, one always wrong, so every solve rate is 1/2: learnability pays each proposal 1 - 1/2."""
+    env = teacher_student_v0.env(verifier=verifier, mode="structured", n_teachers=2, n_students=2, rounds=3)
+    policies = {
+        "teacher_0": ScriptedTeacher(env, 0.2, seed=0),
+        "teacher_1": ScriptedTeacher(env, 0.9, seed=1),
+        "student_0": ExecutingStudent(env, skill=1.0, seed=0),
+        "student_1": WrongCandidate(env),
+    }
+    (record,) = play(env, policies, seed=4)
+    history = env.unwrapped._game.history
+    assert [(r.teacher, r.verdict, r.solve_rate, r.n_attempts, r.reward) for r in history] == [
+        (t, "valid", 0.5, 2, 0.5) for _ in range(3) for t in ("teacher_0", "teacher_1")
+    ]
+    assert record.returns == {"teacher_0": 1.5, "teacher_1": 1.5, "student_0": 6.0, "student_1": -3.0}
+    assert record.steps == 3 * (2 + 2 * 2)
+    assert record.metrics.student_solve_rate == {"student_0": 1.0, "student_1": 0.0}
