@@ -15,8 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-
 from evolve.learners import LEARNERS
 from evolve.members import POLICIES
 from evolve.protocols import Transition
@@ -26,6 +24,7 @@ from populora_env import teacher_student_v0
 from populora_env.credit import ProposalLedger
 from populora_env.game import TeacherStudentConfig
 from populora_env.metrics import EpisodeMetrics
+from populora_env.play import PhasePlan
 
 if TYPE_CHECKING:
     from evolve.pbt import PBTConfig
@@ -82,56 +81,6 @@ def _role(agent: str) -> Any:
     return "teacher" if agent.startswith("teacher") else "student"
 
 
-class _PhasePlan:
-    """Actions of batching policies (``act_batch``) for every turn of a game phase, asked in one call each.
-
-    Within a phase of ``TeacherStudent-v0`` no observation depends on another agent's action, so the env
-    lists the phase's turns up front (``pending_observations``). A member whose policy has ``act_batch``
-    (LoRA members: one batched generation) answers all its turns of the phase at once; other policies act
-    at their own step, so privileged policies reading the env's current turn keep working.
-    """
-
-    def __init__(self, policies: Mapping[int, Any]) -> None:
-        self.enabled = any(callable(getattr(p, "act_batch", None)) for p in policies.values())
-        self.turns: list[tuple[str, Any]] = []
-        self.actions: dict[int, Any] = {}
-        self.cursor = 0
-
-    def action(self, env: Any, agent: str, observation: Any, policies: Mapping[int, Any],
-               seats: Mapping[str, int]) -> Any:  # fmt: skip
-        """The action of ``agent`` now: planned for this phase, or asked of its policy at its step."""
-        pending = getattr(env.unwrapped, "pending_observations", None)
-        if self.enabled and self.cursor >= len(self.turns) and pending is not None:
-            self._plan(pending(), policies, seats)
-        index = self.cursor
-        self.cursor += 1
-        if index >= len(self.turns) or index not in self.actions:
-            return policies[seats[agent]].act(observation, agent)
-        planned_agent, planned = self.turns[index]
-        if planned_agent != agent or not _same_observation(planned, observation):
-            raise RuntimeError(f"the env's turn ({agent}) differs from its phase plan ({planned_agent})")
-        return self.actions[index]
-
-    def _plan(
-        self, turns: list[tuple[str, Any]], policies: Mapping[int, Any], seats: Mapping[str, int]
-    ) -> None:
-        self.turns, self.actions, self.cursor = list(turns), {}, 0
-        rows: dict[int, list[int]] = {}
-        for i, (agent, _) in enumerate(self.turns):
-            if callable(getattr(policies[seats[agent]], "act_batch", None)):
-                rows.setdefault(seats[agent], []).append(i)
-        for member, indices in rows.items():
-            answers = policies[member].act_batch([self.turns[i][1] for i in indices],
-                                                 [self.turns[i][0] for i in indices])  # fmt: skip
-            self.actions.update(zip(indices, answers, strict=True))
-
-
-def _same_observation(a: Any, b: Any) -> bool:
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-    return bool(np.array_equal(a, b))
-
-
 def play_episodes(
     env: Any,
     matchmaker: MemberMatchmaker,
@@ -153,7 +102,7 @@ def play_episodes(
     for episode, (seats, seed) in enumerate(zip(seatings, seeds, strict=True)):
         matchmaker.seat(seats)
         env.reset(seed=int(seed))
-        plan = _PhasePlan(policies)
+        plan = PhasePlan(policies)
         pending: dict[str, tuple[Any, Any]] = {}  # a student's last decision, credited at its next turn
         ledger: ProposalLedger[tuple[str, Any, Any]] = ProposalLedger()  # proposals, paid at resolution
         for agent in env.agent_iter():

@@ -1,4 +1,4 @@
-"""``evolve.backends.play_episodes``: per-proposal teacher credit (``populora_env.credit``) and phase batching."""
+"""Playing episodes: `evolve.backends.play_episodes` (per-proposal teacher credit, phase batching) and `populora_env.play`."""
 
 from __future__ import annotations
 
@@ -75,3 +75,21 @@ def test_batching_policies_answer_a_whole_phase_in_one_call(verifier: Any) -> No
         teacher.calls == [["teacher_0", "teacher_0"]] * 2
         and student.calls == [["student_0", "student_0"]] * 2
     )
+
+
+def test_populora_env_play_asks_batching_policies_once_per_phase(verifier: Any) -> None:
+    """``populora_env.play`` uses ``act_batch`` as ``play_episodes`` does, with the same episode results."""
+    from populora_env import play as play_env
+
+    config = TeacherStudentConfig(mode="text", n_teachers=1, n_students=2, rounds=2, task_types=("deduction",),
+                                  teacher_group_size=2, student_group_size=2)  # fmt: skip
+    plain = {"teacher_0": ValidThenMalformed(), "student_0": RightThenWrong(), "student_1": RightThenWrong()}
+    students = Batching(RightThenWrong())
+    batched = {**plain, "student_0": students, "student_1": students}
+    records = [
+        play_env(teacher_student_v0.env(config=config, verifier=verifier), policies, episodes=2, seed=3)
+        for policies in (plain, batched)
+    ]
+    assert records[0] == records[1]
+    # per episode and round: one solve phase, both students' attempts (2 each) in AEC order, in one call
+    assert students.calls == [["student_0", "student_0", "student_1", "student_1"]] * 4
