@@ -320,6 +320,8 @@ class raw_env(AECEnv):
         self.truncations = dict.fromkeys(self.agents, False)
         self.infos: dict[str, dict[str, Any]] = {agent: {} for agent in self.agents}
         self._log = [f"== round 0 (buffer: {len(self._game.buffer)} tasks)"]
+        if self.render_mode == "human":
+            print(self._log[0])
         current = self._game.current
         assert current is not None
         self.agent_selection = current.agent
@@ -341,8 +343,7 @@ class raw_env(AECEnv):
         for name, reward in outcome.rewards.items():
             rewards[name] += reward
         self.infos.update(outcome.infos)
-        if self.render_mode is not None:
-            self._log_step(agent, outcome, turn, parsed)
+        new_lines = self._log_step(agent, outcome, turn, parsed) if self.render_mode is not None else []
         if outcome.done:
             self.terminations = dict.fromkeys(self.agents, True)
             self.agent_selection = self.agents[0]
@@ -354,8 +355,8 @@ class raw_env(AECEnv):
         # cumulative reward (never -0.0: it starts at 0.0) leaves it unchanged
         for name in outcome.rewards:
             self._cumulative_rewards[name] += rewards[name]
-        if self.render_mode == "human":
-            self.render()
+        if self.render_mode == "human" and new_lines:
+            print("\n".join(new_lines))  # what this step added; render() prints the whole recent log
 
     def _parse(self, turn: Turn, action: Any) -> Any:
         cfg = self.config
@@ -496,30 +497,35 @@ class raw_env(AECEnv):
         return arrays
 
     # ----- rendering --------------------------------------------------------------------------
-    def _log_step(self, agent: str, outcome: Any, turn: Turn, parsed: Any) -> None:
+    def _log_step(self, agent: str, outcome: Any, turn: Turn, parsed: Any) -> list[str]:
+        """Appends this step's lines to the render log and returns them."""
+        lines: list[str] = []
         info = outcome.infos.get(agent, {})
         if "verdict" in info:
             reward = f" reward={outcome.rewards.get(agent, 0.0):+.2f}" if info["phase"] == "solve" else ""
-            self._log.append(
+            lines.append(
                 f"{agent:>11} {info['phase']:<7} {info['task_type']:<9} #{info['attempt']} "
                 f"{info['verdict']:<12} {info['status']:<22} task={info['task_id'] or '-'}{reward}"
             )
             game = self._game
             task = game.last_proposal_task() if game is not None and info["phase"] == "propose" else None
-            self._log += _describe_action(turn, parsed, task)
+            lines += _describe_action(turn, parsed, task)
         resolved = {
             a: i["resolved"] for a, i in outcome.infos.items() if "resolved" in i and a.startswith("teacher")
         }
         for teacher, records in resolved.items():
             for r in records:
                 rate = "-" if r["solve_rate"] is None else f"{r['solve_rate']:.2f}"
-                self._log.append(
+                lines.append(
                     f"{teacher:>11} resolve {r['task_type']:<9} #{r['attempt']} {r['verdict']:<12} "
                     f"solve_rate={rate} reward={r['reward']:+.2f}"
                 )
         game = self._game
         if resolved and game is not None and not game.done:
-            self._log = [*self._log[-200:], f"== round {game.round} (buffer: {len(game.buffer)} tasks)"]
+            lines.append(f"== round {game.round} (buffer: {len(game.buffer)} tasks)")
+            self._log = self._log[-200:]
+        self._log += lines
+        return lines
 
     def render(self) -> str | None:
         """The current and previous rounds as text (``ansi``), or printed (``human``)."""

@@ -208,3 +208,22 @@ def test_bad_config_kwargs_name_the_field(verifier):
 @pytest.mark.parametrize("mode", MODES)
 def test_parallel_seed(verifier, mode):
     parallel_seed_test(lambda: teacher_student_v0.parallel_env(**_kwargs(verifier, mode, {})), num_cycles=40)
+
+
+def test_human_render_prints_each_line_once(verifier, capsys):
+    kwargs = {"verifier": verifier, "n_teachers": 2, "n_students": 2, "rounds": 2}
+    human = teacher_student_v0.env(render_mode="human", **kwargs)
+    ansi = teacher_student_v0.env(render_mode="ansi", **kwargs)
+    for env in (human, ansi):
+        teacher, student = ScriptedTeacher(env, 0.4, seed=0), ReferenceStudent(env, 1.0)
+        env.reset(seed=0)
+        for agent in env.agent_iter():
+            obs, _, term, trunc, _ = env.last()
+            env.step(
+                None
+                if term or trunc
+                else (teacher if agent.startswith("teacher") else student).act(obs, agent)
+            )
+    printed = capsys.readouterr().out
+    assert printed.count("== round 0") == 1 and printed.count("== round 1") == 1
+    assert printed.rstrip("\n") == ansi.render()  # the same lines, each printed once, as the game went
