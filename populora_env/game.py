@@ -279,6 +279,7 @@ class Game:
         self.attempt_log: list[tuple[str, str, bool]] = []  # (student, task_id, correct)
         self._proposals: list[tuple[Turn, Task | None, TeacherVerdict, str]] = []
         self._attempts: dict[str, list[tuple[str, bool]]] = {}
+        self._solve_infos: dict[str, dict[str, Any]] = {}  # each student's latest step info this round
         self._rng = np.random.default_rng(0)
         self._local = random.Random(0)
         self._phase: Phase = "propose"
@@ -331,6 +332,7 @@ class Game:
         cfg = self.config
         self._proposals = []
         self._attempts = {}
+        self._solve_infos = {}
         self._phase = "propose"
         for i, teacher in enumerate(self.teachers):
             task_type = cfg.task_types[(self.round * len(self.teachers) + i) % len(cfg.task_types)]
@@ -421,6 +423,7 @@ class Game:
         info["status"] = status
         info["score"] = score
         info["gold"] = task.gold
+        self._solve_infos[agent] = info
         return StepOutcome({agent: reward}, {agent: info}, False)
 
     def _score(self, task: Task, action: Any) -> float:
@@ -487,9 +490,11 @@ class Game:
                          "solve_rate": record.solve_rate, "n_attempts": record.n_attempts, "gold": record.gold,
                          "own_attempts": len(own), "own_correct": sum(own)}
                     )  # fmt: skip
-        for student, entries in solved.items():  # each student: the tasks it attempted, now resolved
-            base = infos.get(student, {"round": self.round, "phase": "resolve"})
-            infos[student] = {**base, "resolved": entries}
+        for student, entries in solved.items():  # each student: the tasks it attempted, now resolved,
+            infos[student] = {
+                **self._solve_infos[student],
+                "resolved": entries,
+            }  # next to its last step's info
         self.round += 1
         self.done = self.round >= self.config.rounds
         if not self.done:

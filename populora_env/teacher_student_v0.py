@@ -44,8 +44,8 @@ Info
     A step's info holds round, phase, task_type, attempt, task_id, verdict, status (students also score and
     gold); when a round resolves each teacher's info holds ``resolved``: one dict per proposal with
     verdict, status, solve_rate, n_attempts, reward and gold, and each student that attempted tasks that
-    round gets ``resolved`` too: one dict per task with task_id, task_type, teacher, solve_rate (over all
-    students' attempts), n_attempts, gold, own_attempts and own_correct.
+    round gets ``resolved`` too, next to its last step's info: one dict per task with task_id, task_type,
+    teacher, solve_rate (over all students' attempts), n_attempts, gold, own_attempts and own_correct.
 
 Usage
     ``env(**fields)`` (OrderEnforcingWrapper), ``raw_env(**fields)``, ``parallel_env(**fields)``, or
