@@ -65,8 +65,9 @@ def _set_features(cands: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor
     """The legal candidates' mean ``(N, 1, W)`` and each candidate's standardised agreement ``(N, K, 1)``.
 
     Agreement is the mean fraction of components a candidate shares with each other legal candidate (a
-    relational set feature): distractors are perturbations of the gold answer, so it sits at their centre.
-    It is standardised within the set, so one weight ranks the candidates whatever the task's scale.
+    relational set feature). It does not point at the right answer: the env builds every candidate, the
+    right one included, one change away from a hidden decoy (``populora_env.candidates``). It is
+    standardised within the set, so one weight ranks the candidates whatever the task's scale.
     """
     k = cands.shape[1]
     weights = mask.float().unsqueeze(-1)

@@ -19,8 +19,14 @@ def _outputs_equal(a: str, b: str) -> bool:
 def make_candidates(task: Task, verifier: Any, rng: random.Random, k: int) -> tuple[Candidate, ...]:
     """Up to ``k`` shuffled, text-distinct candidates for ``task``, each marked correct by execution.
 
-    Distractors come from nearby programs (``dsl.perturbed_slots``) on the same input for deduction
-    (their outputs) and induction (their sources), and from other inputs for abduction. Correctness is
+    Distractors come from nearby programs on the same input for deduction (their outputs) and induction
+    (their sources), and from other inputs for abduction. The nearby programs are *siblings* of the task's
+    program, not its variants: each is one change (``dsl.perturbed_slots``) away from a hidden decoy that
+    is itself one change away from the task's program, so every candidate, the right one included, is one
+    change from the same centre. Variants of the task's program itself would make the right candidate the
+    centre of the set, and picking the candidate most like the others would find it without solving
+    anything (it did for 92% of induction tasks against 50% by chance; ``tests/test_env_features.py``
+    keeps that shortcut near chance). Correctness is
     decided by running through the verifier and comparing canonical literals, never by text identity:
     a distractor that happens to be right (``1`` vs ``True``, a second input with the same output, an
     equivalent program) is marked correct. All runs of one task go to the verifier in one batch.
@@ -32,7 +38,7 @@ def make_candidates(task: Task, verifier: Any, rng: random.Random, k: int) -> tu
     pool: Iterable[tuple[str, dsl.Slots | None]]
     if task.task_type == "deduction":  # outputs: all variants go to the verifier in one batch
         args = dsl.input_text(base.input_type, base.input_index)
-        variants = dsl.perturbed_slots(base, rng, 3 * k)
+        variants = dsl.perturbed_slots(_decoy(base, rng), rng, 3 * k)
         runs = run_all(verifier, [(dsl.render_source(base.input_type, slots), args) for slots in variants])
         pool = [(str(r.output), None) for r in runs if r.status == "ok" and r.output is not None]
     else:  # texts only: variants are drawn in the same order, but only until k distinct texts are found
@@ -61,8 +67,14 @@ def _text_variants(
         for _ in range(n):
             yield dsl.input_text(base.input_type, dsl.perturbed_input_index(base, local)), None
     else:
-        for slots in dsl.perturbed_slots(base, local, n):
+        for slots in dsl.perturbed_slots(_decoy(base, local), local, n):
             yield dsl.render_source(base.input_type, slots), slots
+
+
+def _decoy(base: dsl.DslProgram, rng: random.Random) -> dsl.DslProgram:
+    """The hidden centre of a task's distractors: ``base`` with one change (see ``make_candidates``)."""
+    slots = next(dsl.perturbed_slots(base, rng, 1))
+    return dsl.DslProgram(base.input_type, base.input_index, slots)
 
 
 def _correct_flags(task: Task, texts: list[str], verifier: Any) -> list[bool]:

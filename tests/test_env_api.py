@@ -88,8 +88,10 @@ def test_render(verifier, mode, extra):
 def test_random_play_reaches_students(verifier, mode, extra):
     """The games the tests above play really reach the students (in text mode through ``ValidTeachers``), and
     every observation is in its space."""
-    env = _make(verifier, mode, {**extra, "rounds": 3})
+    env = _make(verifier, mode, {**extra, "rounds": 6})
     env.reset(seed=3)
+    for i, agent in enumerate(env.possible_agents):
+        env.action_space(agent).seed(i)  # the actions, and so which teacher actions ValidTeachers replaces
     phases = []
     for agent in env.agent_iter():
         obs, _, term, trunc, info = env.last()

@@ -226,3 +226,37 @@ def test_teachers_see_k_distinct_reference_tasks_of_their_type(verifier, mode, k
             for row, r in zip(obs["references"], refs, strict=True):
                 assert np.array_equal(row[: len(r.program_dsl.encode())], r.program_dsl.encode())
         env.step("junk" if mode == "text" else env.action_space(turn.agent).sample())
+
+
+def test_induction_candidates_do_not_give_the_answer_away(verifier):
+    """The right program must not be findable without the pairs: picking the candidate closest to all the
+    others (fewest differing DSL slots) does about as well as a random pick. When the distractors were
+    variants of the right program, that pick found it in 92% of tasks against 50% by chance."""
+    import random
+
+    from populora_env import dsl
+    from populora_env.candidates import make_candidates
+    from populora_env.tasks import Task, task_id_for
+
+    rng = random.Random(1)
+    medoid = chance = 0.0
+    n = 0
+    while n < 150:
+        program = dsl.random_program(rng, 6, rng.random())
+        source, _ = dsl.render(program)
+        inputs = dsl.induction_inputs(program, 6)
+        runs = verifier.run_many([(source, args) for args in inputs])
+        if any(r.status != "ok" for r in runs):
+            continue
+        outputs = tuple(str(r.output) for r in runs)
+        task = Task(task_id_for("induction", source, inputs), "induction", source, inputs, outputs, n_shown=3,
+                    program_dsl=program)  # fmt: skip
+        candidates = make_candidates(task, verifier, random.Random(n), 4)
+        if len(candidates) < 3:
+            continue
+        slots = [c.program.slots for c in candidates]
+        distance = [sum(sum(x != y for x, y in zip(a, b, strict=True)) for b in slots) for a in slots]
+        medoid += candidates[min(range(len(slots)), key=distance.__getitem__)].correct
+        chance += sum(c.correct for c in candidates) / len(candidates)
+        n += 1
+    assert medoid / n < chance / n + 0.15, (medoid / n, chance / n)

@@ -96,7 +96,10 @@ def test_golden_infos_carry_gold_and_solve_rates(verifier):
         ("valid", 0.5, 0.5, "5", 2)
     ]
     assert raw.infos["teacher_0"]["resolved"][0]["gold"] == "4"
-    assert (raw.infos["student_0"]["verdict"], raw.infos["student_0"]["task_type"]) == ("correct", "abduction")
+    assert (raw.infos["student_0"]["verdict"], raw.infos["student_0"]["task_type"]) == (
+        "correct",
+        "abduction",
+    )
     keys = ("teacher", "task_type", "solve_rate", "n_attempts", "gold", "own_attempts", "own_correct")
     for student, correct in (("student_0", 1), ("student_1", 0)):  # student_0 solved both, student_1 neither
         assert [tuple(r[k] for k in keys) for r in raw.infos[student]["resolved"]] == [

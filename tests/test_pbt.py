@@ -29,18 +29,23 @@ def _env(n: int = 2, **kwargs: Any) -> TeacherStudentConfig:
 
 
 @pytest.mark.slow
-def test_pbt_improves_student_fitness(tmp_path: Path) -> None:
-    """Torch students (REINFORCE + crossover/mutation) against scripted teachers on induction tasks: the
-    population's mean solve rate rises well above its first generation's (random-init policies pick ~40%
-    right; choosing the candidate at the centre of the others would pick ~95%)."""
-    env = _env(2, rounds=2, student_group_size=4, task_types=("induction",))
+def test_pbt_improves_teacher_fitness(tmp_path: Path) -> None:
+    """Torch teachers (REINFORCE + crossover/mutation) against scripted students on deduction tasks: the
+    population's mean reward per proposal rises well above its first generation's. What they learn is the
+    learnability objective itself: programs these students solve sometimes but not always (a task every
+    student solves, or none, pays -0.5; one solved at rate s pays 1 - s).
+
+    (Students used to be the evolving role here: they learnt to pick the candidate at the centre of the
+    others, which was the right one because distractors were variants of the task's program; distractors
+    are siblings now, see ``populora_env.candidates``, and that shortcut is gone.)"""
+    env = _env(2, rounds=2, teacher_group_size=4, task_types=("deduction",))
     config = PBTConfig(
         run_dir=str(tmp_path / "run"), seed=0, generations=6, episodes_per_generation=2, env=env,
-        teachers="scripted", population=4, learner_config=LearnerConfig(lr=0.03, steps=4),
+        teachers="torch", students="scripted", population=4, learner_config=LearnerConfig(lr=0.03, steps=4),
         progress=False, tensorboard=False,
     )  # fmt: skip
     history = _history(run_pbt(config))
-    curve = [h["role_fitness"]["student"]["mean"] for h in history]
+    curve = [h["role_fitness"]["teacher"]["mean"] for h in history]
     first, last = curve[0], sum(curve[-2:]) / 2
     assert last >= first + 0.2, curve
     assert sum(len(h["lineage"]) for h in history) >= len(history) - 1  # children were made every generation
