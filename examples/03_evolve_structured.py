@@ -4,9 +4,9 @@ Usage:
     python examples/03_evolve_structured.py [--generations 6] [--population 4] [--seed 0]
         [--teachers scripted|torch] [--self-play] [--run-dir runs/evolve_structured]
 
-Each generation the students (and teachers, with ``--teachers torch``) play the game, learn from it with
-REINFORCE, are rated with OpenSkill, and the worst quarter of each role is replaced by crossover and
-mutation of the best. The run folder holds ``metrics.jsonl``, ``lineage.jsonl``, checkpoints (kill the
+Each generation the teachers and students (only the students with ``--teachers scripted``) play the game
+(deduction tasks), learn from it with REINFORCE, are rated with OpenSkill, and the worst quarter of each
+role is replaced by crossover and mutation of the best. The run folder holds ``metrics.jsonl``, ``lineage.jsonl``, checkpoints (kill the
 script and run it again: it resumes exactly) and TensorBoard logs (``tensorboard --logdir <run-dir>/tb``).
 ``--self-play`` is AZR's single-agent baseline: one member plays both seats of a 1x1 game. CPU-sized: the
 defaults take about half a minute.
@@ -34,8 +34,9 @@ class Args:
     """Generations."""
     population: int = 4
     """Evolving members per role."""
-    teachers: Literal["scripted", "torch"] = "scripted"
-    """Scripted teachers (a fixed task distribution) or evolving torch teachers (an arms race)."""
+    teachers: Literal["scripted", "torch"] = "torch"
+    """Evolving torch teachers (an arms race with the students) or scripted ones (a fixed task
+    distribution)."""
     self_play: bool = False
     """One torch member plays teacher and student of a 1x1 game (overrides the other role settings)."""
     seed: int = 0
@@ -48,8 +49,8 @@ def main(args: Args) -> None:
         extra = {"self_play": True, "population": 1, "teachers": "torch"}
     else:
         env = TeacherStudentConfig(
-            mode="structured", n_teachers=2, n_students=2, rounds=2, n_slots=3, student_group_size=4,
-            task_types=("induction",),
+            mode="structured", n_teachers=2, n_students=2, rounds=2, n_slots=3, teacher_group_size=4,
+            student_group_size=4, task_types=("deduction",),
         )  # fmt: skip
         extra = {"population": args.population, "teachers": args.teachers}
     config = PBTConfig(
