@@ -490,11 +490,8 @@ class Game:
                          "solve_rate": record.solve_rate, "n_attempts": record.n_attempts, "gold": record.gold,
                          "own_attempts": len(own), "own_correct": sum(own)}
                     )  # fmt: skip
-        for student, entries in solved.items():  # each student: the tasks it attempted, now resolved,
-            infos[student] = {
-                **self._solve_infos[student],
-                "resolved": entries,
-            }  # next to its last step's info
+        for student, entries in solved.items():  # the tasks it attempted, next to its last step's info
+            infos[student] = {**self._solve_infos[student], "resolved": entries}
         self.round += 1
         self.done = self.round >= self.config.rounds
         if not self.done:
