@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from populora_env import dsl
 from populora_env.verifier import prefilter as prefilter_module
 from populora_env.verifier.prefilter import prefilter
 
@@ -214,6 +215,7 @@ def test_the_prefilter_text_shortcut_never_skips_a_finding():
     if CRUXEVAL.exists():
         sources += [json.loads(line)["code"] for line in CRUXEVAL.read_text().splitlines()]
     rng = random.Random(0)
+    sources += [dsl.render(dsl.random_program(rng, 6, i / 200))[0] for i in range(200)]  # always here
     inserts = ["__x", "._y", "id", "import math\n", " eval", "_", "vars()", "x.__class__", "ｉｄ", "é"]
     mutated = []
     for source in sources[:300]:
