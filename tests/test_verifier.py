@@ -186,6 +186,27 @@ def test_run_many_keeps_order_and_shares_nothing_between_programs(verifier):
     assert [r.output for r in results] == [str(j + i) for j in range(3) for i in range(12)]
 
 
+COUNTER = "n = [0]\ndef f(x):\n    n[0] += 1\n    return n[0]"
+FAILS_AFTER_COUNTING = (
+    "n = [0]\ndef f(x):\n    n[0] += 1\n    if x == 0:\n        raise ValueError\n    return n[0]"
+)
+MARKS_A_MODULE = "import fractions\ndef f(x):\n    if x == 0:\n        fractions.marker = 1\n    return hasattr(fractions, 'marker')"
+
+
+def test_calls_of_one_program_are_independent():
+    """Calls of the same program share one child but not its state: module globals and the modules a call
+    imports are fresh for every call, so ``run_many`` gives what separate ``run`` calls give."""
+    with Verifier(cache_size=0) as v:  # a cache would answer the repeated calls itself
+        assert [r.output for r in v.run_many([(COUNTER, "1"), (COUNTER, "2"), (COUNTER, "3")])] == ["1"] * 3
+        assert v.check_induction(COUNTER, [("1", "1"), ("2", "1"), ("3", "1")]) == 1.0
+        # the determinism re-run repeats only the calls that succeeded: shared state made them differ
+        first, second = v.run_many([(FAILS_AFTER_COUNTING, "0"), (FAILS_AFTER_COUNTING, "5")])
+        assert (first.status, second.status, second.output) == ("runtime", "ok", "1")
+        # a module an earlier call imported is imported again (fractions is not preloaded by default)
+        marked = v.run_many([(MARKS_A_MODULE, "0"), (MARKS_A_MODULE, "1"), (MARKS_A_MODULE, "2")])
+        assert [r.output for r in marked] == ["True", "False", "False"]
+
+
 def test_bad_types_raise_type_error_naming_the_argument(verifier):
     with pytest.raises(TypeError, match="program"):
         verifier.run(123, "1")  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import os
 import sys
+from itertools import islice
 
 import literals  # top-level in the worker process, see _worker.py
 from verdicts import line as _line
@@ -138,6 +139,15 @@ def run_program(
 ) -> None:
     """Defines ``f`` from the prepared program and calls it once per argument, writing a verdict per call.
 
+    Calls share the child but not the program's state: each runs the program's module code again in fresh
+    globals, after the modules an earlier call imported have been forgotten (so they are imported again).
+    ``run_many`` with the same program twice then gives what two ``run`` calls give, whatever the order,
+    and a call that changed state before failing cannot make the determinism re-run (which repeats the
+    calls that succeeded) disagree with the first run. Not undone, for speed (each would touch, and so
+    copy, every object involved in every child): changes to modules the worker preloaded
+    (``VerifierConfig.preload``, e.g. ``math.pi = 3``) and, with the language guards off, to the built-ins
+    table.
+
     Args:
         mode: ``"literal"``: arguments were parsed as literals; ``"expression"``: argument texts are
             evaluated here, in the program's namespace (dataset inputs such as ``dict(a=1)``);
@@ -148,23 +158,31 @@ def run_program(
     if prepared.error:
         os.write(out_fd, prepared.error * n)
         return
-    glb: dict[str, Any] = {"__builtins__": prepared.table, "__name__": "__program__"}
+    n_modules = len(sys.modules)
+    for index, args in enumerate(prepared.args):
+        if index and len(sys.modules) > n_modules:  # an earlier call imported modules: the newest entries
+            for name in list(islice(reversed(sys.modules), len(sys.modules) - n_modules)):
+                del sys.modules[name]
+        os.write(out_fd, _define_and_call(prepared.code, prepared.table, args, mode, max_output, max_depth))
+
+
+def _define_and_call(
+    code: Any, table: dict[str, Any], args: Any, mode: str, max_output: int, max_depth: int
+) -> bytes:
+    """One call's verdict line: runs the module code in fresh globals, then calls its ``f``."""
+    if isinstance(args, bytes):  # an argument text that did not compile: its verdict is ready
+        return args
+    glb: dict[str, Any] = {"__builtins__": table, "__name__": "__program__"}
     try:
-        exec(prepared.code, glb)
+        exec(code, glb)
     except MemoryError:
-        os.write(out_fd, _line("memory", None, "MemoryError while defining the program") * n)
-        return
+        return _line("memory", None, "MemoryError while defining the program")
     except BaseException as e:
-        os.write(out_fd, _line("runtime", None, "while defining the program: " + _describe(e)) * n)
-        return
+        return _line("runtime", None, "while defining the program: " + _describe(e))
     f = glb.get("f")
     if not callable(f):
-        os.write(out_fd, _line("syntax", None, "the program does not define a function `f`") * n)
-        return
-    for args in prepared.args:
-        os.write(
-            out_fd, args if isinstance(args, bytes) else _call(f, args, glb, mode, max_output, max_depth)
-        )
+        return _line("syntax", None, "the program does not define a function `f`")
+    return _call(f, args, glb, mode, max_output, max_depth)
 
 
 def _pack(*args: Any) -> tuple[Any, ...]:
