@@ -207,6 +207,21 @@ def test_calls_of_one_program_are_independent():
         assert [r.output for r in marked] == ["True", "False", "False"]
 
 
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ("'x' * 20000", "renders to 20002 characters"),
+        ("list(range(20000))", "too many elements"),
+        ("10 ** 5000", "integer string conversion"),
+        ("float('inf')", "NaN or infinite"),
+        ("[1, {'a': (float('nan'),)}]", "NaN or infinite"),
+    ],
+)
+def test_oversized_and_non_finite_returns_are_bad_output(verifier, body, detail):
+    result = verifier.run(f"def f(x):\n    return {body}", "1")
+    assert (result.status, result.output) == ("bad_output", None) and detail in result.detail
+
+
 def test_bad_types_raise_type_error_naming_the_argument(verifier):
     with pytest.raises(TypeError, match="program"):
         verifier.run(123, "1")  # type: ignore[arg-type]

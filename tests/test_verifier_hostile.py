@@ -60,6 +60,7 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         _p("signal.alarm(0)\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\n"
            "while True:\n    pass", "import signal\n"), {"forbidden"}, {"timeout"}),
     "cpu_burn_in_c": (_p("return len(str(7 ** (10 ** 7)))"), {"timeout", "runtime"}, {"timeout", "runtime"}),
+    "cpu_burn_in_a_c_loop": (_p("return sum(range(10 ** 15))"), {"timeout"}, {"timeout"}),  # no bytecode runs
     "deep_recursion": (_p("return f(x + 1)"), {"runtime"}, {"runtime"}),
     "deep_recursion_raised_limit": (
         _p("sys.setrecursionlimit(10 ** 8)\ndef g(n):\n    return g(n + 1) + 1\nreturn g(0)", "import sys\n"),
@@ -119,6 +120,10 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         {"forbidden"}, {"runtime"}),
     "atexit_after_return": (
         _p(f"atexit.register(lambda: open('{E}/ae', 'w'))\nreturn 1", "import atexit\n"), {"forbidden"}, {"ok"}),
+    "finalizer_on_a_cycle_after_return": (  # collected whenever the collector runs, after f has returned
+        _p(f"class D:\n    def __del__(self):\n        open('{E}/cyc', 'w').write('x')\nd = D()\nd.me = d\n"
+           "del d\nreturn [1]"),
+        {"forbidden"}, {"ok"}),
     "finalizer_after_return": (
         _p(f"class D:\n    def __del__(self):\n        open('{E}/fin', 'w').write('x')\nD()\nreturn [1]"),
         {"forbidden"}, {"ok"}),
