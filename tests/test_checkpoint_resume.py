@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from evolve import pbt
 from evolve.checkpoint import (
     CheckpointError,
     atomic_write_bytes,
@@ -49,6 +50,12 @@ def replace(src, dst):
     real_replace(src, dst)
 
 checkpoint.os.replace = replace
+from evolve import pbt
+real_run_generation = pbt.run_generation
+def run_generation(population, backend, config, generation):
+    print(generation, flush=True)  # the generations this process runs: a resume must not start over
+    return real_run_generation(population, backend, config, generation)
+pbt.run_generation = run_generation
 run_pbt(tiny_config(sys.argv[1]))
 """
 
@@ -66,7 +73,18 @@ def _child(tmp_path: Path, run_dir: Path, kill_at_write: int = 0) -> subprocess.
     script = tmp_path / "child.py"
     script.write_text(CHILD.format(root=str(ROOT)))
     env = {**os.environ, "KILL_AT_WRITE": str(kill_at_write)}
-    return subprocess.Popen([sys.executable, str(script), str(run_dir)], env=env, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(run_dir)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def _generations_run(proc: subprocess.Popen[bytes]) -> list[int]:
+    assert proc.stdout is not None
+    return [int(line) for line in proc.stdout.read().split()]
+
+
+def _newest(ckpts: Path) -> int:
+    return int(list_checkpoints(ckpts)[-1].name[4:10])
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
@@ -122,9 +140,11 @@ def test_sigkilled_run_resumes_bit_identical(tmp_path: Path) -> None:
     _wait_for(ckpts / "gen_000001.ckpt", proc)
     _kill(proc)
     # 2. SIGKILL inside the next checkpoint write: a complete temp file, no rename
+    start = _newest(ckpts)
     proc = _child(tmp_path, run, kill_at_write=1)
     proc.wait(timeout=120)
     assert proc.returncode == -signal.SIGKILL
+    assert _generations_run(proc) == [start]  # resumed where the checkpoint left off, not from 0
     assert any(p.name.endswith(".tmp") for p in ckpts.iterdir())
     newest = list_checkpoints(ckpts)[-1].name
     # 3. SIGKILL a little after a later checkpoint, mid generation
@@ -135,8 +155,10 @@ def test_sigkilled_run_resumes_bit_identical(tmp_path: Path) -> None:
     if proc.poll() is None:
         _kill(proc)
     # 4. run to the end
+    start = _newest(ckpts)
     proc = _child(tmp_path, run)
     assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+    assert start > 0 and _generations_run(proc) == list(range(start, GENERATIONS))
     assert not any(p.name.endswith(".tmp") for p in ckpts.iterdir())
     _assert_same_run(reference, run)
     # a finished run re-run is a no-op that returns the same folder
@@ -145,17 +167,29 @@ def test_sigkilled_run_resumes_bit_identical(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_finished_run_extended_equals_an_uninterrupted_longer_run(tmp_path: Path) -> None:
+def test_a_finished_run_extended_equals_an_uninterrupted_longer_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """3 generations, then the same folder with generations=5: bit-identical to a 5-generation run (the
     finished run's last generation skipped its replacement; the extension makes it up)."""
     reference = run_pbt(tiny_config(str(tmp_path / "reference")))
     run = run_pbt(tiny_config(str(tmp_path / "extended"), generations=3))
+    ran: list[int] = []
+    real_run_generation = pbt.run_generation
+
+    def spy(population, backend, config, generation):  # type: ignore[no-untyped-def]
+        ran.append(generation)
+        return real_run_generation(population, backend, config, generation)
+
+    monkeypatch.setattr(pbt, "run_generation", spy)
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["generation"] == 2 and last["lineage"] == []  # no children after a run's last generation
     with pytest.raises(ValueError, match=r"generations: .* not shortened"):
         run_pbt(tiny_config(str(run), generations=2))
     assert run_pbt(tiny_config(str(run))) == run
+    assert ran == [3, 4]  # the extension ran only the new generations
     _assert_same_run(reference, run)
+    assert run_pbt(tiny_config(str(run))) == run and ran == [3, 4]  # a finished run re-run runs nothing
     with pytest.raises(ValueError, match="another config"):  # other fields still have to match
         run_pbt(dataclasses.replace(tiny_config(str(run), generations=6), seed=4))
 
