@@ -161,7 +161,18 @@ def crash_after_first_checkpoint_then_resume(config: PBTConfig, monkeypatch: pyt
         run_pbt(config)
     monkeypatch.undo()
     assert records(Path(config.run_dir) / "metrics.jsonl") == []  # killed before its log line
-    return run_pbt(config)
+    ran: list[int] = []
+    real_run_generation = pbt.run_generation
+
+    def spy(population: Any, backend: Any, config: Any, generation: int) -> Any:
+        ran.append(generation)
+        return real_run_generation(population, backend, config, generation)
+
+    monkeypatch.setattr(pbt, "run_generation", spy)
+    run_dir = run_pbt(config)
+    monkeypatch.undo()
+    assert ran == list(range(1, config.generations))  # resumed from checkpoint 1, not from the start
+    return run_dir
 
 
 def assert_same_run(reference: Path, other: Path, generation: int, files: tuple[str, ...]) -> dict[str, Any]:

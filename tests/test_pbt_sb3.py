@@ -211,7 +211,16 @@ def test_sb3_run_resumes_bit_identical(tmp_path: Path, monkeypatch: pytest.Monke
         run_pbt(_config(tmp_path / "resumed", generations=4))
     monkeypatch.setattr(pbt, "save_checkpoint", real_save)
     assert len(_history(tmp_path / "resumed")) == 1  # generation 1 was checkpointed but not logged
+    ran: list[int] = []
+    real_run_generation = pbt.run_generation
+
+    def spy(population: Any, backend: Any, config: Any, generation: int) -> Any:
+        ran.append(generation)
+        return real_run_generation(population, backend, config, generation)
+
+    monkeypatch.setattr(pbt, "run_generation", spy)
     run_pbt(_config(tmp_path / "resumed", generations=4))  # a fresh call: new members, state from disk
+    assert ran == [2, 3]  # from the last checkpoint, not from the start
     _assert_same_run(reference, tmp_path / "resumed", generations=4)
     a, b = load_latest(reference / "checkpoints"), load_latest(tmp_path / "resumed" / "checkpoints")
     assert a is not None and b is not None
