@@ -126,3 +126,6 @@ CROSSOVERS: Registry = Registry(
 
 LORA_ONLY: frozenset[str] = frozenset({"svd_spectrum", "component_mask", "neftune_a", "svd_splice"})
 """Operators that raise ``ValueError`` on a plain genome."""
+
+TWO_PARENTS: frozenset[str] = frozenset({"svd_splice", "extrapolate", "interpolate"})
+"""Crossovers that take exactly two parents (``ValueError`` otherwise); the others take any number."""

@@ -159,6 +159,11 @@ class PBTConfig:
             raise ValueError("crossovers and mutations must each name at least one operator")
         for name in self.crossovers:
             operators.CROSSOVERS[name]  # KeyError listing the registry
+        if self.n_parents != 2 and (two := sorted(operators.TWO_PARENTS & set(self.crossovers))):
+            raise ValueError(
+                f"n_parents must be 2 with the crossovers {two} (they take exactly two parents), got "
+                f"{self.n_parents}"
+            )
         for name in self.mutations:
             operators.MUTATIONS[name]
         LEARNERS[self.learner]

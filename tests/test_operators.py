@@ -140,6 +140,20 @@ def test_non_lora_tensors_of_a_lora_genome_pass_through_from_the_first_parent(na
         assert torch.equal(child[key], parents[0][key]), key
 
 
+@pytest.mark.parametrize("name", sorted(operators.CROSSOVERS))
+def test_two_parents_lists_exactly_the_crossovers_that_refuse_three(name):
+    parents = [lora_genome(seed) for seed in range(3)]
+    fitness = [1.0, 0.5, 0.0]
+    if name in operators.TWO_PARENTS:
+        with pytest.raises(ValueError, match="needs exactly 2 parents, got 3"):
+            operators.CROSSOVERS[name](parents, rng=torch.Generator().manual_seed(0), fitness=fitness)
+    else:
+        assert_same_structure(
+            operators.CROSSOVERS[name](parents, rng=torch.Generator().manual_seed(0), fitness=fitness),
+            parents[0],
+        )
+
+
 def test_unknown_name_lists_the_registry():
     with pytest.raises(KeyError, match="registered: component_mask, gaussian"):
         operators.MUTATIONS["nope"]

@@ -130,6 +130,12 @@ def test_a_raising_learner_is_reported_and_skipped(tmp_path: Path) -> None:
     assert all(torch.isfinite(t).all() for t in genome.values())  # the NaN weights were rolled back
 
 
+def test_n_parents_must_suit_every_crossover(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"n_parents must be 2 with the crossovers \['interpolate'\]"):
+        PBTConfig(run_dir=str(tmp_path), n_parents=3, crossovers=("dare", "interpolate"))
+    assert PBTConfig(run_dir=str(tmp_path), n_parents=3, crossovers=("dare", "es", "uniform")).n_parents == 3
+
+
 def test_unknown_operator_or_learner_name_raises_key_error_listing_registry(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match=r"registered: .*interpolate"):
         PBTConfig(run_dir=str(tmp_path), crossovers=("nope",))
