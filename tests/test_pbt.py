@@ -323,3 +323,44 @@ def test_a_callable_reward_scheme_has_the_same_fingerprint_in_every_process(tmp_
     before = json.dumps(_callable_config(tmp_path, scale).fingerprint())
     k = 0.5
     assert json.dumps(_callable_config(tmp_path, scale).fingerprint()) != before  # same code, captured value
+
+
+def test_fitness_definitions_per_role() -> None:
+    """Student: solve rate of its own attempts; teacher: mean reward per proposal; self-play member: the
+    sum; ``fitness="rating"``: the OpenSkill ordinal."""
+    from types import SimpleNamespace
+
+    from evolve.backends import PlayOutcome
+    from evolve.population import Member, fitness_of
+    from evolve.protocols import Transition
+    from evolve.ratings import MatchResult, RatingTable
+
+    def move(role: str, reward: float) -> Transition:
+        return Transition(
+            agent=f"{role}_0", role=role, observation=None, action=None, reward=reward, episode=0
+        )
+
+    results = [
+        MatchResult(1, 2, True),
+        MatchResult(1, 2, False),
+        MatchResult(1, 2, True),
+        MatchResult(1, 3, True),
+    ]
+    transitions = {1: [move("teacher", 0.5), move("teacher", -1.0)], 2: [], 4: [move("teacher", 1.0)]}
+    outcome = PlayOutcome(transitions=transitions, results=results, metrics=[], returns={})
+    table = RatingTable()
+    table.update(results)
+    pop = SimpleNamespace(config=SimpleNamespace(fitness="reward"), table=table)
+
+    def member(i: int, role: str) -> Member:
+        return Member(id=i, role=role, kind="torch", slot=f"{role}/0", policy=None, learner=None)
+
+    assert fitness_of(pop, member(2, "student"), outcome) == pytest.approx(2 / 3)  # type: ignore[arg-type]
+    assert fitness_of(pop, member(1, "teacher"), outcome) == pytest.approx(-0.25)  # type: ignore[arg-type]
+    assert fitness_of(pop, member(5, "student"), outcome) == 0.0  # type: ignore[arg-type]  # no attempts
+    # a self-play member (id 4) proposed once (reward 1.0) and attempted nothing here
+    assert fitness_of(pop, member(4, "both"), outcome) == pytest.approx(1.0)  # type: ignore[arg-type]
+    pop.config.fitness = "rating"
+    rating = table.get(2)
+    assert fitness_of(pop, member(2, "student"), outcome) == pytest.approx(rating.mu - 3 * rating.sigma)  # type: ignore[arg-type]
+    assert rating.mu - 3 * rating.sigma != pytest.approx(table.get(3).mu - 3 * table.get(3).sigma)
