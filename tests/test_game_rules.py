@@ -314,3 +314,57 @@ def test_matchmakers():
     assert counts["student_2"] > counts["student_0"] and counts["student_2"] > counts["student_1"]
     with pytest.raises(ValueError, match="matching"):
         make_matchmaker("elo", 1)
+
+
+class TableVerifier:
+    """A pure stand-in for the verifier: every program returns 1 unless its source says ``raise``."""
+
+    def run_many(self, items):
+        from populora_env.verifier import Execution
+
+        return [
+            Execution("runtime", None, "raised") if "raise" in p else Execution("ok", "1", "")
+            for p, _ in items
+        ]
+
+    def check_deduction(self, program, args, answer):
+        return answer.strip() == "1"
+
+    check_abduction = check_deduction
+
+    def check_induction(self, answer_program, pairs):
+        return 1.0
+
+
+def test_game_move_table_and_rewards_without_the_env():
+    """The rules module alone (no PettingZoo, a table verifier): turn order, phases, group attempts, and the
+    payouts of a round with one valid and one invalid proposal."""
+    from populora_env.game import Game
+    from populora_env.text_format import Answer, Proposal
+
+    config = TeacherStudentConfig(n_teachers=2, n_students=2, rounds=2, task_types=("deduction",),
+                                  student_group_size=2, n_references=0)  # fmt: skip
+    game = Game(config, TableVerifier(), AllPairs(), seed_tasks=())
+    game.reset(np.random.default_rng(0))
+    moves, rewards = [], dict.fromkeys(config.agents, 0.0)
+    answers = {"student_0": ["1", "1"], "student_1": ["2", "1"]}
+    while not game.done:
+        turn = game.current
+        moves.append((turn.round, turn.agent, turn.phase, turn.attempt))
+        if turn.phase == "propose":
+            program = (
+                "def f(x):\n    return 1" if turn.agent == "teacher_0" else "def f(x):\n    raise ValueError"
+            )
+            action = Proposal(program, ("0",), "")
+        else:
+            action = Answer(answers[turn.agent][turn.attempt])
+        for agent, reward in game.step(action).rewards.items():
+            rewards[agent] += reward
+    per_round = [("teacher_0", "propose", 0), ("teacher_1", "propose", 0), ("student_0", "solve", 0),
+                 ("student_0", "solve", 1), ("student_1", "solve", 0), ("student_1", "solve", 1)]  # fmt: skip
+    assert moves == [(r, *m) for r in (0, 1) for m in per_round]  # only teacher_0's valid task is solved
+    # per round: teacher_0's task solved 3 of 4 times -> learnability 1 - 3/4; teacher_1's is invalid -> -1
+    assert rewards == {"teacher_0": 0.5, "teacher_1": -2.0, "student_0": 4.0, "student_1": 1.0}
+    assert [(r.teacher, r.verdict, r.solve_rate) for r in game.history] == [
+        ("teacher_0", "valid", 0.75), ("teacher_1", "invalid", None)
+    ] * 2  # fmt: skip
