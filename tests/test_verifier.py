@@ -278,7 +278,9 @@ def test_isolation_report_and_warning_when_degraded(caplog, monkeypatch):
     ):
         assert not v.isolation.full
         assert v.run(DOUBLE, "2").output == "4"
-    assert any("isolation is partial" in r.message for r in caplog.records)
+    with caplog.at_level(logging.WARNING, logger="populora_env.verifier"), Verifier(workers=1, isolate=False):
+        pass  # a second degraded verifier in the same process: no second warning
+    assert sum("isolation is partial" in r.message for r in caplog.records) == 1
 
 
 def test_host_literal_parsing_is_guarded():
