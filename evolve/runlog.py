@@ -148,6 +148,7 @@ class RunLog:
             **{f"reward/{role}": v for role, v in record.mean_reward.items()},
             **{f"fitness/{role}_{k}": v for role, d in record.role_fitness.items() for k, v in d.items()},
             **{f"rating_mu/{m}": r["mu"] for m, r in record.ratings.items()},
+            **{f"rating_sigma/{m}": r["sigma"] for m, r in record.ratings.items()},
             **{f"operators/{k}": float(v) for k, v in record.operator_use.items()},
             "lineage/children": float(len(record.lineage)),
             "learner/failures": float(len(record.learner_failures)),

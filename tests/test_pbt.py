@@ -364,3 +364,30 @@ def test_fitness_definitions_per_role() -> None:
     rating = table.get(2)
     assert fitness_of(pop, member(2, "student"), outcome) == pytest.approx(rating.mu - 3 * rating.sigma)  # type: ignore[arg-type]
     assert rating.mu - 3 * rating.sigma != pytest.approx(table.get(3).mu - 3 * table.get(3).sigma)
+
+
+def test_tensorboard_scalars_match_the_jsonl_metrics(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = PBTConfig(
+        run_dir=str(tmp_path / "run"), seed=2, generations=2, episodes_per_generation=2, env=_env(2),
+        population=4, progress=False, tensorboard=True,
+    )  # fmt: skip
+    run_dir = run_pbt(config)
+    history = _history(run_dir)
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+
+    def series(tag: str) -> list[float]:
+        return [e.value for e in events.Scalars(tag)]
+
+    assert series("env/solve_rate") == pytest.approx([h["solve_rate"] for h in history])
+    assert series("lineage/children") == [float(len(h["lineage"])) for h in history]
+    for member, rating in history[-1]["ratings"].items():
+        assert series(f"rating_mu/{member}")[-1] == pytest.approx(rating["mu"])
+        assert series(f"rating_sigma/{member}")[-1] == pytest.approx(rating["sigma"])
+    assert {f"reward/{role}" for role in history[-1]["mean_reward"]} <= tags
+    assert {f"difficulty/{k}" for k in history[-1]["difficulty"]} <= tags
+    used = {f"operators/{k}" for h in history for k in h["operator_use"]}
+    assert used and used == {tag for tag in tags if tag.startswith("operators/")}
