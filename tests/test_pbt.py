@@ -391,3 +391,39 @@ def test_tensorboard_scalars_match_the_jsonl_metrics(tmp_path: Path) -> None:
     assert {f"difficulty/{k}" for k in history[-1]["difficulty"]} <= tags
     used = {f"operators/{k}" for h in history for k in h["operator_use"]}
     assert used and used == {tag for tag in tags if tag.startswith("operators/")}
+
+
+@pytest.mark.slow
+def test_a_raising_learner_on_ray_is_reported_and_skipped_as_locally(tmp_path: Path) -> None:
+    """Learners on Ray actors that raise are reported, their members skipped for the generation and the
+    run goes on, exactly as on the local backend (the learner is a plug-in each Ray worker imports)."""
+    ray = pytest.importorskip("ray")
+    from tests import ray_hooks
+    from tests.test_checkpoint_resume import _assert_same_run
+
+    def config(name: str, backend: str) -> PBTConfig:
+        return PBTConfig(
+            run_dir=str(tmp_path / name), seed=5, generations=3, episodes_per_generation=2, env=_env(2),
+            population=3, learner="flaky_first_param", progress=False, tensorboard=False, backend=backend,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    ray_hooks.register()
+    try:
+        local = run_pbt(config("local", "local"))
+        root = str(Path(__file__).resolve().parents[1])
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env={"worker_process_setup_hook": "tests.ray_hooks.register",
+                              "env_vars": {"PYTHONPATH": root}})  # fmt: skip
+        try:
+            on_ray = run_pbt(config("ray", "ray"))
+        finally:
+            ray.shutdown()
+    finally:
+        del LEARNERS["flaky_first_param"]
+    failures = [f for h in _history(local) for f in h["learner_failures"]]
+    assert failures and all(f["message"] == "learner exploded" for f in failures)
+    _assert_same_run(local, on_ray, generations=3)  # failures included: they are in metrics.jsonl
+    state = load_latest(on_ray / "checkpoints")
+    assert state is not None
+    genomes = [m["genome"] for g in state["groups"].values() for m in g if m["genome"] is not None]
+    assert all(torch.isfinite(t).all() for genome in genomes for t in genome.values())  # NaNs rolled back
