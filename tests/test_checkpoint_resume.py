@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -81,6 +82,19 @@ def _child(tmp_path: Path, run_dir: Path, kill_at_write: int = 0) -> subprocess.
 def _generations_run(proc: subprocess.Popen[bytes]) -> list[int]:
     assert proc.stdout is not None
     return [int(line) for line in proc.stdout.read().split()]
+
+
+def record_generations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The generations ``run_pbt`` runs in this process from now on (a resume must not start over)."""
+    ran: list[int] = []
+    real_run_generation = pbt.run_generation
+
+    def spy(population: Any, backend: Any, config: Any, generation: int) -> Any:
+        ran.append(generation)
+        return real_run_generation(population, backend, config, generation)
+
+    monkeypatch.setattr(pbt, "run_generation", spy)
+    return ran
 
 
 def _newest(ckpts: Path) -> int:
@@ -174,14 +188,7 @@ def test_a_finished_run_extended_equals_an_uninterrupted_longer_run(
     finished run's last generation skipped its replacement; the extension makes it up)."""
     reference = run_pbt(tiny_config(str(tmp_path / "reference")))
     run = run_pbt(tiny_config(str(tmp_path / "extended"), generations=3))
-    ran: list[int] = []
-    real_run_generation = pbt.run_generation
-
-    def spy(population, backend, config, generation):  # type: ignore[no-untyped-def]
-        ran.append(generation)
-        return real_run_generation(population, backend, config, generation)
-
-    monkeypatch.setattr(pbt, "run_generation", spy)
+    ran = record_generations(monkeypatch)
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["generation"] == 2 and last["lineage"] == []  # no children after a run's last generation
     with pytest.raises(ValueError, match=r"generations: .* not shortened"):

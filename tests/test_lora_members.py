@@ -30,6 +30,7 @@ from populora_env import teacher_student_v0
 from populora_env.cli import main
 from populora_env.game import TeacherStudentConfig
 from tests.agents_fixtures import one_torch_thread, tiny_base_dir
+from tests.test_checkpoint_resume import record_generations
 
 __all__ = ["one_torch_thread", "tiny_base_dir"]  # fixtures are used by name
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -161,14 +162,7 @@ def crash_after_first_checkpoint_then_resume(config: PBTConfig, monkeypatch: pyt
         run_pbt(config)
     monkeypatch.undo()
     assert records(Path(config.run_dir) / "metrics.jsonl") == []  # killed before its log line
-    ran: list[int] = []
-    real_run_generation = pbt.run_generation
-
-    def spy(population: Any, backend: Any, config: Any, generation: int) -> Any:
-        ran.append(generation)
-        return real_run_generation(population, backend, config, generation)
-
-    monkeypatch.setattr(pbt, "run_generation", spy)
+    ran = record_generations(monkeypatch)
     run_dir = run_pbt(config)
     monkeypatch.undo()
     assert ran == list(range(1, config.generations))  # resumed from checkpoint 1, not from the start

@@ -21,7 +21,7 @@ from evolve.pbt import PBTConfig, run_pbt
 from evolve.protocols import Transition, is_evolvable
 from populora_env import teacher_student_v0
 from populora_env.game import TeacherStudentConfig
-from tests.test_checkpoint_resume import _assert_same_run
+from tests.test_checkpoint_resume import _assert_same_run, record_generations
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"sb3": {"net_arch": [32], "n_epochs": 2, "batch_size": 16}}
@@ -211,14 +211,7 @@ def test_sb3_run_resumes_bit_identical(tmp_path: Path, monkeypatch: pytest.Monke
         run_pbt(_config(tmp_path / "resumed", generations=4))
     monkeypatch.setattr(pbt, "save_checkpoint", real_save)
     assert len(_history(tmp_path / "resumed")) == 1  # generation 1 was checkpointed but not logged
-    ran: list[int] = []
-    real_run_generation = pbt.run_generation
-
-    def spy(population: Any, backend: Any, config: Any, generation: int) -> Any:
-        ran.append(generation)
-        return real_run_generation(population, backend, config, generation)
-
-    monkeypatch.setattr(pbt, "run_generation", spy)
+    ran = record_generations(monkeypatch)
     run_pbt(_config(tmp_path / "resumed", generations=4))  # a fresh call: new members, state from disk
     assert ran == [2, 3]  # from the last checkpoint, not from the start
     _assert_same_run(reference, tmp_path / "resumed", generations=4)
