@@ -501,13 +501,13 @@ class raw_env(AECEnv):
         """Appends this step's lines to the render log and returns them."""
         lines: list[str] = []
         info = outcome.infos.get(agent, {})
+        game = self._game
         if "verdict" in info:
             reward = f" reward={outcome.rewards.get(agent, 0.0):+.2f}" if info["phase"] == "solve" else ""
             lines.append(
                 f"{agent:>11} {info['phase']:<7} {info['task_type']:<9} #{info['attempt']} "
                 f"{info['verdict']:<12} {info['status']:<22} task={info['task_id'] or '-'}{reward}"
             )
-            game = self._game
             task = game.last_proposal_task() if game is not None and info["phase"] == "propose" else None
             lines += _describe_action(turn, parsed, task)
         resolved = {
@@ -520,7 +520,6 @@ class raw_env(AECEnv):
                     f"{teacher:>11} resolve {r['task_type']:<9} #{r['attempt']} {r['verdict']:<12} "
                     f"solve_rate={rate} reward={r['reward']:+.2f}"
                 )
-        game = self._game
         if resolved and game is not None and not game.done:
             lines.append(f"== round {game.round} (buffer: {len(game.buffer)} tasks)")
             self._log = self._log[-200:]
@@ -565,13 +564,14 @@ def _describe_action(turn: Turn, parsed: Any, task: Task | None) -> list[str]:
     """What a step proposed or answered, for the ansi log: the program and inputs of a proposal (``task``, the
     verified one, if valid), the text of an answer (the chosen candidate's in structured mode); nothing for a
     format error (its status says why)."""
-    if isinstance(parsed, dsl.DslProgram) and task is None:
-        source, args = dsl.render(parsed)
-        parsed = Proposal(source, (args,) if turn.task_type != "induction" else (), "")
     if isinstance(parsed, (dsl.DslProgram, Proposal)):
-        shown = task if task is not None else parsed
-        assert not isinstance(shown, dsl.DslProgram)  # rendered above when there is no task
-        program, inputs, message = shown.program, shown.inputs, shown.message
+        if task is not None:
+            program, inputs, message = task.program, task.inputs, task.message
+        elif isinstance(parsed, Proposal):
+            program, inputs, message = parsed.program, parsed.inputs, parsed.message
+        else:  # an invalid DSL program: its source and, outside induction, its input
+            program, args = dsl.render(parsed)
+            inputs, message = ((args,) if turn.task_type != "induction" else ()), ""
         lines = _shown(program, "program: ")
         if inputs:
             lines += _shown(" | ".join(inputs), "inputs:  " if len(inputs) > 1 else "input:   ")
