@@ -106,6 +106,15 @@ RewardScheme = Literal["learnability", "adversarial"] | Callable[[float], float]
 _MODES = ("text", "structured")
 _MATCHING = ("all_pairs", "random", "pfsp")
 _SCHEMES = ("learnability", "adversarial")
+# every int field of the config and the least value it accepts
+_INT_MINIMUMS = {
+    "n_teachers": 1, "n_students": 1, "rounds": 1, "n_references": 0, "teacher_group_size": 1,
+    "student_group_size": 1, "students_per_task": 1, "n_seed_tasks": 0, "buffer_capacity": 1,
+    "induction_min_inputs": 1, "induction_max_inputs": 2, "max_action_chars": 256, "max_prompt_chars": 256,
+    "n_slots": 1, "n_candidates": 2,
+}  # fmt: skip
+_REWARD_FIELDS = ("teacher_extreme_reward", "teacher_invalid_penalty", "teacher_format_penalty",
+                  "student_correct_reward", "student_wrong_reward", "student_format_penalty")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -170,17 +179,11 @@ class TeacherStudentConfig:
     """Structured actions outside the space or masked: raise ``ValueError`` or pay the format penalty."""
 
     def __post_init__(self) -> None:
-        minimum = {name: 1 for name in ("n_teachers", "n_students", "rounds", "teacher_group_size",
-                                         "student_group_size", "students_per_task", "buffer_capacity",
-                                         "n_slots", "induction_min_inputs")}  # fmt: skip
-        minimum.update(n_references=0, n_seed_tasks=0, induction_max_inputs=2, n_candidates=2)
-        minimum.update(max_action_chars=256, max_prompt_chars=256)
-        for name, least in minimum.items():
+        for name, least in _INT_MINIMUMS.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
-        for name in ("teacher_extreme_reward", "teacher_invalid_penalty", "teacher_format_penalty",
-                     "student_correct_reward", "student_wrong_reward", "student_format_penalty"):  # fmt: skip
+        for name in _REWARD_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite real number, got {value!r}")
@@ -481,8 +484,8 @@ class Game:
             # A teacher whose own step closed the round keeps its step info next to the resolution.
             base = infos.get(teacher, {"round": self.round, "phase": "resolve"})
             infos[teacher] = {**base, "resolved": listed}
-            for record in records:
-                attempts = self._attempts.get(record.task_id, []) if record.task is not None else []
+            for record in records:  # an invalid proposal's task_id "" has no attempts
+                attempts = self._attempts.get(record.task_id, [])
                 for student in dict.fromkeys(s for s, _ in attempts):
                     own = [ok for s, ok in attempts if s == student]
                     solved.setdefault(student, []).append(

@@ -368,3 +368,16 @@ def test_game_move_table_and_rewards_without_the_env():
     assert [(r.teacher, r.verdict, r.solve_rate) for r in game.history] == [
         ("teacher_0", "valid", 0.75), ("teacher_1", "invalid", None)
     ] * 2  # fmt: skip
+
+
+def test_every_int_and_float_config_field_is_validated():
+    """A new int or float field must join the validation tables, or it would be accepted unchecked."""
+    import dataclasses
+    import typing
+
+    from populora_env.game import _INT_MINIMUMS, _REWARD_FIELDS
+
+    hints = typing.get_type_hints(TeacherStudentConfig)
+    fields = [f.name for f in dataclasses.fields(TeacherStudentConfig)]
+    assert {name for name in fields if hints[name] is int} == set(_INT_MINIMUMS)
+    assert {name for name in fields if hints[name] is float} == set(_REWARD_FIELDS)
