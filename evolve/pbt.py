@@ -118,7 +118,7 @@ class PBTConfig:
     """Write TensorBoard scalars under ``run_dir/tb``."""
 
     def __post_init__(self) -> None:
-        for name in ("generations", "episodes_per_generation", "population", "tournament_size", "n_parents",
+        for name in ("generations", "population", "episodes_per_generation", "tournament_size", "n_parents",
                      "checkpoint_every", "keep_checkpoints"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -229,6 +229,7 @@ def train(args: TrainArgs) -> int:
 
     import agents.members  # noqa: F401  # registers the "lora" members and the "grpo" learner
     from agents.base import BaseModelLoadError, build_tiny_base
+    from agents.members import LoRAMemberOptions, grpo_config
     from evolve.checkpoint import CheckpointError
     from evolve.pbt import run_pbt
     from evolve.plots import plot_run
@@ -237,6 +238,14 @@ def train(args: TrainArgs) -> int:
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     start = time.perf_counter()
     try:
+        # Every option is checked before the tiny base is built (minutes on a fresh machine): the base's
+        # path is the only part of the config that waits for it.
+        if not isinstance(args.threads, int) or args.threads < 1:
+            raise ValueError(f"threads must be an int >= 1, got {args.threads!r}")
+        config = _train_config(args, args.base or "tiny-base")
+        lora = LoRAMemberOptions.from_member_options(config.member_options)
+        grpo_config(config.member_options, lora)
+        Path(args.run_dir).mkdir(parents=True, exist_ok=True)  # an unusable --run-dir fails now, not after
         if args.base is None:
             print(
                 "tiny base: building or loading from the cache (first build: a few minutes)", file=sys.stderr
@@ -248,6 +257,9 @@ def train(args: TrainArgs) -> int:
         config = _train_config(args, base)
         run_dir = run_pbt(config)
     except (ValueError, BaseModelLoadError, CheckpointError) as error:
+        print(f"populora train: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # an unwritable --run-dir or --cache-dir, a full disk: no traceback
         print(f"populora train: {error}", file=sys.stderr)
         return 2
     elapsed = time.perf_counter() - start

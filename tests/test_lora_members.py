@@ -318,6 +318,33 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
     assert "another config" in capsys.readouterr().err
 
 
+def test_populora_train_refuses_bad_options_before_building_the_base(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bad options and an unusable --run-dir are exit status 2 with a one-line message naming the
+    problem, given before the tiny base is built (minutes on a fresh machine), never a traceback."""
+    import agents.base
+
+    def no_build(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the tiny base was built before the options were checked")
+
+    monkeypatch.setattr(agents.base, "build_tiny_base", no_build)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for extra, message in (
+        (["--population", "0"], "population must be an int >= 1, got 0"),
+        (["--threads", "0"], "threads must be an int >= 1, got 0"),
+        (["--rank", "0"], "'rank'] must be an int >= 1, got 0"),
+        (["--learning-rate", "-1"], "learning_rate must be > 0"),
+        (["--run-dir", str(a_file / "run")], str(a_file / "run")),
+    ):
+        argv = ["train", "--run-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), *extra]
+        assert main(argv) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (extra, err)
+        assert not (tmp_path / "cache").exists()
+
+
 def test_populora_train_deterministic_option_reaches_the_grpo_config(tmp_path: Path) -> None:
     from agents.members import LoRAMemberOptions, grpo_config
     from populora_env.cli import TrainArgs, _train_config
