@@ -66,6 +66,8 @@ def test_verify_missing_file_is_a_clear_error(tmp_path):
     assert done.returncode == 2
     assert "no such JSONL file" in done.stderr and "absent.jsonl" in done.stderr
     assert populora("verify").returncode == 2
+    folder = populora("verify", str(tmp_path))
+    assert folder.returncode == 2 and f"{tmp_path} is a folder, not a JSONL file" in folder.stderr
 
 
 def test_load_records_reports_malformed_lines(tmp_path):

@@ -75,8 +75,11 @@ def load_records(path: str | os.PathLike[str]) -> tuple[list[Record], list[LoadE
 
     Raises:
         FileNotFoundError: The file does not exist (the message names it).
+        IsADirectoryError: ``path`` is a folder.
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder, not a JSONL file")
     if not path.is_file():
         raise FileNotFoundError(f"no such JSONL file: {path}")
     records: list[Record] = []
