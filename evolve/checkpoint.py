@@ -61,10 +61,23 @@ def save_checkpoint(directory: Path, generation: int, state: dict[str, Any], kee
 
     Returns:
         The checkpoint's path.
+
+    Raises:
+        CheckpointError: ``state`` holds values a checkpoint cannot load back safely (say, numpy arrays or
+            a NumPy random state in a learner's ``state_dict``); nothing is written.
     """
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
+    try:  # what cannot be read back would only fail at the resume, a run later: refuse it now
+        torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception as error:
+        raise CheckpointError(
+            f"cannot checkpoint generation {generation} in {directory}: the state holds values that "
+            "torch.load(weights_only=True) refuses (a policy's or learner's state_dict must hold only "
+            "tensors, numbers, strings, None and lists/tuples/dicts of them; store a NumPy array as a "
+            f"tensor or a list): {_reason(error)}"
+        ) from None
     header = {
         "format": FORMAT_VERSION,
         "generation": generation,
@@ -122,7 +135,19 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: checksum mismatch (corrupt payload); delete it to resume from an older one"
         )
-    return torch.load(io.BytesIO(payload), weights_only=True)
+    try:
+        return torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception as error:  # intact bytes of a state this version refuses to unpickle
+        raise CheckpointError(f"{path}: cannot be loaded safely: {_reason(error)}") from None
+
+
+def _reason(error: Exception) -> str:
+    """The line of an unpickling error that says what was refused (torch's message runs to a page of
+    advice, part of it to load the file unsafely), else its first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [""]
+    unpickler = [line for line in lines if line.startswith("WeightsUnpickler error:")]
+    line = unpickler[0].split(". ", 1)[0] if unpickler else lines[0]  # the refused global, no advice
+    return f"{type(error).__name__}: {line}"[:300]
 
 
 def load_latest(directory: Path) -> dict[str, Any] | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import json
 import os
 import signal
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,6 +27,7 @@ from evolve.checkpoint import (
     load_latest,
     save_checkpoint,
 )
+from evolve.learners import LEARNERS, ReinforceLearner
 from evolve.pbt import PBTConfig, run_pbt
 from populora_env.game import TeacherStudentConfig
 
@@ -236,6 +240,45 @@ def test_run_pbt_refuses_a_corrupt_latest_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"gen_000002\.ckpt"):
         run_pbt(tiny_config(str(run_dir)))
     assert path.exists()
+
+
+def test_a_state_that_cannot_be_loaded_back_is_refused_when_saved(tmp_path: Path) -> None:
+    """A learner whose state_dict holds a NumPy random state: torch.save accepts it, the safe load refuses
+    it, so the first checkpoint fails with a CheckpointError naming the cause (and writes no file)
+    instead of a resume failing a run later; a checkpoint file holding such a state (intact bytes) is a
+    CheckpointError too, not a raw unpickling error."""
+
+    class NumpyStateLearner(ReinforceLearner):
+        def state_dict(self) -> dict[str, Any]:
+            return {"inner": super().state_dict(), "rng": np.random.RandomState(0).get_state()}
+
+    numpy_state = {"rng": np.random.RandomState(0).get_state()}
+    with pytest.raises(CheckpointError, match=r"state_dict must hold only tensors.*numpy"):
+        save_checkpoint(tmp_path / "direct", 1, numpy_state)
+    assert list_checkpoints(tmp_path / "direct") == []
+    LEARNERS["numpy-state"] = NumpyStateLearner
+    try:
+        config = dataclasses.replace(tiny_config(str(tmp_path / "run"), generations=2), learner="numpy-state")
+        with pytest.raises(CheckpointError, match="cannot checkpoint generation 1"):
+            run_pbt(config)
+    finally:
+        del LEARNERS["numpy-state"]
+    assert list_checkpoints(tmp_path / "run" / "checkpoints") == []
+    buffer = io.BytesIO()
+    torch.save(numpy_state, buffer)
+    path = save_checkpoint(tmp_path / "forged", 1, {"g": 1})
+    payload = buffer.getvalue()
+    header = {
+        "format": 1,
+        "generation": 1,
+        "length": len(payload),
+        "sha256": hashlib.sha256(payload).hexdigest(),
+    }
+    path.write_bytes(
+        b"POPULORA-EVOLVE-CHECKPOINT\n" + json.dumps(header).encode() + b"\n" + buffer.getvalue()
+    )
+    with pytest.raises(CheckpointError, match=r"cannot be loaded safely.*numpy"):
+        load_checkpoint(path)
 
 
 def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
