@@ -31,6 +31,7 @@ from evolve.genome import (
     chunks,
     compute_dtype,
     copy_others,
+    detached,
     lora_keys,
     lora_pairs,
     module_groups,
@@ -99,6 +100,7 @@ def linear_combination(parents: Sequence[Genome], coeffs: Sequence[float]) -> Ge
     return ordered_like(child, first)
 
 
+@detached
 def dare(
     parents: Sequence[Genome],
     *,
@@ -183,6 +185,7 @@ def _mask_draws(shape: torch.Size, rng: torch.Generator) -> torch.Tensor:
     return words.view(torch.int16)[:count].bitwise_and_(_MASK_LEVELS - 1).view(shape)
 
 
+@detached
 def uniform(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None) -> Genome:
     """Module-wise uniform crossover (module space; LoRA or plain).
 
@@ -205,6 +208,7 @@ def uniform(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness
     return ordered_like(child, first)
 
 
+@detached
 def svd_splice(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None) -> Genome:
     """SVD-subspace splice (ΔW space, LoRA only; exactly two parents).
 
@@ -244,6 +248,7 @@ def svd_splice(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitn
     return ordered_like(child, first)
 
 
+@detached
 def extrapolate(
     parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None, max_step: float = 0.5
 ) -> Genome:
@@ -274,6 +279,7 @@ def centred_ranks(fitness: Sequence[float]) -> list[float]:
     return [r / (count - 1) - 0.5 for r in ranks]
 
 
+@detached
 def es(
     parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None, step: float = 0.5
 ) -> Genome:
@@ -297,6 +303,7 @@ def es(
     return linear_combination(parents, coeffs)
 
 
+@detached
 def interpolate(
     parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None, weight: float | None = None
 ) -> Genome:
@@ -316,6 +323,7 @@ def interpolate(
     return linear_combination(parents, [1 - t, t])
 
 
+@detached
 def clone_mutate(
     parents: Sequence[Genome],
     *,

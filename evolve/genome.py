@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -107,16 +108,45 @@ def require_lora(genome: Genome, operator: str) -> tuple[LoraPair, ...]:
     return pairs
 
 
+_Operator = TypeVar("_Operator", bound=Callable[..., Genome])
+
+
+def detached(operator: _Operator) -> _Operator:
+    """Runs ``operator`` on detached views of its genome or parents (and of any genome given by keyword,
+    e.g. ``dare``'s ``base``).
+
+    A genome of parameters that require grad (``dict(module.named_parameters())``) then gives a child of
+    plain tensors: no autograd graph holding the parents alive, and no failure in the operators that
+    write into preallocated tensors (``out=`` does not support autograd). The views share the parents'
+    storage: nothing is copied.
+    """
+
+    @functools.wraps(operator)
+    def run(genomes: Any, *args: Any, **kwargs: Any) -> Genome:
+        if isinstance(genomes, Mapping):
+            genomes = _detach(genomes)
+        elif isinstance(genomes, Sequence):
+            genomes = [_detach(g) if isinstance(g, Mapping) else g for g in genomes]
+        kwargs = {k: _detach(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()}
+        return operator(genomes, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+def _detach(genome: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in genome.items()}
+
+
 def check_parents(parents: Sequence[Genome], *, count: int | None = None) -> None:
-    """Check that parents can be combined: same keys, shapes, dtypes (hence the same LoRA ranks).
+    """Check that parents can be combined: same keys, shapes, dtypes (hence the same LoRA ranks), devices.
 
     Args:
         parents: The parent genomes.
         count: The exact number of parents the operator needs, if it needs one.
 
     Raises:
-        ValueError: No parents, the wrong number of them, or a key that is missing or differs in shape
-            or dtype; the message names the key and the parent.
+        ValueError: No parents, the wrong number of them, or a key that is missing or differs in shape,
+            dtype or device; the message names the key and the parent.
     """
     if len(parents) == 0:
         raise ValueError("parents: need at least one parent genome")
@@ -140,6 +170,11 @@ def check_parents(parents: Sequence[Genome], *, count: int | None = None) -> Non
             if theirs.dtype != tensor.dtype:
                 raise ValueError(
                     f"parents differ at key {key!r}: dtype {tensor.dtype} in parent 0, {theirs.dtype} in parent {index}"
+                )
+            if theirs.device != tensor.device:
+                raise ValueError(
+                    f"parents differ at key {key!r}: device {tensor.device} in parent 0, {theirs.device} in "
+                    f"parent {index} (move them to one device first)"
                 )
 
 
@@ -369,12 +404,13 @@ def module_groups(genome: Genome, pairs: Sequence[LoraPair]) -> list[list[str]]:
 
     In a LoRA genome each pair is one module (its two factors always travel together) and other keys are
     not grouped (they pass through). In a plain genome floating-point keys group by their parent prefix:
-    ``"0.weight"`` and ``"0.bias"`` form one module. Integer buffers are never grouped.
+    ``"0.weight"`` and ``"0.bias"`` form one module, and so do the top-level ``"weight"`` and ``"bias"``
+    of a bare layer. Integer buffers are never grouped.
     """
     if pairs:
         return [[pair.a_key, pair.b_key] for pair in pairs]
     groups: dict[str, list[str]] = {}
     for key, tensor in genome.items():
         if tensor.is_floating_point():
-            groups.setdefault(key.rpartition(".")[0] or key, []).append(key)
+            groups.setdefault(key.rpartition(".")[0], []).append(key)  # top-level "weight", "bias": ""
     return list(groups.values())

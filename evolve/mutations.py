@@ -22,6 +22,7 @@ from evolve.genome import (
     check_strength,
     compute_dtype,
     copy_others,
+    detached,
     lora_keys,
     lora_pairs,
     module_groups,
@@ -95,6 +96,7 @@ def _rotation(noise: torch.Tensor, angle: float) -> torch.Tensor:
     return torch.linalg.matrix_exp(angle * skew)
 
 
+@detached
 def svd_spectrum(genome: Genome, *, rng: torch.Generator, strength: float = 0.1) -> Genome:
     """SVD-spectrum perturbation with a small rotation of the singular bases (ΔW space, LoRA only).
 
@@ -126,6 +128,7 @@ def svd_spectrum(genome: Genome, *, rng: torch.Generator, strength: float = 0.1)
     return _edit_lora(genome, "svd_spectrum", draw, edit)
 
 
+@detached
 def component_mask(genome: Genome, *, rng: torch.Generator, strength: float = 0.1) -> Genome:
     """Singular-component masking (ΔW space, LoRA only): drop each rank-1 component of ``ΔW`` with
     probability ``strength``.
@@ -155,6 +158,7 @@ def component_mask(genome: Genome, *, rng: torch.Generator, strength: float = 0.
     return _edit_lora(genome, "component_mask", draw, edit)
 
 
+@detached
 def gaussian(genome: Genome, *, rng: torch.Generator, strength: float = 0.1) -> Genome:
     """Full Gaussian noise scaled to each tensor's spread (factor / parameter space; LoRA or plain).
 
@@ -172,6 +176,7 @@ def gaussian(genome: Genome, *, rng: torch.Generator, strength: float = 0.1) -> 
     return {k: _with_noise(t, strength, rng) if k in targets else t.clone() for k, t in genome.items()}
 
 
+@detached
 def layer_gaussian(
     genome: Genome, *, rng: torch.Generator, strength: float = 0.1, fraction: float = 0.25
 ) -> Genome:
@@ -197,6 +202,7 @@ def layer_gaussian(
     return child
 
 
+@detached
 def neftune_a(genome: Genome, *, rng: torch.Generator, strength: float = 0.1) -> Genome:
     """NEFTune-style uniform noise on ``A`` only (factor space, LoRA only).
 

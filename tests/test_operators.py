@@ -613,3 +613,41 @@ def test_fresh_adapters_stay_trainable_after_a_delta_w_operator(name, peft_popul
     for module_name, parameter in model.named_parameters():
         if "lora_B" in module_name:
             assert parameter.grad is not None and parameter.grad.abs().sum() > 0, module_name
+
+
+@pytest.mark.parametrize("name", sorted(operators.MUTATIONS) + PAIRED)
+def test_parameters_that_require_grad_give_the_same_plain_child(name):
+    """A genome of ``requires_grad`` parameters (``dict(module.named_parameters())``, as the genome
+    docstring suggests) gives the child the same genome detached gives: plain tensors, no autograd graph
+    (the ΔW crossovers used to fail on their ``out=`` products)."""
+    parents = [lora_genome(1), lora_genome(2)]
+    live = [{k: t.clone().requires_grad_(True) for k, t in p.items()} for p in parents]
+    if name in operators.MUTATIONS:
+        expected, child = mutate(name, parents[0]), mutate(name, live[0])
+    else:
+        expected, child = cross(name, parents), cross(name, live)
+    for key, tensor in expected.items():
+        assert not child[key].requires_grad and child[key].grad_fn is None, key
+        assert torch.equal(child[key], tensor), key
+
+
+def test_parents_on_different_devices_are_refused_naming_the_key():
+    parents = [lora_genome(1), {k: t.to("meta") for k, t in lora_genome(2).items()}]
+    first = next(iter(parents[0]))
+    with pytest.raises(ValueError, match=rf"key '{first}': device cpu in parent 0, meta in parent 1"):
+        check_parents(parents)
+    for name in PAIRED:
+        with pytest.raises(ValueError, match="device"):
+            cross(name, parents)
+
+
+def test_a_bare_layers_weight_and_bias_are_one_module():
+    """The top-level ``weight`` and ``bias`` of a bare ``nn.Linear`` travel together (they were two
+    modules, so ``uniform`` mixed one parent's weight with the other's bias)."""
+    layers = [nn.Linear(5, 3) for _ in range(2)]
+    parents = [dict(layer.state_dict()) for layer in layers]
+    assert genome.module_groups(parents[0], []) == [["weight", "bias"]]
+    for seed in range(20):
+        child = cross("uniform", parents, seed=seed)
+        source = [i for i, p in enumerate(parents) if torch.equal(child["weight"], p["weight"])]
+        assert source and torch.equal(child["bias"], parents[source[0]]["bias"]), seed
