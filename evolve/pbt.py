@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import marshal
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +36,11 @@ logger = logging.getLogger(__name__)
 FIXED_KINDS = ("scripted", "random")
 KIND_MODES = {"torch": "structured", "sb3": "structured", "lora": "text"}
 """The env mode each built-in member kind plays."""
+PLAIN_GENOME_KINDS = ("torch", "sb3")
+"""Built-in kinds whose genome is a plain parameter dict (``operators.LORA_ONLY`` cannot act on it)."""
+_NOT_RESULTS = ("run_dir", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "backend",
+                "ray_address", "ray_num_cpus")  # fmt: skip
+"""Fields that change where and how often a run is written or shown, or where it runs, not its results."""
 
 
 def _structured_default() -> TeacherStudentConfig:
@@ -125,12 +131,13 @@ class PBTConfig:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if not isinstance(self.n_elites, int) or self.n_elites < 0:
             raise ValueError(f"n_elites must be an int >= 0, got {self.n_elites!r}")
-        if not 0.0 <= self.replace_fraction <= 0.5:
-            raise ValueError(f"replace_fraction must be in [0, 0.5], got {self.replace_fraction}")
-        if self.mutation_strength < 0:
-            raise ValueError(f"mutation_strength must be >= 0, got {self.mutation_strength}")
-        if not 0.0 <= self.scripted_strength <= 1.0:
-            raise ValueError(f"scripted_strength must be in [0, 1], got {self.scripted_strength}")
+        for name, low, high in (("replace_fraction", 0.0, 0.5), ("scripted_strength", 0.0, 1.0),
+                                ("mutation_strength", 0.0, math.inf)):  # fmt: skip
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high):
+                raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+        if not math.isfinite(self.mutation_strength):
+            raise ValueError(f"mutation_strength must be finite, got {self.mutation_strength!r}")
         if self.fitness not in ("reward", "rating"):
             raise ValueError(f"fitness must be 'reward' or 'rating', got {self.fitness!r}")
         for name in ("teachers", "students"):
@@ -155,8 +162,20 @@ class PBTConfig:
                 f"episodes_per_generation * seats ({self.episodes_per_generation} * {min(evolving)}) must be >= "
                 f"population ({self.population}) so every member of each evolving role plays each generation"
             )
-        if not self.crossovers or not self.mutations:
-            raise ValueError("crossovers and mutations must each name at least one operator")
+        for name in ("crossovers", "mutations"):
+            names = getattr(self, name)
+            if not isinstance(names, tuple | list) or not names or not all(isinstance(n, str) for n in names):
+                raise ValueError(f"{name} must be a non-empty tuple of operator names, got {names!r}")
+        plain = sorted({kind for kind in (self.teachers, self.students) if kind in PLAIN_GENOME_KINDS})
+        if plain and (lora_only := sorted(operators.LORA_ONLY & {*self.crossovers, *self.mutations})):
+            raise ValueError(
+                f"operators {lora_only} act on LoRA genomes only; {plain} members have plain genomes"
+            )
+        if "component_mask" in self.mutations and self.mutation_strength > 1:
+            raise ValueError(
+                "mutation_strength is component_mask's drop probability and must be <= 1, got "
+                f"{self.mutation_strength}"
+            )
         for name in self.crossovers:
             operators.CROSSOVERS[name]  # KeyError listing the registry
         if self.n_parents != 2 and (two := sorted(operators.TWO_PARENTS & set(self.crossovers))):
@@ -192,8 +211,7 @@ class PBTConfig:
         data = dataclasses.asdict(self)
         if not self.learners:  # absent from runs made before the field existed: they stay resumable
             data.pop("learners")
-        for key in ("run_dir", "progress", "tensorboard", "keep_checkpoints", "backend", "ray_address",
-                    "ray_num_cpus"):  # fmt: skip
+        for key in _NOT_RESULTS:
             data.pop(key)
         return json.loads(json.dumps(data, default=_stable_description))
 
@@ -218,7 +236,8 @@ def _check_same_run(saved: dict[str, Any], config: PBTConfig) -> int:
     """
     old, new = json.loads(saved["config"]), config.fingerprint()
     saved_generations = int(old.get("generations", config.generations))
-    differ = sorted(k for k in set(old) | set(new) if k != "generations" and old.get(k) != new.get(k))
+    ignored = {"generations", *_NOT_RESULTS}  # checkpoints before 2026-12-01 hold checkpoint_every
+    differ = sorted(k for k in set(old) | set(new) if k not in ignored and old.get(k) != new.get(k))
     if differ:
         raise ValueError(f"{config.run_dir} holds a run with another config (fields {differ} differ)")
     if config.generations < saved_generations:

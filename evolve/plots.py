@@ -23,8 +23,12 @@ def _load(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: not a run folder of run_pbt / populora train")
+    text = path.read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()  # a record still being written (or cut short by a kill): the resume rewrites it
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,7 +40,8 @@ def truncation(fitness: Sequence[float], fraction: float) -> tuple[list[int], li
     if not 0.0 <= fraction <= 0.5:
         raise ValueError(f"fraction must be in [0, 0.5], got {fraction}")
     order = rank_order(fitness)
-    k = int(fraction * len(order))
+    # the product rounded first: 0.29 * 100 is 28.999999999999996 in binary floating point, 29 members
+    k = math.floor(round(fraction * len(order), 9))
     return order[:k], order[::-1][:k]
 
 

@@ -281,6 +281,20 @@ def test_a_state_that_cannot_be_loaded_back_is_refused_when_saved(tmp_path: Path
         load_checkpoint(path)
 
 
+def test_how_often_a_run_checkpoints_is_not_part_of_its_identity(tmp_path: Path) -> None:
+    """checkpoint_every changes no result (resume is exact from any checkpoint): a run extended with
+    another value goes on (it was refused as "another config"), also from checkpoints that still hold
+    the field in their config."""
+    run = tmp_path / "run"
+    run_pbt(tiny_config(str(run), generations=2))
+    config = dataclasses.replace(tiny_config(str(run), generations=3), checkpoint_every=2)
+    assert "checkpoint_every" not in config.fingerprint()
+    run_pbt(config)
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
+    older = {"config": json.dumps({**config.fingerprint(), "checkpoint_every": 5, "generations": 3})}
+    assert pbt._check_same_run(older, config) == 3
+
+
 def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
     config = tiny_config(str(tmp_path / "run"))
     save_checkpoint(tmp_path / "run" / "checkpoints", 1, {"config": json.dumps({"seed": 99})})

@@ -157,6 +157,20 @@ def test_unknown_operator_or_learner_name_raises_key_error_listing_registry(tmp_
         ({"self_play": True, "teachers": "scripted"}, "self_play"),
         ({"env": TeacherStudentConfig(mode="text")}, "env.mode"),
         ({"population": 8, "episodes_per_generation": 1}, "episodes_per_generation"),
+        ({"mutation_strength": float("nan")}, "mutation_strength"),
+        ({"mutation_strength": float("inf")}, "mutation_strength must be finite"),
+        ({"replace_fraction": "0.2"}, "replace_fraction"),
+        ({"crossovers": "dare"}, "crossovers must be a non-empty tuple"),
+        ({"mutations": ("svd_spectrum",)}, r"\['svd_spectrum'\] act on LoRA genomes only; \['torch'\]"),
+        (  # scripted members: no plain genome to refuse component_mask for, so its strength is checked
+            {
+                "teachers": "scripted",
+                "students": "scripted",
+                "mutations": ("component_mask",),
+                "mutation_strength": 1.5,
+            },
+            "drop probability and must be <= 1",
+        ),
     ],
 )
 def test_config_validation_names_the_field(tmp_path: Path, kwargs: dict[str, Any], field: str) -> None:
@@ -259,6 +273,11 @@ def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
     (tmp_path / "bad" / "metrics.jsonl").write_text('{"generation": 0}\n{oops\n')
     with pytest.raises(ValueError, match=r"metrics\.jsonl:2"):
         plot_run(tmp_path / "bad")
+    # a run killed while writing its last record: the complete records are drawn, the partial one skipped
+    (tmp_path / "killed").mkdir()
+    complete = (tmp_path / "run" / "metrics.jsonl").read_text()
+    (tmp_path / "killed" / "metrics.jsonl").write_text(complete + complete.splitlines()[0][:40])
+    assert plot_run(tmp_path / "killed").exists()
     # the same through the CLI: exit status 0, or 2 with the reason
     assert cli.main(["plot", str(tmp_path / "run"), "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").stat().st_size > 10_000

@@ -17,6 +17,14 @@ def test_rank_order_rejects_nan() -> None:
         rank_order([0.0, float("nan")])
 
 
+def test_truncation_counts_are_not_lost_to_floating_point() -> None:
+    """``floor(fraction * n)`` as written: 0.29 * 100 is 28.999999999999996 as a float, but 29 members."""
+    for fraction, n in ((0.29, 100), (0.35, 180), (0.07, 100), (0.5, 7), (0.25, 4)):
+        top, bottom = truncation([float(i) for i in range(n)], fraction)
+        expected = (round(fraction * 100) * n) // 100
+        assert len(top) == len(bottom) == expected, (fraction, n)
+
+
 def test_truncation_top_and_bottom() -> None:
     top, bottom = truncation([3.0, 1.0, 4.0, 1.5, 9.0, 2.0], 1 / 3)
     assert top == [4, 2]
