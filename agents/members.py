@@ -244,6 +244,15 @@ class LoRAMember:
         """Answers to several observations in one batched generation."""
         return self.policy.act_batch(observations, agents)
 
+    def sample_record(self, observation: Any, action: Any) -> list[int] | None:
+        """The token ids this member sampled for ``action`` (``Transition.sample``), so that its learner
+        trains on them wherever it runs; ``None`` for an action it did not generate since its last reseed."""
+        prompt, prefix = model_input(observation, self.options.prefill)
+        text = str(action)
+        if not text.startswith(prefix):
+            return None
+        return self.policy.sampled_ids(prompt, text[len(prefix) :])
+
     def reseed(self, seed: int) -> None:
         """Restarts the sampling seeds (the PBT loop does this every generation)."""
         self.policy.reseed(seed)
@@ -285,6 +294,10 @@ def grpo_inputs(experience: Sequence[Transition], prefill: bool) -> dict[str, li
     return columns
 
 
+def _is_token_ids(sample: Any) -> bool:
+    return isinstance(sample, list) and bool(sample) and all(isinstance(i, int) for i in sample)
+
+
 # ----- the learner --------------------------------------------------------------------------------------------
 class GRPOMemberLearner:
     """``LEARNERS["grpo"]``: one GRPO update of a LoRA member's adapter per generation, on the token ids
@@ -315,11 +328,12 @@ class GRPOMemberLearner:
         if not experience:
             return LearnStats(float("nan"), 0)
         inputs = grpo_inputs(experience, self.policy.options.prefill)
-        # Train on the sampled token ids (re-tokenising the text can split it otherwise under BPE); a
-        # transition this member did not generate since its last reseed falls back to the text.
+        # Train on the sampled token ids (re-tokenising the text can split it otherwise under BPE): those
+        # the transition carries (recorded where the episode was played, e.g. another Ray actor), else
+        # those this member kept; without both for every transition, the text re-tokenised.
         ids = [
-            self.policy.policy.sampled_ids(p, c)
-            for p, c in zip(inputs["prompts"], inputs["completions"], strict=True)
+            t.sample if _is_token_ids(t.sample) else self.policy.policy.sampled_ids(p, c)
+            for t, p, c in zip(experience, inputs["prompts"], inputs["completions"], strict=True)
         ]
         completion_ids = ids if all(row for row in ids) else None
         stats = self.grpo.update(self.policy.adapter, **inputs, completion_ids=completion_ids)

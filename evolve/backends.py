@@ -81,6 +81,12 @@ def _role(agent: str) -> Any:
     return "teacher" if agent.startswith("teacher") else "student"
 
 
+def _sample_record(policy: Any, observation: Any, action: Any) -> Any:
+    """The policy's ``sample_record`` of an action it just took (``None`` if it has none)."""
+    record = getattr(policy, "sample_record", None)
+    return record(observation, action) if callable(record) else None
+
+
 def play_episodes(
     env: Any,
     matchmaker: MemberMatchmaker,
@@ -103,27 +109,30 @@ def play_episodes(
         matchmaker.seat(seats)
         env.reset(seed=int(seed))
         plan = PhasePlan(policies)
-        pending: dict[str, tuple[Any, Any]] = {}  # a student's last decision, credited at its next turn
-        ledger: ProposalLedger[tuple[str, Any, Any]] = ProposalLedger()  # proposals, paid at resolution
+        pending: dict[str, tuple[Any, Any, Any]] = {}  # a student's last decision, credited at its next turn
+        ledger: ProposalLedger[tuple[str, Any, Any, Any]] = ProposalLedger()  # proposals, paid at resolution
         for agent in env.agent_iter():
             observation, reward, terminated, truncated, _ = env.last()
             member, role = seats[agent], _role(agent)
             returns[member][role] = returns[member].get(role, 0.0) + float(reward)
             if agent in pending:  # the reward since this seat's last decision is that decision's credit
-                obs, action = pending.pop(agent)
-                transitions[member].append(Transition(agent, role, obs, action, float(reward), episode))
+                obs, action, sample = pending.pop(agent)
+                transitions[member].append(
+                    Transition(agent, role, obs, action, float(reward), episode, sample)
+                )
             if terminated or truncated:
                 env.step(None)
                 continue
             action = plan.action(env, agent, observation, policies, seats)
+            sample = _sample_record(policies[member], observation, action)
             env.step(action)
             if role == "teacher":
-                ledger.record(env, agent, (agent, observation, action))
+                ledger.record(env, agent, (agent, observation, action, sample))
             else:
-                pending[agent] = (observation, action)
-            for (teacher, obs, proposal), paid in ledger.settle(env):
+                pending[agent] = (observation, action, sample)
+            for (teacher, obs, proposal, sample), paid in ledger.settle(env):
                 transitions[seats[teacher]].append(
-                    Transition(teacher, "teacher", obs, proposal, paid, episode)
+                    Transition(teacher, "teacher", obs, proposal, paid, episode, sample)
                 )
         if unpaid := ledger.unsettled():
             raise RuntimeError(f"episode {episode}: proposals never resolved: {unpaid}")

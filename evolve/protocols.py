@@ -17,7 +17,9 @@ class EvolvablePolicy(Protocol):
 
     ``get_genome`` returns a ``dict[str, Tensor]`` (a copy or a view; the loop copies before editing) and
     ``set_genome`` loads one with the same keys and shapes. Scripted policies that only have ``act`` take
-    part in matches but are never learned, mutated or crossed.
+    part in matches but are never learned, mutated or crossed. A policy may also define
+    ``sample_record(observation, action)``: its result travels with the action's ``Transition`` as
+    ``sample`` (plain data: it crosses process boundaries on the Ray backend).
     """
 
     def act(self, observation: Any, agent: str) -> Any:
@@ -45,6 +47,10 @@ class Transition:
         reward: reward credited to this action: a student's verified reward for the attempt; a teacher's
             reward for this very proposal when its round resolved (from the env's ``resolved`` info).
         episode: index of the episode within the generation.
+        sample: what the acting policy recorded about how it produced the action, taken when it acted
+            (``sample_record(observation, action)``, an optional policy method; ``None`` without one):
+            an LLM member's sampled token ids, so that its learner trains on them wherever it runs (a Ray
+            learner actor never saw the episode actor's sampling).
     """
 
     agent: str
@@ -53,6 +59,7 @@ class Transition:
     action: Any
     reward: float
     episode: int
+    sample: Any = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -391,6 +392,39 @@ def test_grpo_learner_trains_on_the_sampled_token_ids(
     member.reseed(12)  # a new generation forgets the ids: transitions it did not sample fall back to text
     learner.update(member, experience)
     assert seen["completion_ids"] is None
+
+
+def test_a_learner_elsewhere_trains_on_the_ids_the_transitions_carry(tiny_base_dir: Path) -> None:
+    """The Ray path: a member plays (as the episode actor's copy does) and a fresh member built on another
+    seed (as a learner actor builds it) gets the genome, the learner state and the transitions. With the
+    sampled ids in the transitions (``sample_record``) its update equals the playing member's own, bit for
+    bit, with rewards that vary within each group (a non-zero update); the fresh member used to fall back
+    to re-tokenised text, which trained other tokens."""
+    options = {**lora_options(tiny_base_dir), "grpo": {"learning_rate": 0.05}}
+    env = SimpleNamespace(config=SimpleNamespace(mode="text"))
+    player, learner_actor = LoRAMember(env, "student", 1, options), LoRAMember(env, "student", 0, options)
+    obs = [
+        {"prompt": f"## Solve a deduction task {i}\nf = lambda x: x * {i}\nf({i + 1})", "phase": 2,
+         "task_type": 0, "attempt": 0}
+        for i in (0, 0, 0, 0, 1, 1, 1, 1)
+    ]  # fmt: skip
+    player.reseed(5)
+    actions = player.act_batch(obs, ["student_0"] * len(obs))
+    rewards = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0]
+    experience = [
+        Transition("student_0", "student", o, a, r, 0, player.sample_record(o, a))
+        for o, a, r in zip(obs, actions, rewards, strict=True)
+    ]
+    assert all(t.sample and all(isinstance(i, int) for i in t.sample) for t in experience)
+    assert player.sample_record(obs[0], "not sampled here") is None
+    here, there = LEARNERS["grpo"](player, LearnerConfig()), LEARNERS["grpo"](learner_actor, LearnerConfig())
+    learner_actor.set_genome(player.get_genome())
+    there.reset()
+    there.load_state_dict(here.state_dict())
+    ours, theirs = here.update(player, experience), there.update(learner_actor, experience)
+    assert ours.loss == theirs.loss and ours.loss != 0.0
+    mine = player.get_genome()
+    assert all(torch.equal(mine[k], v) for k, v in learner_actor.get_genome().items())
 
 
 def _stats() -> UpdateStats:

@@ -65,6 +65,36 @@ def test_each_proposal_of_a_group_gets_its_own_reward(verifier: Any) -> None:
     assert sum(t.reward for t in student) == outcome.returns[1]["student"] == 1.0
 
 
+class Recording:
+    """Wraps a policy with a ``sample_record`` that numbers its actions: what the policy knew when it acted."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy, self.count = policy, 0
+
+    def act(self, observation: Any, agent: str) -> Any:
+        return self.policy.act(observation, agent)
+
+    def sample_record(self, observation: Any, action: Any) -> Any:
+        self.count += 1
+        return {"n": self.count, "attempt": int(observation["attempt"]), "action": action}
+
+
+def test_transitions_carry_the_acting_policys_sample_record(verifier: Any) -> None:
+    """Each transition holds what its policy's ``sample_record`` returned at the moment it acted (so a
+    learner elsewhere, a Ray actor, trains on what was sampled), in the order of the decisions, for a
+    teacher's proposals paid at resolution as for a student's attempts credited at its next turn."""
+    teacher, student = Recording(ValidThenMalformed()), Recording(RightThenWrong())
+    outcome = play(verifier, {0: teacher, 1: student})
+    for transitions in outcome.transitions.values():
+        assert [t.sample["n"] for t in transitions] == list(range(1, len(transitions) + 1))
+        assert all(
+            t.sample["action"] == t.action and t.sample["attempt"] == int(t.observation["attempt"])
+            for t in transitions
+        )
+    plain = play(verifier, {0: ValidThenMalformed(), 1: RightThenWrong()})
+    assert all(t.sample is None for ts in plain.transitions.values() for t in ts)
+
+
 def test_batching_policies_answer_a_whole_phase_in_one_call(verifier: Any) -> None:
     plain = play(verifier, {0: ValidThenMalformed(), 1: RightThenWrong()})
     teacher, student = Batching(ValidThenMalformed()), Batching(RightThenWrong())
