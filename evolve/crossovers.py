@@ -216,7 +216,8 @@ def svd_splice(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitn
     fitness) and ``k`` uniform in ``[1, r - 1]``: ``ΔW = P_k(ΔW_1) + (ΔW_2 - P_k(ΔW_2))``, the top ``k``
     components of parent 1 and components ``k+1..r`` of parent 2, where ``P_k`` is the best rank-k
     approximation. The result has rank ``<= r`` and needs no re-projection; a parent spliced with itself
-    gives that parent's ``ΔW``.
+    gives that parent's ``ΔW``. A rank-1 module has no split point: ``k`` is 0 or 1, and the module's
+    ``ΔW`` comes whole from one parent, each with probability 1/2.
 
     Raises:
         ValueError: A plain genome, not exactly two parents, or mismatched parents.

@@ -229,16 +229,41 @@ def _stable_description(value: Any) -> str:
     return f"<function {value.__module__}.{value.__qualname__} sha256:{digest[:16]}>"
 
 
+def _differences(old: dict[str, Any], config: PBTConfig) -> list[str]:
+    """Fields of a saved fingerprint that differ from ``config``'s, ``generations`` aside (it may grow)."""
+    new = config.fingerprint()
+    ignored = {"generations", *_NOT_RESULTS}  # checkpoints before 2026-12-01 hold checkpoint_every
+    return sorted(k for k in set(old) | set(new) if k not in ignored and old.get(k) != new.get(k))
+
+
+def _check_unsaved_start(run_dir: Path, config: PBTConfig) -> None:
+    """A run folder with a ``config.json`` but no checkpoint holds the start of a run killed before its
+    first checkpoint: the same run starts over; another one would silently replace its config and
+    metrics, so it is refused."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return
+    try:
+        old = json.loads(path.read_text())
+    except ValueError as error:
+        raise ValueError(
+            f"{path} is not a run config ({error}): delete it or choose another run_dir"
+        ) from None
+    if differ := _differences(old, config):
+        raise ValueError(
+            f"{config.run_dir} holds the start of a run with another config (fields {differ} differ) and "
+            "no checkpoint yet: delete that folder or choose another run_dir"
+        )
+
+
 def _check_same_run(saved: dict[str, Any], config: PBTConfig) -> int:
     """Checks that ``config`` continues the saved run; returns the generations that run was configured for.
 
     ``generations`` may be raised (the run is extended) but not lowered; every other field must match.
     """
-    old, new = json.loads(saved["config"]), config.fingerprint()
+    old = json.loads(saved["config"])
     saved_generations = int(old.get("generations", config.generations))
-    ignored = {"generations", *_NOT_RESULTS}  # checkpoints before 2026-12-01 hold checkpoint_every
-    differ = sorted(k for k in set(old) | set(new) if k not in ignored and old.get(k) != new.get(k))
-    if differ:
+    if differ := _differences(old, config):
         raise ValueError(f"{config.run_dir} holds a run with another config (fields {differ} differ)")
     if config.generations < saved_generations:
         raise ValueError(
@@ -263,6 +288,8 @@ def run_pbt(config: PBTConfig) -> Path:
     ckpt_dir = run_dir / "checkpoints"
     remove_temp_files(ckpt_dir)
     saved = load_latest(ckpt_dir)
+    if saved is None:
+        _check_unsaved_start(run_dir, config)
     saved_generations = _check_same_run(saved, config) if saved is not None else config.generations
     table = RatingTable()
     backend = make_backend(config, table)

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -293,6 +294,21 @@ def test_how_often_a_run_checkpoints_is_not_part_of_its_identity(tmp_path: Path)
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
     older = {"config": json.dumps({**config.fingerprint(), "checkpoint_every": 5, "generations": 3})}
     assert pbt._check_same_run(older, config) == 3
+
+
+def test_the_start_of_another_run_without_a_checkpoint_is_not_replaced(tmp_path: Path) -> None:
+    """A folder holding a run's config.json and metrics but no checkpoint (killed before the first one,
+    e.g. with checkpoint_every > 1): another config is refused and the folder left as it was; the same
+    config starts that run over and ends as it would have."""
+    run = tmp_path / "run"
+    run_pbt(tiny_config(str(run), generations=2))
+    metrics = (run / "metrics.jsonl").read_bytes()
+    shutil.rmtree(run / "checkpoints")
+    with pytest.raises(ValueError, match=r"start of a run with another config \(fields \['seed'\]"):
+        run_pbt(dataclasses.replace(tiny_config(str(run), generations=2), seed=5))
+    assert (run / "metrics.jsonl").read_bytes() == metrics
+    run_pbt(tiny_config(str(run), generations=2))
+    assert (run / "metrics.jsonl").read_bytes() == metrics
 
 
 def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
