@@ -247,11 +247,8 @@ class LoRAMember:
     def sample_record(self, observation: Any, action: Any) -> list[int] | None:
         """The token ids this member sampled for ``action`` (``Transition.sample``), so that its learner
         trains on them wherever it runs; ``None`` for an action it did not generate since its last reseed."""
-        prompt, prefix = model_input(observation, self.options.prefill)
-        text = str(action)
-        if not text.startswith(prefix):
-            return None
-        return self.policy.sampled_ids(prompt, text[len(prefix) :])
+        split = _prompt_and_completion(observation, action, self.options.prefill)
+        return None if split is None else self.policy.sampled_ids(*split)
 
     def reseed(self, seed: int) -> None:
         """Restarts the sampling seeds (the PBT loop does this every generation)."""
@@ -280,18 +277,26 @@ def grpo_inputs(experience: Sequence[Transition], prefill: bool) -> dict[str, li
         k: [] for k in ("prompts", "completions", "rewards", "group_ids", "task_keys")
     }
     for t in experience:
-        prompt, prefix = model_input(t.observation, prefill)
-        action = str(t.action)
-        if not action.startswith(prefix):
+        split = _prompt_and_completion(t.observation, t.action, prefill)
+        if split is None:
             raise ValueError(f"{t.agent}'s action does not start with the prefilled answer scaffold")
+        prompt, completion = split
         task_type = TASK_TYPES[int(t.observation["task_type"])]
         group: Hashable = (t.role, prompt)
         columns["prompts"].append(prompt)
-        columns["completions"].append(action[len(prefix) :])
+        columns["completions"].append(completion)
         columns["rewards"].append(float(t.reward))
         columns["group_ids"].append(group)
         columns["task_keys"].append((t.role, task_type))
     return columns
+
+
+def _prompt_and_completion(observation: Any, action: Any, prefill: bool) -> tuple[str, str] | None:
+    """The model input of ``observation`` and what the model generated of ``action`` (the action minus the
+    prefilled scaffold); ``None`` if the action does not start with that scaffold."""
+    prompt, prefix = model_input(observation, prefill)
+    text = str(action)
+    return (prompt, text[len(prefix) :]) if text.startswith(prefix) else None
 
 
 def _is_token_ids(sample: Any) -> bool:

@@ -256,11 +256,8 @@ def train(args: TrainArgs) -> int:
         torch.set_num_threads(args.threads)
         config = _train_config(args, base)
         run_dir = run_pbt(config)
-    except (ValueError, BaseModelLoadError, CheckpointError) as error:
-        print(f"populora train: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:  # an unwritable --run-dir or --cache-dir, a full disk: no traceback
-        print(f"populora train: {error}", file=sys.stderr)
+    except (ValueError, BaseModelLoadError, CheckpointError, OSError) as error:  # OSError: an unwritable
+        print(f"populora train: {error}", file=sys.stderr)  # --run-dir or --cache-dir, a full disk
         return 2
     elapsed = time.perf_counter() - start
     print(_summary_table(run_dir))
