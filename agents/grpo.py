@@ -172,8 +172,9 @@ class GRPOLearner:
 
         Raises:
             KeyError: unknown adapter name.
-            ValueError: inputs of different lengths, an empty batch, missing task_keys, or an empty
-                completion_ids row.
+            ValueError: inputs of different lengths, an empty batch, missing task_keys, or a
+                completion_ids row that is empty or holds something other than the tokenizer's ids.
+            TypeError: a single string where a sequence is expected.
         """
         cfg = self.config
         self._check_inputs(adapter, prompts, completions, rewards, group_ids, task_keys, completion_ids)
@@ -298,12 +299,18 @@ class GRPOLearner:
             prompts: distinct prompts; each becomes one GRPO group.
             reward_fn: reward_fn(prompt, completion) -> float (a verifier, never a model).
             task_keys: one (role, task type) key per prompt, for scale_rewards="task_relative".
-            seed: generation seed; default config.seed + the number of earlier `step` calls.
+            seed: generation seed; default config.seed + the number of earlier `step` calls that returned.
 
         Returns:
             The completions, their rewards and the update's statistics.
         """
         cfg = self.config
+        if isinstance(prompts, str):
+            raise TypeError("prompts must be a sequence of prompts, not a single string")
+        if not prompts:
+            raise ValueError("step needs at least one prompt")
+        if task_keys is not None and len(task_keys) != len(prompts):
+            raise ValueError(f"task_keys: one per prompt, got {len(task_keys)} for {len(prompts)} prompts")
         expanded = [p for p in prompts for _ in range(cfg.group_size)]
         groups = [i for i in range(len(prompts)) for _ in range(cfg.group_size)]
         keys = None if task_keys is None else [k for k in task_keys for _ in range(cfg.group_size)]
@@ -319,9 +326,9 @@ class GRPOLearner:
             completions = texts_of(self.population.tokenizer, ids)
         else:
             completions = self.population.generate(expanded, **generation)
-        self._step_calls += 1
         rewards = [float(reward_fn(p, c)) for p, c in zip(expanded, completions, strict=True)]
         stats = self.update(adapter, expanded, completions, rewards, groups, keys, completion_ids=ids)
+        self._step_calls += 1  # only now: a step that raised can be retried with the same samples
         return StepResult(completions=tuple(completions), rewards=tuple(rewards), stats=stats)
 
     # -- helpers -------------------------------------------------------------------------------------
@@ -339,22 +346,27 @@ class GRPOLearner:
         names = list(self.population.adapter_names)
         if adapter not in names:
             raise KeyError(f"unknown adapter {adapter!r}; the population has {names}")
-        lengths = {len(prompts), len(completions), len(rewards), len(group_ids)}
+        columns = {"prompts": prompts, "completions": completions, "rewards": rewards, "group_ids": group_ids}
         if task_keys is not None:
-            lengths.add(len(task_keys))
+            columns["task_keys"] = task_keys
         if completion_ids is not None:
-            lengths.add(len(completion_ids))
-            if empty := [i for i, ids in enumerate(completion_ids) if len(ids) == 0]:
-                raise ValueError(
-                    f"completion_ids[{empty[0]}] is empty; a generated completion has >= 1 token"
-                )
-        if len(lengths) != 1:
-            raise ValueError(
-                "prompts, completions, rewards, group_ids (and task_keys, completion_ids) must have one entry per "
-                f"completion; got lengths {len(prompts)}, {len(completions)}, {len(rewards)}, {len(group_ids)}"
-            )
+            columns["completion_ids"] = completion_ids
+        if strings := [name for name, column in columns.items() if isinstance(column, str | bytes)]:
+            raise TypeError(f"{strings[0]} must be a sequence with one entry per completion, not a string")
+        if len({len(column) for column in columns.values()}) != 1:
+            given = ", ".join(f"{name} {len(column)}" for name, column in columns.items())
+            raise ValueError(f"every argument must have one entry per completion; got lengths {given}")
         if not prompts:
             raise ValueError("update needs at least one completion")
+        if completion_ids is not None:
+            vocabulary = _output_rows(self.population.model)
+            for i, ids in enumerate(completion_ids):
+                if len(ids) == 0:
+                    raise ValueError(f"completion_ids[{i}] is empty; a generated completion has >= 1 token")
+                if not all(
+                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocabulary for t in ids
+                ):
+                    raise ValueError(f"completion_ids[{i}] must hold token ids, ints in [0, {vocabulary})")
         if self.config.scale_rewards == "task_relative" and task_keys is None:
             raise ValueError(
                 'scale_rewards="task_relative" needs task_keys (one (role, task type) per completion)'
@@ -435,3 +447,11 @@ class _Snapshot:
             for p, saved in zip(slot.params, self.tensors, strict=True):
                 p.copy_(saved)
         slot.optimizer.load_state_dict(self.optimizer_state)
+
+
+def _output_rows(model: Any) -> int:
+    """Token ids the model can emit: its output embedding's rows (not ``len(tokenizer)``: padded
+    vocabularies, Qwen's, can sample past the tokenizer), or any non-negative id for a model without one."""
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 2**63

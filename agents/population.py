@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 
 from agents.base import load_base
-from agents.batched_lora import stacked_lora
+from agents.batched_lora import lora_linear_layers, stacked_lora
 from agents.generation import decode_tokens, texts_of
 from agents.policy import LoRAPolicy
 
@@ -83,12 +83,16 @@ class LoRAPopulation:
         """
         from peft import LoraConfig
 
+        if isinstance(names, str):
+            raise TypeError(f"names must be a sequence of adapter names, not the single string {names!r}")
         if not names:
             raise ValueError("names must hold at least one adapter name")
-        if rank < 1:
-            raise ValueError(f"rank must be >= 1, got {rank}")
-        if alpha is not None and not (alpha > 0 and math.isfinite(alpha)):
-            raise ValueError(f"alpha must be finite and > 0, got {alpha}")
+        if not _is_int(rank) or rank < 1:
+            raise ValueError(f"rank must be an int >= 1, got {rank!r}")
+        if alpha is not None and not (_is_real(alpha) and alpha > 0 and math.isfinite(alpha)):
+            raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+        if not _is_int(seed):
+            raise ValueError(f"seed must be an int, got {seed!r}")
         base_ref = os.fspath(base_dir)
         if Path(base_ref).expanduser().is_dir():
             base_ref = str(Path(base_ref).expanduser().resolve())
@@ -105,9 +109,28 @@ class LoRAPopulation:
             lora_dropout=0.0,
         )
         population = cls._wrap(model, tokenizer, config, base_ref, seed, names[0])
+        population._check_targets(target_modules)
         for name in names[1:]:
             population.add(name)
         return population
+
+    def _check_targets(self, requested: Sequence[str] | str | None) -> None:
+        """Every module the adapters wrap is a linear layer (what batched mixed-adapter generation
+        supports), and every name asked for matched one (PEFT refuses only a list matching nothing).
+
+        Raises:
+            ValueError: naming the modules.
+        """
+        try:
+            layers = {id(layer) for layer in lora_linear_layers(self.model)}
+        except TypeError as error:
+            raise ValueError(f"target_modules {requested!r} must name linear layers: {error}") from None
+        if not layers:
+            raise ValueError(f"target_modules {requested!r} matched no module of the base")
+        if requested is not None and not isinstance(requested, str):
+            suffixes = {n.rsplit(".", 1)[-1] for n, m in self.model.named_modules() if id(m) in layers}
+            if unmatched := sorted(set(requested) - suffixes):
+                raise ValueError(f"target_modules {unmatched} match no linear layer of the base")
 
     @classmethod
     def _wrap(
@@ -169,7 +192,7 @@ class LoRAPopulation:
         if genome is not None:
             try:
                 self.set_genome(name, genome)
-            except ValueError:
+            except BaseException:  # refused (or interrupted): no half-made adapter stays behind
                 self.remove(name)
                 raise
 
@@ -211,7 +234,8 @@ class LoRAPopulation:
 
         Raises:
             KeyError: unknown adapter name.
-            ValueError: missing/unexpected keys, a wrong shape, or non-finite values (nothing is changed).
+            ValueError: missing/unexpected keys, a value that is not a floating-point tensor, a wrong shape,
+                or non-finite values (nothing is changed).
         """
         params = self._params(name)
         missing, unexpected = sorted(set(params) - set(genome)), sorted(set(genome) - set(params))
@@ -221,6 +245,12 @@ class LoRAPopulation:
             )
         for key, param in params.items():
             value = genome[key]
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.is_meta:
+                raise ValueError(
+                    f"genome {key} must be a floating-point tensor with data, got "
+                    f"{getattr(value, 'dtype', None) or type(value).__name__}"
+                    f"{' on the meta device' if isinstance(value, torch.Tensor) and value.is_meta else ''}"
+                )
             if tuple(value.shape) != tuple(param.shape):
                 raise ValueError(
                     f"genome {key} has shape {tuple(value.shape)}, adapter needs {tuple(param.shape)}"
@@ -324,7 +354,7 @@ class LoRAPopulation:
             Per prompt, the generated ids up to and including the first EOS (no EOS when the row used its
             whole budget without stopping, or with ``ignore_eos``).
         """
-        _check_generate_args(prompts, adapters, max_new_tokens, temperature, top_p)
+        _check_generate_args(prompts, adapters, max_new_tokens, temperature, top_p, seed)
         if strategy not in ("stacked", "peft_mixed", "loop"):
             raise ValueError(f"strategy must be 'stacked', 'peft_mixed' or 'loop', got {strategy!r}")
         for name in dict.fromkeys(adapters):
@@ -467,16 +497,33 @@ def _check_name(name: str) -> None:
         raise ValueError(f"adapter name {name!r} must match {_NAME.pattern}")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _check_generate_args(
-    prompts: Sequence[str], adapters: Sequence[str], max_new_tokens: int, temperature: float, top_p: float
+    prompts: Sequence[str],
+    adapters: Sequence[str],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
 ) -> None:
     if isinstance(prompts, str) or isinstance(adapters, str):
         raise TypeError("prompts and adapters must be sequences of strings, not a single string")
     if len(prompts) != len(adapters):
         raise ValueError(f"need one adapter per prompt: {len(prompts)} prompts, {len(adapters)} adapters")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if not (temperature >= 0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if bad := [i for i, prompt in enumerate(prompts) if not isinstance(prompt, str)]:
+        raise TypeError(f"prompts must be strings; prompt {bad[0]} is {type(prompts[bad[0]]).__name__}")
+    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not (_is_real(temperature) and temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if not (_is_real(top_p) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
+    if not (_is_int(seed) and -(2**63) <= seed < 2**64):  # what torch.Generator.manual_seed takes
+        raise ValueError(f"seed must be an int in [-2**63, 2**64), got {seed!r}")

@@ -360,8 +360,20 @@ def test_bad_inputs() -> None:
     learner = GRPOLearner(pop, GRPOConfig(max_new_tokens=6))
     with pytest.raises(KeyError, match="'p0', 'p1'"):
         learner.update("nope", ["x"], ["y"], [1.0], [0])
-    with pytest.raises(ValueError, match="lengths"):
+    with pytest.raises(ValueError, match="lengths prompts 2, completions 1, rewards 1, group_ids 1"):
         learner.update("p0", ["x", "x"], ["y"], [1.0], [0])
+    with pytest.raises(ValueError, match="task_keys 1"):
+        learner.update("p0", ["x", "x"], ["y", "z"], [1.0, 0.0], [0, 0], task_keys=[("s", "d")])
+    with pytest.raises(TypeError, match="prompts must be a sequence"):
+        learner.update("p0", "xy", ["y", "z"], [1.0, 0.0], [0, 0])
+    with pytest.raises(TypeError, match="prompts must be a sequence"):
+        learner.step("p0", "xy", lambda p, c: 1.0)
+    vocabulary = len(pop.tokenizer)
+    for bad in ([vocabulary], [-1], [2.0], [True]):
+        with pytest.raises(
+            ValueError, match=rf"completion_ids\[1\] must hold token ids, ints in \[0, {vocabulary}\)"
+        ):
+            learner.update("p0", ["x", "x"], ["y", "z"], [1.0, 0.0], [0, 0], completion_ids=[[5], bad])
 
 
 # -- non-finite values ---------------------------------------------------------------------------------
@@ -484,3 +496,22 @@ def test_step_trains_on_the_generated_token_ids(tiny_base_dir: Any) -> None:
     assert as_text.num_tokens == 2 * (len(canonical) + 1)  # re-tokenised, EOS appended
     with pytest.raises(ValueError, match="completion_ids"):
         learner.update("p0", [prompts[0]], [word], [1.0], [0], completion_ids=[[]])
+
+
+def test_a_step_that_raises_can_be_retried_with_the_same_samples(tiny_base_dir: Any) -> None:
+    """The default seed counts the steps that returned: a reward function that raised (or a refused
+    update) leaves it, so the retried step samples what the failed one sampled."""
+    from agents.population import LoRAPopulation
+
+    pop = LoRAPopulation.from_pretrained(tiny_base_dir, names=["p0"], rank=4)
+    learner = GRPOLearner(pop, GRPOConfig(learning_rate=1e-3, group_size=2, max_new_tokens=6, seed=3))
+    seen: list[tuple[str, ...]] = []
+
+    def failing(prompt: str, completion: str) -> float:
+        seen.append((prompt, completion))
+        raise RuntimeError("verifier down")
+
+    with pytest.raises(RuntimeError, match="verifier down"):
+        learner.step("p0", ["def f(x):\n    return"], failing)
+    result = learner.step("p0", ["def f(x):\n    return"], lambda p, c: float(len(c) % 2))
+    assert result.completions[0] == seen[0][1]

@@ -183,6 +183,44 @@ def test_set_genome_validates_and_changes_nothing_on_error(pop: LoRAPopulation) 
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_set_genome_wants_floating_point_tensors_and_a_refused_add_leaves_no_adapter(
+    pop: LoRAPopulation,
+) -> None:
+    """Integer or bool tensors were copied in silently (an int genome zeroed lora_A); a genome a refused
+    ``add`` could not load (a meta tensor, a list) left its half-made adapter behind, name taken."""
+    before = pop.get_genome("student_0")
+    key = next(iter(before))
+    for value in (before[key].long(), before[key].bool(), before[key].to("meta"), before[key].tolist(), None):
+        with pytest.raises(ValueError, match=rf"genome {key} must be a floating-point tensor"):
+            pop.set_genome("student_0", {**before, key: value})
+        with pytest.raises(ValueError, match="floating-point tensor"):
+            pop.add("newcomer", {**before, key: value})
+        assert "newcomer" not in pop.adapter_names
+    assert all(torch.equal(before[k], v) for k, v in pop.get_genome("student_0").items())
+    pop.add("newcomer", before)  # the name is free
+    pop.remove("newcomer")
+
+
+def test_from_pretrained_names_what_it_refuses(tiny_base_dir: Path) -> None:
+    def build(**kwargs: object) -> LoRAPopulation:
+        args = {"names": ["a"], "rank": 2, "dtype": torch.float32, "device": "cpu", **kwargs}
+        return LoRAPopulation.from_pretrained(tiny_base_dir, **args)  # type: ignore[arg-type]
+
+    with pytest.raises(TypeError, match="not the single string 'abc'"):
+        build(names="abc")  # was three adapters a, b, c
+    for kwargs, message in (
+        ({"rank": 2.5}, "rank must be an int >= 1"),
+        ({"rank": True}, "rank must be an int >= 1"),
+        ({"alpha": "8"}, "alpha must be a finite number > 0"),
+        ({"seed": None}, "seed must be an int"),
+        ({"target_modules": ["embed_tokens"]}, "must name linear layers"),
+        ({"target_modules": ["q_proj", "nope"]}, r"target_modules \['nope'\] match no linear layer"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            build(**kwargs)
+    assert build(target_modules=["q_proj", "v_proj"]).adapter_names == ["a"]
+
+
 def test_unknown_adapter_is_key_error_listing_names(pop: LoRAPopulation) -> None:
     calls = [
         lambda: pop.get_genome("ghost"),
@@ -386,6 +424,13 @@ def test_top_p_keeps_the_smallest_nucleus() -> None:
         ({"top_p": 0.0}, ValueError),
         ({"strategy": "magic"}, ValueError),
         ({"prompts": "one string"}, TypeError),
+        ({"prompts": ["a", None]}, TypeError),
+        ({"max_new_tokens": 2.5}, ValueError),
+        ({"max_new_tokens": True}, ValueError),
+        ({"temperature": "0.5"}, ValueError),
+        ({"top_p": None}, ValueError),
+        ({"seed": 1.5}, ValueError),
+        ({"seed": 2**70}, ValueError),
     ],
 )
 def test_generate_rejects_bad_arguments(pop: LoRAPopulation, kwargs: dict, error: type) -> None:
