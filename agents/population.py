@@ -127,9 +127,11 @@ class LoRAPopulation:
             raise ValueError(f"target_modules {requested!r} must name linear layers: {error}") from None
         if not layers:
             raise ValueError(f"target_modules {requested!r} matched no module of the base")
-        if requested is not None and not isinstance(requested, str):
-            suffixes = {n.rsplit(".", 1)[-1] for n, m in self.model.named_modules() if id(m) in layers}
-            if unmatched := sorted(set(requested) - suffixes):
+        if requested is not None and not isinstance(requested, str):  # a string is a regex or "all-linear"
+            names = [n for n, m in self.model.named_modules() if id(m) in layers]
+            # PEFT's rule for a list: a module matches a target it is named, or whose name ends with it
+            unmatched = sorted(t for t in requested if not any(n == t or n.endswith(f".{t}") for n in names))
+            if unmatched:
                 raise ValueError(f"target_modules {unmatched} match no linear layer of the base")
 
     @classmethod

@@ -219,6 +219,7 @@ def test_from_pretrained_names_what_it_refuses(tiny_base_dir: Path) -> None:
         with pytest.raises(ValueError, match=message):
             build(**kwargs)
     assert build(target_modules=["q_proj", "v_proj"]).adapter_names == ["a"]
+    assert build(target_modules=["layers.0.self_attn.q_proj"]).adapter_names == ["a"]  # PEFT's suffix match
 
 
 def test_unknown_adapter_is_key_error_listing_names(pop: LoRAPopulation) -> None:
