@@ -10,7 +10,9 @@ cluster, start Ray there (``ray start --head``) and set ``PBTConfig.ray_address`
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,6 +31,8 @@ from populora_env.play import PhasePlan
 if TYPE_CHECKING:
     from evolve.pbt import PBTConfig
     from evolve.population import Member
+
+logger = logging.getLogger(__name__)
 
 Losses = dict[str, float | None]
 
@@ -270,14 +274,18 @@ class MemberWorker:
         self, genome: dict[str, Any], state: dict[str, Any], experience: Sequence[Transition]
     ) -> tuple[Any, ...]:
         """``("ok", genome, learner state, loss)`` or ``("error", type name, message)``."""
-        self.policy.set_genome(genome)
-        self.learner.reset()
-        self.learner.load_state_dict(state)
         try:
+            self.policy.set_genome(genome)
+            self.learner.reset()
+            self.learner.load_state_dict(state)
             stats = self.learner.update(self.policy, experience)
         except Exception as error:  # reported to the coordinator, which keeps the member unchanged
             return ("error", type(error).__name__, str(error))
         return ("ok", self.policy.get_genome(), self.learner.state_dict(), stats.loss)
+
+
+CLOSE_TIMEOUT = 10.0
+"""Seconds ``RayBackend.close`` waits for the episode actor to close its verifier before killing it."""
 
 
 class RayBackend:
@@ -294,14 +302,29 @@ class RayBackend:
         self.ray = ray
         self.started = not ray.is_initialized()
         if self.started:
-            ray.init(address=config.ray_address, num_cpus=config.ray_num_cpus, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)  # fmt: skip
+            try:
+                ray.init(address=config.ray_address, num_cpus=config.ray_num_cpus, include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)  # fmt: skip
+            except (ConnectionError, SystemExit, TimeoutError) as error:  # Ray exits when no GCS answers
+                ray.shutdown()
+                raise RuntimeError(
+                    f"cannot start or join Ray at ray_address={config.ray_address!r}: "
+                    f"{type(error).__name__}: {error}"
+                ) from None
+        elif config.ray_address is not None or config.ray_num_cpus is not None:
+            logger.warning("Ray is already initialised in this process: ray_address and ray_num_cpus are "
+                           "ignored, its actors run on that instance")  # fmt: skip
         self.config = config
         self.table = table
-        self.env = teacher_student_v0.raw_env(config=config.env)  # only to build scripted members here
-        # zero-CPU actors: they are scheduled regardless of their number; Ray's OS processes share the CPUs
-        self.episodes: Any = ray.remote(num_cpus=0)(EpisodeWorker).remote(config)
         self.workers: dict[str, Any] = {}
+        self.episodes: Any = None
+        try:
+            self.env = teacher_student_v0.raw_env(config=config.env)  # only to build scripted members here
+            # zero-CPU actors: scheduled regardless of their number; Ray's OS processes share the CPUs
+            self.episodes = ray.remote(num_cpus=0)(EpisodeWorker).remote(config)
+        except BaseException:
+            self.close()
+            raise
 
     def play(
         self,
@@ -358,12 +381,22 @@ class RayBackend:
         return losses, failures
 
     def close(self) -> None:
-        """Stops the actors (and the Ray instance this backend started)."""
-        self.ray.get(self.episodes.close.remote())
-        for actor in [self.episodes, *self.workers.values()]:
-            self.ray.kill(actor)
-        if self.started:
-            self.ray.shutdown()
+        """Stops the actors (and the Ray instance this backend started), whatever state they are in: the
+        episode actor gets ``CLOSE_TIMEOUT`` seconds to close its verifier (a dead or hung actor none: it
+        is killed), then every actor is killed and the instance shut down."""
+        try:
+            if self.episodes is not None:
+                self.ray.get(self.episodes.close.remote(), timeout=CLOSE_TIMEOUT)
+        except Exception as error:  # dead, hung (still playing) or unreachable: killed below all the same
+            logger.warning("Ray episode actor did not close cleanly (%s); killing it", type(error).__name__)
+        finally:
+            for actor in [self.episodes, *self.workers.values()]:
+                if actor is not None:
+                    with contextlib.suppress(Exception):
+                        self.ray.kill(actor)
+            self.workers.clear()
+            if self.started:
+                self.ray.shutdown()
 
 
 def make_backend(config: PBTConfig, table: RatingTable) -> Backend:

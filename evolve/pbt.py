@@ -201,6 +201,14 @@ class PBTConfig:
             raise ValueError(f"member_options must hold JSON values only: {e}") from None
         if self.backend not in ("local", "ray"):
             raise ValueError(f"backend must be 'local' or 'ray', got {self.backend!r}")
+        if self.ray_num_cpus is not None and (
+            not isinstance(self.ray_num_cpus, int)
+            or isinstance(self.ray_num_cpus, bool)
+            or self.ray_num_cpus < 1
+        ):
+            raise ValueError(f"ray_num_cpus must be None or an int >= 1, got {self.ray_num_cpus!r}")
+        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
+            raise ValueError(f"ray_address must be None or a non-empty string, got {self.ray_address!r}")
 
     def learner_for(self, role: str) -> str:
         """The learner of a role's members (``teacher``, ``student`` or ``both``)."""

@@ -255,6 +255,35 @@ def test_ray_backend_equals_local(tmp_path: Path) -> None:
     _assert_same_run(local, on_ray, generations=2)
 
 
+@pytest.mark.slow
+def test_ray_backend_closes_and_shuts_ray_down_when_its_episode_actor_died(tmp_path: Path) -> None:
+    """A dead (or hung) episode actor: ``close`` still kills every actor and shuts down the Ray instance it
+    started (it raised at its first wait and left Ray running, so the next run reused that instance)."""
+    ray = pytest.importorskip("ray")
+    from evolve.backends import RayBackend
+    from evolve.ratings import RatingTable
+
+    config = PBTConfig(
+        run_dir=str(tmp_path / "run"), env=_env(2), teachers="scripted", population=2, progress=False,
+        tensorboard=False, backend="ray", ray_num_cpus=2,
+    )  # fmt: skip
+    backend = RayBackend(config, RatingTable())
+    assert ray.is_initialized()
+    ray.kill(backend.episodes)
+    backend.close()
+    assert not ray.is_initialized()
+
+
+def test_ray_settings_are_checked_up_front(tmp_path: Path) -> None:
+    for kwargs, message in (
+        ({"ray_num_cpus": "2"}, "ray_num_cpus must be None or an int >= 1"),
+        ({"ray_num_cpus": 0}, "ray_num_cpus must be None or an int >= 1"),
+        ({"ray_address": ""}, "ray_address must be None or a non-empty string"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            PBTConfig(run_dir=str(tmp_path), backend="ray", **kwargs)  # type: ignore[arg-type]
+
+
 def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
     import matplotlib.image
 
