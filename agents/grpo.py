@@ -154,7 +154,8 @@ class GRPOLearner:
         task_keys: Sequence[Hashable] | None = None,
         completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> UpdateStats:
-        """One GRPO update of `adapter` on scored completions.
+        """One GRPO update of `adapter` on scored completions. `adapter` is the population's active
+        adapter afterwards (whether the update ran or was skipped), as after `set_active(adapter)`.
 
         Args:
             adapter: adapter name in the population.
