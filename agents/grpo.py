@@ -154,8 +154,9 @@ class GRPOLearner:
         task_keys: Sequence[Hashable] | None = None,
         completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> UpdateStats:
-        """One GRPO update of `adapter` on scored completions. `adapter` is the population's active
-        adapter afterwards (whether the update ran or was skipped), as after `set_active(adapter)`.
+        """One GRPO update of `adapter` on scored completions. Once the update reaches the model (every
+        call but a refused one or one skipped for a non-finite reward), `adapter` is the population's
+        active adapter afterwards, as after `set_active(adapter)`.
 
         Args:
             adapter: adapter name in the population.
