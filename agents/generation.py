@@ -10,6 +10,7 @@ place (``agents.kv_cache``); neither changes a generated token.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from typing import Any
 import torch
 
 from agents.base import no_cudnn_attention
+
+logger = logging.getLogger(__name__)
 
 
 def cache_kwarg(model: Any) -> str:
@@ -100,6 +103,24 @@ def share_rows(prompts: Sequence[str], row_keys: Sequence[Hashable] | None) -> t
     return first, inverse
 
 
+_warned_context: set[int] = set()
+
+
+def _warn_past_context(model: Any, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Logs once per model when a row can run past the positions the model was trained on (RoPE models
+    still run there, with degraded output; nothing is cut)."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and prompt_tokens + max_new_tokens > limit and id(model) not in _warned_context:
+        _warned_context.add(id(model))
+        logger.warning(
+            "a prompt of %d tokens plus max_new_tokens=%d runs past the model's max_position_embeddings "
+            "(%d): positions beyond it were never trained",
+            prompt_tokens,
+            max_new_tokens,
+            limit,
+        )
+
+
 @torch.no_grad()
 def decode_tokens(
     model: Any,
@@ -158,6 +179,7 @@ def decode_tokens(
     device = next(model.parameters()).device
     prefill_rows = first if shared else every_row
     enc = tokenizer([prompts[i] for i in prefill_rows], return_tensors="pt", padding=True).to(device)
+    _warn_past_context(model, int(enc["attention_mask"].sum(dim=1).max()), max_new_tokens)
     state = _DecodeState(growing_cache(), cache_kwarg(model), enc["attention_mask"], enc["input_ids"])
     steps: dict[str, Any] = dict(
         max_new_tokens=max_new_tokens,

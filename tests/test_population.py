@@ -469,3 +469,22 @@ def test_save_load_round_trip_gives_identical_logits(pop: LoRAPopulation, tmp_pa
         assert torch.equal(alone(**enc).logits, pop.model(**enc).logits)
     with pytest.raises(FileNotFoundError):
         LoRAPopulation.load(tmp_path / "empty")
+
+
+def test_generating_past_the_trained_positions_is_logged_once(
+    pop: LoRAPopulation, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RoPE models run past max_position_embeddings (nothing is cut), so it is a warning, once per model."""
+    import logging
+
+    from agents import generation
+
+    generation._warned_context.discard(id(pop.model))
+    limit = pop.model.config.max_position_embeddings
+    with caplog.at_level(logging.WARNING, logger="agents.generation"):
+        pop.generate(["a b c"], ["student_0"], 2, 0.0, 0)
+        assert "max_position_embeddings" not in caplog.text
+        long_prompt = " ".join(["x"] * limit)
+        assert pop.generate([long_prompt] * 2, ["student_0", "teacher_0"], 2, 0.0, 0)
+        pop.generate([long_prompt], ["student_0"], 2, 0.0, 0)
+    assert caplog.text.count(f"runs past the model's max_position_embeddings ({limit})") == 1
