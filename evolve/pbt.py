@@ -129,6 +129,8 @@ class PBTConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
         if not isinstance(self.n_elites, int) or self.n_elites < 0:
             raise ValueError(f"n_elites must be an int >= 0, got {self.n_elites!r}")
         for name, low, high in (("replace_fraction", 0.0, 0.5), ("scripted_strength", 0.0, 1.0),

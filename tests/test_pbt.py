@@ -157,6 +157,8 @@ def test_unknown_operator_or_learner_name_raises_key_error_listing_registry(tmp_
         ({"self_play": True, "teachers": "scripted"}, "self_play"),
         ({"env": TeacherStudentConfig(mode="text")}, "env.mode"),
         ({"population": 8, "episodes_per_generation": 1}, "episodes_per_generation"),
+        ({"seed": -1}, "seed must be an int >= 0"),
+        ({"seed": 1.5}, "seed must be an int >= 0"),
         ({"mutation_strength": float("nan")}, "mutation_strength"),
         ({"mutation_strength": float("inf")}, "mutation_strength must be finite"),
         ({"replace_fraction": "0.2"}, "replace_fraction"),
