@@ -31,7 +31,8 @@ class FormatError:
     """A malformed action.
 
     Attributes:
-        reason: a short machine-readable reason (``too_long``, ``no_answer``, ``missing_python``, ...).
+        reason: a short machine-readable reason (``too_long``, ``not_utf8``, ``no_answer``,
+            ``missing_python``, ...).
     """
 
     reason: str
@@ -68,6 +69,15 @@ def sanitize(text: str, max_chars: int) -> str:
     return _NON_CHARSET.sub("?", text)
 
 
+def _encodes(text: str) -> bool:
+    """Whether ``text`` is valid Unicode, i.e. encodes as UTF-8 (lone surrogates do not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _blocks(text: str, max_chars: int) -> dict[str, list[str]] | FormatError:
     if not isinstance(text, str):
         return FormatError("not_a_string")
@@ -87,6 +97,8 @@ def _blocks(text: str, max_chars: int) -> dict[str, list[str]] | FormatError:
         return FormatError("no_answer")
     found: dict[str, list[str]] = {}
     for tag, body in _BLOCK.findall(text, start, end):
+        if not body.isascii() and not _encodes(body):  # a lone surrogate: no tokenizer takes it on
+            return FormatError("not_utf8")  # (other players' prompts show the blocks of valid tasks)
         found.setdefault(tag.lower(), []).append(body.strip("\n"))
     return found
 

@@ -130,6 +130,11 @@ GOOD = f"<think>easy</think>\n<answer>\n```python\n{PROGRAM}\n```\n```input\n3\n
             FormatError("wrong_number_of_inputs"),
         ),
         ("x" * 9000, "deduction", FormatError("too_long")),
+        (  # a lone surrogate in the message would reach the students' prompts (tokenizers refuse it)
+            format_proposal(PROGRAM, ["1", "2"], message="adds \ud800 one"),
+            "induction",
+            FormatError("not_utf8"),
+        ),
         (format_proposal("y" * 5000, ["1"]), "deduction", FormatError("bad_python_length")),
     ],
 )
@@ -151,6 +156,7 @@ def test_parse_proposal_table(text, task_type, expected):
         ("<answer>\n```output\n   \n```\n</answer>", "deduction", FormatError("bad_output_length")),
         ("4", "deduction", FormatError("no_answer")),
         ("\udcff<answer>```output\n\u00e9\n```</answer>", "deduction", Answer("\u00e9")),
+        ("<answer>```output\n\udcff\n```</answer>", "deduction", FormatError("not_utf8")),
     ],
 )
 def test_parse_answer_table(text, task_type, expected):
