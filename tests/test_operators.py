@@ -451,6 +451,13 @@ def test_svd_spectrum_at_zero_strength_keeps_delta_w_and_changes_it_otherwise():
     for module, dw in original.items():
         ratio = float((moved[module] - dw).norm() / dw.norm())
         assert 0.02 < ratio < 1.5, module
+        # the singular bases rotate within the adapter's spaces: without the rotations (spectrum noise
+        # alone) every new singular vector is, up to sign, an old one; with them some are mixtures
+        for old_side, new_side in ((dw, moved[module]), (dw.mT, moved[module].mT)):
+            u_old = torch.linalg.svd(old_side, full_matrices=False)[0][:, :RANK]
+            u_new = torch.linalg.svd(new_side, full_matrices=False)[0][:, :RANK]
+            best_match = (u_old.mT @ u_new).abs().amax(dim=0)  # per new vector, its closest old one
+            assert float(best_match.min()) < 0.999, module
 
 
 def test_component_mask_drops_components_but_keeps_a_rows():
@@ -496,7 +503,11 @@ def test_neftune_noise_touches_a_only_within_its_bound():
         a = parent[pair.a_key]
         assert torch.equal(child[pair.b_key], parent[pair.b_key])
         bound = 3**0.5 * 0.1 * float(a.square().mean().sqrt())
-        assert 0 < float((child[pair.a_key] - a).abs().max()) <= bound * (1 + 1e-5)
+        noise = child[pair.a_key] - a
+        assert 0 < float(noise.abs().max()) <= bound * (1 + 1e-5)
+        # U(-bound, bound): both signs alike, mean near 0, RMS bound / √3 (= strength * RMS(A))
+        assert abs(float(noise.mean())) < 0.1 * bound and 0.4 < float((noise > 0).float().mean()) < 0.6
+        assert abs(float(noise.square().mean().sqrt()) / (bound / 3**0.5) - 1) < 0.15
 
 
 def test_uniform_takes_each_lora_module_whole_from_one_parent():
@@ -521,6 +532,19 @@ def test_dare_without_dropping_is_the_mean_and_with_a_base_rescales_deltas():
     kept = child[key] != 0
     assert 0.1 < float(kept.float().mean()) < 0.45
     torch.testing.assert_close(child[key][kept], 4 * parents[0][key][kept])
+    # several parents, an explicit base, drops: every entry is base + Σ_i m_i δ_i / (n (1 - p)) for some
+    # keep masks m_i; with two parents and p = 1/2 each entry is one of base + {0, δ_1, δ_2, δ_1 + δ_2}
+    base = lora_genome(3)
+    child = cross("dare", parents, fitness=None, drop=0.5, base=base)
+    counts = torch.zeros(4)
+    for key in child:
+        d1, d2 = parents[0][key] - base[key], parents[1][key] - base[key]
+        options = torch.stack([torch.zeros_like(d1), d1, d2, d1 + d2]) + base[key]
+        distance = (options - child[key]).abs().amin(dim=0)
+        assert float(distance.max()) < 1e-5, key  # each entry is one of the four sums
+        counts += torch.bincount((options - child[key]).abs().argmin(dim=0).flatten(), minlength=4)
+    share = counts / counts.sum()
+    assert float((share - 0.25).abs().max()) < 0.03, share  # each keep pattern for about a quarter
 
 
 def test_fitness_orders_extrapolate_es_and_clone_mutate_on_plain_genomes():
