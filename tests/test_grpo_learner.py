@@ -328,6 +328,13 @@ def test_kl_to_base_is_zero_for_a_fresh_adapter_then_grows() -> None:
     second = learner.update("p0", *batch)
     assert first.kl == 0.0
     assert second.kl is not None and second.kl > 0.0
+    # the penalty is in the optimised loss: the same two updates without it give another second loss
+    # and other weights (the first ones agree: at zero divergence the k3 KL and its gradient are 0)
+    twin = TinyPopulation()
+    unpenalised = GRPOLearner(twin, GRPOConfig(learning_rate=5e-2, beta=0.0, max_new_tokens=6))
+    assert unpenalised.update("p0", *batch).loss == pytest.approx(first.loss)
+    assert abs(unpenalised.update("p0", *batch).loss - second.loss) > 1e-6
+    assert changed(snapshot(pop), twin)
 
 
 def test_adapters_keep_separate_optimizer_state() -> None:
@@ -352,7 +359,15 @@ def test_task_relative_needs_keys_and_runs_with_them() -> None:
     with pytest.raises(ValueError, match="task_keys"):
         learner.update("p0", prompts, completions, rewards, groups)
     keys = [("student", "deduction") if g % 2 else ("teacher", "abduction") for g in groups]
-    assert not learner.update("p0", prompts, completions, rewards, groups, task_keys=keys).skipped
+    stats = learner.update("p0", prompts, completions, rewards, groups, task_keys=keys)
+    assert not stats.skipped
+    # the advantages are the task-relative ones: the same update with group advantages, from the same
+    # weights, moves them elsewhere (the two normalisations differ on this batch)
+    twin = TinyPopulation()
+    GRPOLearner(twin, GRPOConfig(learning_rate=1e-2, max_new_tokens=6)).update(
+        "p0", prompts, completions, rewards, groups
+    )
+    assert changed(snapshot(pop), twin)
 
 
 def test_bad_inputs() -> None:

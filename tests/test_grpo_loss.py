@@ -194,6 +194,12 @@ def test_clip_fractions_by_hand() -> None:
     assert fractions.low == pytest.approx(2 / 5)
     assert fractions.high == 0.0
     assert fractions.region == pytest.approx(2 / 5)
+    # the high side: row 0 (A > 0) with ratios e^0.5 and e^0.2 (above and below 1.28), row 1 (A < 0) with
+    # e^0.5 (high, but a negative advantage is not clipped there); 1 of the 5 active tokens clipped high
+    logp = OLD_LOGP + torch.tensor([[0.5, 0.2, 0.0], [0.5, 0.0, 0.0]])
+    fractions = clip_fractions(probability_ratio(logp, OLD_LOGP), ADV, MASK, EPS_LOW, EPS_HIGH)
+    assert fractions.high == pytest.approx(1 / 5) and fractions.low == 0.0
+    assert fractions.region == pytest.approx(1 / 5)
 
 
 def test_k3_kl_by_hand() -> None:
