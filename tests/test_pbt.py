@@ -211,6 +211,26 @@ def test_set_features_rank_the_centre_first_and_ignore_masked_candidates() -> No
     assert agreement[0, 4, 0] == 0.0 and abs(float(agreement[0, :4, 0].sum())) < 1e-5
 
 
+def test_reinforce_trains_both_roles_of_a_self_play_member(verifier: Any) -> None:
+    """One REINFORCE update on a self-play member's own episodes moves its teacher and its student
+    weights (each role's loss is in the optimised sum) and only the parameters those roles own."""
+    from evolve.backends import play_episodes
+    from evolve.ratings import MemberMatchmaker, RatingTable
+
+    env_config = _env(1, rounds=2, teacher_group_size=2, student_group_size=2)
+    matchmaker = MemberMatchmaker(RatingTable(), pfsp=False)
+    env = teacher_student_v0.env(config=env_config, verifier=verifier, matchmaker=matchmaker)
+    policy = TorchPolicy(env_config, "both", NetConfig(hidden=8), seed=0)
+    seats = [{"teacher_0": 0, "student_0": 0}] * 4
+    experience = play_episodes(env, matchmaker, {0: policy}, seats, [1, 2, 3, 4]).transitions[0]
+    for role in ("teacher", "student"):  # the rewards vary within each role: a non-zero advantage
+        assert len({t.reward for t in experience if t.role == role}) > 1, role
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    ReinforceLearner(policy, LearnerConfig(lr=0.05, steps=1)).update(policy, experience)
+    moved = {n.split("_")[0] for n, p in policy.named_parameters() if not torch.equal(before[n], p.detach())}
+    assert moved == {"teacher", "student"}
+
+
 def test_reinforce_loss_pushes_towards_better_than_average_actions() -> None:
     from evolve.learners import reinforce_loss
 
@@ -247,14 +267,16 @@ def test_ray_backend_equals_local(tmp_path: Path) -> None:
 
     def config(name: str, backend: str) -> PBTConfig:
         return PBTConfig(
-            run_dir=str(tmp_path / name), seed=5, generations=2, episodes_per_generation=2, env=_env(2),
-            teachers="scripted", population=3, pfsp=True, progress=False, tensorboard=False, backend=backend,  # type: ignore[arg-type]
-            ray_num_cpus=2,
+            run_dir=str(tmp_path / name), seed=5, generations=2, episodes_per_generation=2,
+            env=_env(2, rounds=2, student_group_size=2), teachers="scripted", population=3, pfsp=True,
+            progress=False, tensorboard=False, backend=backend, ray_num_cpus=2, replace_fraction=0.5,  # type: ignore[arg-type]
         )  # fmt: skip
 
     local = run_pbt(config("local", "local"))
     on_ray = run_pbt(config("ray", "ray"))
     _assert_same_run(local, on_ray, generations=2)
+    history = _history(local)  # learners moved weights, children were made and learned in turn
+    assert history[0]["lineage"] and all(any(h["losses"].values()) for h in history)
 
 
 @pytest.mark.slow
