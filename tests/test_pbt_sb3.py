@@ -248,6 +248,22 @@ def test_sb3_teachers_learn_too(tmp_path: Path, kwargs: dict[str, Any]) -> None:
     if config.self_play:  # one member holds a PPO teacher and a MaskablePPO student
         (member,) = state["groups"]["both"]
         assert {k.split(".")[0] for k in member["genome"]} == roles
+    # each role learned: from the same seeds, the one generation's genomes differ from a run without
+    # learners (one generation: no child replaces anyone yet; a skipped teacher model passed before)
+    trained = load_latest(run_pbt(_config(tmp_path / "one", generations=1, **kwargs)) / "checkpoints")
+    untrained = load_latest(
+        run_pbt(_config(tmp_path / "none", generations=1, learner="none", **kwargs)) / "checkpoints"
+    )
+    assert trained is not None and untrained is not None
+    for group, members in trained["groups"].items():
+        for mine, theirs in zip(members, untrained["groups"][group], strict=True):
+            assert mine["id"] == theirs["id"]
+            for role in {k.split(".")[0] for k in mine["genome"]}:
+                keys = [k for k in mine["genome"] if k.startswith(f"{role}.")]
+                assert any(not torch.equal(mine["genome"][k], theirs["genome"][k]) for k in keys), (
+                    group,
+                    role,
+                )
 
 
 def test_each_role_can_have_its_own_learner(tmp_path: Path) -> None:
