@@ -355,7 +355,8 @@ class RayBackend:
     def learn(
         self, members: Sequence[Member], outcome: PlayOutcome, generation: int
     ) -> tuple[Losses, list[LearnerFailure]]:
-        """All learners at once on their actors; results applied in member order."""
+        """All learners at once on their actors; results applied in member order. A learner that raises,
+        or whose actor's process dies, is reported and its member left as it was (as locally)."""
         pending = []
         for member in members:
             if member.learner is None or not outcome.transitions.get(member.id):
@@ -368,7 +369,15 @@ class RayBackend:
         losses: Losses = {}
         failures = []
         for member, ref in pending:
-            reply = self.ray.get(ref)
+            try:
+                reply = self.ray.get(ref)
+            except self.ray.exceptions.RayActorError as error:  # its process died (os._exit, OOM killer)
+                dead = self.workers.pop(member.slot, None)  # the next generation gets a fresh actor
+                with contextlib.suppress(Exception):
+                    self.ray.kill(dead)
+                message = f"the learner's Ray actor died: {str(error).strip().splitlines()[0][:200]}"
+                failures.append(LearnerFailure(member.id, generation, type(error).__name__, message))
+                continue
             if reply[0] == "error":
                 failures.append(LearnerFailure(member.id, generation, reply[1], reply[2]))
                 continue

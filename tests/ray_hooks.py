@@ -1,8 +1,9 @@
-"""A learner plug-in that Ray's worker processes can import (``worker_process_setup_hook``), for the test
-that a member whose learner raises is reported and skipped the same way on Ray as locally."""
+"""Learner plug-ins that Ray's worker processes can import (``worker_process_setup_hook``), for the tests
+that a member whose learner raises, or whose learner actor dies, is reported and skipped on Ray as locally."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -28,6 +29,22 @@ def flaky_first_param(policy: Any, config: LearnerConfig) -> Any:
     return learner
 
 
+def dying_first_param(policy: Any, config: LearnerConfig) -> Any:
+    """As ``flaky_first_param``, but the failing members' learner ends its process (``os._exit``) instead of
+    raising: only ever run on a Ray actor."""
+    learner = ReinforceLearner(policy, config)
+    update = learner.update
+
+    def dying(policy: Any, experience: Any) -> Any:
+        if float(next(iter(policy.parameters())).flatten()[0]) > 0:
+            os._exit(3)
+        return update(policy, experience)
+
+    learner.update = dying  # type: ignore[method-assign]
+    return learner
+
+
 def register() -> None:
-    """Registers ``flaky_first_param`` in ``evolve.learners.LEARNERS`` (in this process)."""
+    """Registers the learners above in ``evolve.learners.LEARNERS`` (in this process)."""
     LEARNERS["flaky_first_param"] = flaky_first_param
+    LEARNERS["dying_first_param"] = dying_first_param

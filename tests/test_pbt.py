@@ -308,6 +308,50 @@ def test_ray_settings_are_checked_up_front(tmp_path: Path) -> None:
             PBTConfig(run_dir=str(tmp_path), backend="ray", **kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
+def test_a_dying_learner_actor_is_reported_and_skipped_like_a_raising_learner(tmp_path: Path) -> None:
+    """A learner whose Ray actor's process dies (``os._exit``, an OOM kill) is reported and its member
+    skipped, a fresh actor serving it next time: the run equals a local one whose same members' learners
+    raise instead, up to the failures' wording (it stopped the whole run with ActorDiedError before)."""
+    ray = pytest.importorskip("ray")
+    from tests import ray_hooks
+
+    def config(name: str, backend: str, learner: str) -> PBTConfig:
+        return PBTConfig(
+            run_dir=str(tmp_path / name), seed=5, generations=3, episodes_per_generation=2, env=_env(2),
+            population=3, learner=learner, progress=False, tensorboard=False, backend=backend,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    ray_hooks.register()
+    try:
+        local = run_pbt(config("local", "local", "flaky_first_param"))
+        root = str(Path(__file__).resolve().parents[1])
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env={"worker_process_setup_hook": "tests.ray_hooks.register",
+                              "env_vars": {"PYTHONPATH": root}})  # fmt: skip
+        try:
+            on_ray = run_pbt(config("ray", "ray", "dying_first_param"))
+        finally:
+            ray.shutdown()
+    finally:
+        del LEARNERS["flaky_first_param"], LEARNERS["dying_first_param"]
+
+    def without_wording(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**h, "learner_failures": [(f["member"], f["generation"]) for f in h["learner_failures"]]}
+                for h in history]  # fmt: skip
+
+    died = [f for h in _history(on_ray) for f in h["learner_failures"]]
+    assert died and all("Ray actor died" in f["message"] for f in died)
+    assert len({f["generation"] for f in died}) > 1  # members failed again on the fresh actors
+    assert without_wording(_history(on_ray)) == without_wording(_history(local))
+    ours, theirs = load_latest(on_ray / "checkpoints"), load_latest(local / "checkpoints")
+    assert ours is not None and theirs is not None
+    for group, members in ours["groups"].items():
+        for mine, other in zip(members, theirs["groups"][group], strict=True):
+            assert mine["genome"].keys() == other["genome"].keys()
+            assert all(torch.equal(v, other["genome"][k]) for k, v in mine["genome"].items())
+
+
 def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
     import matplotlib.image
 
@@ -491,7 +535,7 @@ def test_a_raising_learner_on_ray_is_reported_and_skipped_as_locally(tmp_path: P
         finally:
             ray.shutdown()
     finally:
-        del LEARNERS["flaky_first_param"]
+        del LEARNERS["flaky_first_param"], LEARNERS["dying_first_param"]
     failures = [f for h in _history(local) for f in h["learner_failures"]]
     assert failures and all(f["message"] == "learner exploded" for f in failures)
     _assert_same_run(local, on_ray, generations=3)  # failures included: they are in metrics.jsonl
