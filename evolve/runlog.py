@@ -39,12 +39,14 @@ class GenerationMetrics:
     Attributes:
         generation: index (0-based).
         fitness: fitness by member id (as a string key, JSON-ready).
-        role_fitness: ``{role: {"mean", "max"}}`` over that role's evolving members.
+        role_fitness: ``{role: {"mean", "max"}}`` over that role's members (fixed ones included).
         ratings: ``{member: {"mu", "sigma"}}`` after this generation's matches.
         mean_reward: mean reward per decision, by role.
-        solve_rate: fraction of correct student attempts.
-        invalid_rate: fraction of invalid or malformed proposals.
-        difficulty: mean AST depth, cyclomatic complexity and lines of valid proposals.
+        solve_rate: fraction of correct student attempts, averaged over the generation's episodes (each
+            episode weighs the same, whatever its number of attempts).
+        invalid_rate: fraction of invalid or malformed proposals, averaged over episodes.
+        difficulty: mean AST depth, cyclomatic complexity and lines of valid proposals, averaged over the
+            episodes that had any (0.0 when none had).
         coverage: mean distinct AST shapes per episode.
         losses: learner loss by member (``nan`` written as ``null``).
         learner_failures: learners that raised.
@@ -78,13 +80,15 @@ def _mean(values: Sequence[float]) -> float:
 def summarize_episodes(metrics: Sequence[EpisodeMetrics]) -> dict[str, Any]:
     """Means of the env's episode metrics over a generation."""
     solve = [m.solve_rate for m in metrics if m.solve_rate is not None]
+    # an episode without a valid proposal has no difficulty to average (its metrics say 0.0)
+    valid = [m for m in metrics if m.n_proposals and m.invalid_rate < 1.0]
     return {
         "solve_rate": _mean(solve),
         "invalid_rate": _mean([m.invalid_rate for m in metrics]),
         "difficulty": {
-            "depth": _mean([m.mean_depth for m in metrics]),
-            "cyclomatic": _mean([m.mean_cyclomatic for m in metrics]),
-            "lines": _mean([m.mean_lines for m in metrics]),
+            "depth": _mean([m.mean_depth for m in valid]),
+            "cyclomatic": _mean([m.mean_cyclomatic for m in valid]),
+            "lines": _mean([m.mean_lines for m in valid]),
         },
         "coverage": _mean([float(m.coverage) for m in metrics]),
     }

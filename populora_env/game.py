@@ -44,6 +44,8 @@ class Turn(NamedTuple):
         round: round index.
         references: buffer tasks shown to a proposing teacher.
         task: the task a student solves.
+        proposal: for a solve turn, the index of the task's proposal in its round (attempts are counted
+            per proposal: two teachers proposing the same program are matched and paid separately).
     """
 
     agent: str
@@ -53,6 +55,7 @@ class Turn(NamedTuple):
     round: int
     references: tuple[Task, ...] = ()
     task: Task | None = None
+    proposal: int = -1
 
 
 @dataclass(frozen=True)
@@ -281,7 +284,7 @@ class Game:
         self.history: list[ResolvedProposal] = []
         self.attempt_log: list[tuple[str, str, bool]] = []  # (student, task_id, correct)
         self._proposals: list[tuple[Turn, Task | None, TeacherVerdict, str]] = []
-        self._attempts: dict[str, list[tuple[str, bool]]] = {}
+        self._attempts: dict[int, list[tuple[str, bool]]] = {}  # by proposal index in the round
         self._solve_infos: dict[str, dict[str, Any]] = {}  # each student's latest step info this round
         self._rng = np.random.default_rng(0)
         self._local = random.Random(0)
@@ -418,7 +421,7 @@ class Game:
             status, reward = "ok", cfg.student_correct_reward if correct else cfg.student_wrong_reward
         solved = verdict == "correct"
         agent, task_id = turn.agent, task.task_id
-        self._attempts.setdefault(task_id, []).append((agent, solved))
+        self._attempts.setdefault(turn.proposal, []).append((agent, solved))
         self.attempt_log.append((agent, task_id, solved))
         info = self._base_info(turn)  # filled in place: one dict per step (the env's most frequent step)
         info["task_id"] = task_id
@@ -444,48 +447,55 @@ class Game:
     def _after_phase(self, outcome: StepOutcome) -> StepOutcome:
         """Called when the queue empties: start the solve phase, or resolve the round."""
         if self._phase == "propose":
-            valid = [(turn, task) for turn, task, _, _ in self._proposals if task is not None]
+            valid = [
+                (i, turn, task) for i, (turn, task, _, _) in enumerate(self._proposals) if task is not None
+            ]
             self._schedule_solves(valid)
             self._phase = "solve"
             if self.queue:
                 return outcome
         return self._resolve(outcome)
 
-    def _schedule_solves(self, valid: list[tuple[Turn, Task]]) -> None:
+    def _schedule_solves(self, valid: list[tuple[int, Turn, Task]]) -> None:
+        """Queues the students' attempts at the round's valid proposals, given as (proposal index, turn,
+        task)."""
         if not valid:
             return
-        matches = self.matchmaker.assign([turn.agent for turn, _ in valid], self.students, self._rng)
-        per_student: dict[str, list[Task]] = {s: [] for s in self.students}
-        for (_, task), students in zip(valid, matches, strict=True):
+        matches = self.matchmaker.assign([turn.agent for _, turn, _ in valid], self.students, self._rng)
+        per_student: dict[str, list[tuple[int, Task]]] = {s: [] for s in self.students}
+        for (index, _, task), students in zip(valid, matches, strict=True):
             for student in students:
-                per_student[student].append(task)
+                per_student[student].append((index, task))
         for student in self.students:
-            for task in per_student[student]:
+            for index, task in per_student[student]:
                 for g in range(self.config.student_group_size):
-                    self.queue.append(Turn(student, "solve", task.task_type, g, self.round, task=task))
+                    self.queue.append(
+                        Turn(student, "solve", task.task_type, g, self.round, task=task, proposal=index)
+                    )
 
     def _resolve(self, outcome: StepOutcome) -> StepOutcome:
         rewards = dict(outcome.rewards)
         infos = dict(outcome.infos)
-        resolved: dict[str, list[ResolvedProposal]] = {t: [] for t in self.teachers}
+        resolved: dict[str, list[tuple[int, ResolvedProposal]]] = {t: [] for t in self.teachers}
         results: list[tuple[str, str, bool]] = []
-        for turn, task, verdict, status in self._proposals:
-            record = self._resolve_one(turn, task, verdict, status)
-            resolved[turn.agent].append(record)
+        for index, (turn, task, verdict, status) in enumerate(self._proposals):
+            record = self._resolve_one(turn, task, verdict, status, self._attempts.get(index, []))
+            resolved[turn.agent].append((index, record))
             rewards[turn.agent] = rewards.get(turn.agent, 0.0) + record.reward
             if task is not None:
-                results += [(turn.agent, s, ok) for s, ok in self._attempts.get(task.task_id, [])]
+                results += [(turn.agent, s, ok) for s, ok in self._attempts.get(index, [])]
                 self.buffer.add(task)
         self.matchmaker.update(results)
         solved: dict[str, list[dict[str, Any]]] = {}
-        for teacher, records in resolved.items():
+        for teacher, indexed in resolved.items():
+            records = [record for _, record in indexed]
             self.history += records
             listed = [_record_info(r) for r in records]
             # A teacher whose own step closed the round keeps its step info next to the resolution.
             base = infos.get(teacher, {"round": self.round, "phase": "resolve"})
             infos[teacher] = {**base, "resolved": listed}
-            for record in records:  # an invalid proposal's task_id "" has no attempts
-                attempts = self._attempts.get(record.task_id, [])
+            for index, record in indexed:  # an invalid proposal has no attempts
+                attempts = self._attempts.get(index, [])
                 for student in dict.fromkeys(s for s, _ in attempts):
                     own = [ok for s, ok in attempts if s == student]
                     solved.setdefault(student, []).append(
@@ -502,7 +512,12 @@ class Game:
         return StepOutcome(rewards, infos, self.done)
 
     def _resolve_one(
-        self, turn: Turn, task: Task | None, verdict: TeacherVerdict, status: str
+        self,
+        turn: Turn,
+        task: Task | None,
+        verdict: TeacherVerdict,
+        status: str,
+        attempts: list[tuple[str, bool]],
     ) -> ResolvedProposal:
         cfg = self.config
         if task is None:
@@ -520,7 +535,6 @@ class Game:
                 penalty,
                 "",
             )
-        attempts = self._attempts.get(task.task_id, [])
         rate = sum(ok for _, ok in attempts) / len(attempts) if attempts else None
         return ResolvedProposal(
             turn.agent,

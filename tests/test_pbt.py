@@ -37,17 +37,22 @@ def test_pbt_improves_teacher_fitness(tmp_path: Path) -> None:
 
     (Students used to be the evolving role here: they learnt to pick the candidate at the centre of the
     others, which was the right one because distractors were variants of the task's program; distractors
-    are siblings now, see ``populora_env.candidates``, and that shortcut is gone.)"""
-    env = _env(2, rounds=2, teacher_group_size=4, task_types=("deduction",))
+    are siblings now, see ``populora_env.candidates``, and that shortcut is gone.)
+
+    Each proposal gets 2 students x 2 attempts, so its solve rate moves in quarters and the reward grades
+    the proposals. (With one attempt per student the rate is 0, 1/2 or 1, and the test used to pass on an
+    artifact: attempts at the same program proposed twice were pooled. Measured over seeds 0-5 with this
+    setup: the mean of the last three generations exceeds that of the first two by 0.19-0.34.)"""
+    env = _env(2, rounds=2, teacher_group_size=4, student_group_size=2, task_types=("deduction",))
     config = PBTConfig(
-        run_dir=str(tmp_path / "run"), seed=0, generations=6, episodes_per_generation=2, env=env,
+        run_dir=str(tmp_path / "run"), seed=0, generations=8, episodes_per_generation=2, env=env,
         teachers="torch", students="scripted", population=4, learner_config=LearnerConfig(lr=0.03, steps=4),
         progress=False, tensorboard=False,
     )  # fmt: skip
     history = _history(run_pbt(config))
     curve = [h["role_fitness"]["teacher"]["mean"] for h in history]
-    first, last = curve[0], sum(curve[-2:]) / 2
-    assert last >= first + 0.2, curve
+    first, last = sum(curve[:2]) / 2, sum(curve[-3:]) / 3
+    assert last >= first + 0.15, curve
     assert sum(len(h["lineage"]) for h in history) >= len(history) - 1  # children were made every generation
 
 
@@ -543,3 +548,21 @@ def test_a_raising_learner_on_ray_is_reported_and_skipped_as_locally(tmp_path: P
     assert state is not None
     genomes = [m["genome"] for g in state["groups"].values() for m in g if m["genome"] is not None]
     assert all(torch.isfinite(t).all() for genome in genomes for t in genome.values())  # NaNs rolled back
+
+
+def test_generation_difficulty_averages_the_episodes_that_had_valid_proposals() -> None:
+    """An episode without a valid proposal has no difficulty: it no longer pulls the mean towards 0 (a
+    cyclomatic complexity of 0.5, below any program's 1, was reported)."""
+    from evolve.runlog import summarize_episodes
+    from populora_env.metrics import summarize_episode
+
+    program = "def f(x):\n    if x:\n        return 1\n    return 2"
+    valid = summarize_episode([("teacher_0", "valid", program, 0.5)], [("student_0", True)], ["teacher_0"],
+                              ["student_0"])  # fmt: skip
+    none_valid = summarize_episode([("teacher_0", "invalid", "", None)], [], ["teacher_0"], ["student_0"])
+    summary = summarize_episodes([valid, none_valid])
+    assert summary["difficulty"] == {
+        "depth": valid.mean_depth, "cyclomatic": valid.mean_cyclomatic, "lines": valid.mean_lines
+    }  # fmt: skip
+    assert valid.mean_cyclomatic == 2.0 and summary["invalid_rate"] == 0.5
+    assert summarize_episodes([none_valid])["difficulty"] == {"depth": 0.0, "cyclomatic": 0.0, "lines": 0.0}

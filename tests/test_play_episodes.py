@@ -95,6 +95,43 @@ def test_transitions_carry_the_acting_policys_sample_record(verifier: Any) -> No
     assert all(t.sample is None for ts in plain.transitions.values() for t in ts)
 
 
+class Answers:
+    """A student that always answers ``text``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def act(self, observation: Any, agent: str) -> str:
+        return format_answer("deduction", self.text)
+
+
+class OwnStudent(MemberMatchmaker):
+    """teacher_i's proposals go to student_i only."""
+
+    def assign(self, teachers: Any, students: Any, rng: Any) -> list[tuple[str, ...]]:
+        return [(f"student_{teacher.rsplit('_', 1)[1]}",) for teacher in teachers]
+
+
+def test_the_same_program_proposed_twice_is_matched_and_paid_per_proposal(verifier: Any) -> None:
+    """Two teachers propose the same program (the identity on 3); teacher_0's goes to a student who solves
+    it, teacher_1's to one who does not. Each proposal is paid from its own attempts (solve rate 1, then 0:
+    -0.5 each); the attempts were pooled by task id (both paid for a solve rate of 1/2), and every attempt
+    was rated once per proposal of that program, including a teacher_0 vs student_1 match never played."""
+    config = TeacherStudentConfig(
+        mode="text", n_teachers=2, n_students=2, rounds=1, task_types=("deduction",)
+    )
+    matchmaker = OwnStudent(RatingTable(), pfsp=False)
+    env = teacher_student_v0.env(config=config, verifier=verifier, matchmaker=matchmaker)
+    policies = {0: ValidThenMalformed(), 1: ValidThenMalformed(), 2: Answers("3"), 3: Answers("4")}
+    seats = {"teacher_0": 0, "teacher_1": 1, "student_0": 2, "student_1": 3}
+    outcome = play_episodes(env, matchmaker, policies, [seats], [7])
+    assert [t.reward for t in outcome.transitions[0]] == [-0.5]
+    assert [t.reward for t in outcome.transitions[1]] == [-0.5]
+    assert sorted((r.teacher, r.student, r.solved) for r in outcome.results) == [(0, 2, True), (1, 3, False)]
+    assert [t.reward for t in outcome.transitions[2]] == [1.0]  # right
+    assert [t.reward for t in outcome.transitions[3]] == [-0.5]  # wrong
+
+
 def test_batching_policies_answer_a_whole_phase_in_one_call(verifier: Any) -> None:
     plain = play(verifier, {0: ValidThenMalformed(), 1: RightThenWrong()})
     teacher, student = Batching(ValidThenMalformed()), Batching(RightThenWrong())
