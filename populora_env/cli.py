@@ -60,11 +60,16 @@ def verify(args: VerifyArgs) -> int:
     """Runs ``populora verify``; returns the exit status."""
     from tqdm import tqdm
 
-    from populora_env.verifier import Verifier
+    from populora_env.verifier import Verifier, VerifierConfig
     from populora_env.verifier.jsonl import load_records, summarize, verify_records
 
     if (args.path is None) == (not args.examples):
         print("populora verify: give a JSONL path or --examples (not both)", file=sys.stderr)
+        return 2
+    try:
+        config = VerifierConfig(timeout=args.timeout, workers=args.workers)
+    except ValueError as e:  # --timeout 0, --workers -2
+        print(f"populora verify: {e}", file=sys.stderr)
         return 2
     path = _examples_path() if args.examples else args.path
     assert path is not None
@@ -77,7 +82,7 @@ def verify(args: VerifyArgs) -> int:
         print(f"{path}:{error.line}: skipped: {error.reason}", file=sys.stderr)
     start = time.perf_counter()
     verdicts = []
-    with Verifier(timeout=args.timeout, workers=args.workers) as verifier:
+    with Verifier(config) as verifier:
         stream = verify_records(verifier, records, expression_inputs=args.expression_inputs)
         for v in tqdm(
             stream, total=len(records), desc="verifying", unit="prog", file=sys.stderr, leave=False

@@ -68,6 +68,10 @@ def test_verify_missing_file_is_a_clear_error(tmp_path):
     assert populora("verify").returncode == 2
     folder = populora("verify", str(tmp_path))
     assert folder.returncode == 2 and f"{tmp_path} is a folder, not a JSONL file" in folder.stderr
+    for option, message in ((["--workers", "0"], "workers must be None or an int >= 1, got 0"),
+                            (["--timeout", "-1"], "timeout must be > 0, got -1.0")):  # fmt: skip
+        bad = populora("verify", "--examples", *option)
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_load_records_reports_malformed_lines(tmp_path):
