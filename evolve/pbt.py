@@ -25,7 +25,7 @@ from evolve import operators
 from evolve.backends import make_backend
 from evolve.checkpoint import atomic_write_bytes, load_latest, remove_temp_files, save_checkpoint
 from evolve.learners import LEARNERS, LearnerConfig
-from evolve.members import POLICIES, NetConfig
+from evolve.members import POLICIES, NetConfig, is_finite_number
 from evolve.population import Population, extend, run_generation
 from evolve.ratings import RatingTable
 from evolve.runlog import GenerationMetrics, RunLog
@@ -41,6 +41,21 @@ PLAIN_GENOME_KINDS = ("torch", "sb3")
 _NOT_RESULTS = ("run_dir", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "backend",
                 "ray_address", "ray_num_cpus")  # fmt: skip
 """Fields that change where and how often a run is written or shown, or where it runs, not its results."""
+_INT_MINIMUMS = {
+    "generations": 1, "population": 1, "episodes_per_generation": 1, "tournament_size": 1, "n_parents": 1,
+    "checkpoint_every": 1, "keep_checkpoints": 1, "seed": 0, "n_elites": 0,
+}  # fmt: skip
+"""Integer fields and their least values (``population`` before the episodes derived from it)."""
+_NUMBER_RANGES = {
+    "replace_fraction": (0.0, 0.5),
+    "scripted_strength": (0.0, 1.0),
+    "mutation_strength": (0.0, math.inf),
+}
+"""Real fields and their closed ranges (finite values only)."""
+
+
+def _is_int_at_least(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def _structured_default() -> TeacherStudentConfig:
@@ -124,22 +139,13 @@ class PBTConfig:
     """Write TensorBoard scalars under ``run_dir/tb``."""
 
     def __post_init__(self) -> None:
-        for name in ("generations", "population", "episodes_per_generation", "tournament_size", "n_parents",
-                     "checkpoint_every", "keep_checkpoints"):  # fmt: skip
+        for name, least in _INT_MINIMUMS.items():
+            if not _is_int_at_least(getattr(self, name), least):
+                raise ValueError(f"{name} must be an int >= {least}, got {getattr(self, name)!r}")
+        for name, (low, high) in _NUMBER_RANGES.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
-        if not isinstance(self.n_elites, int) or self.n_elites < 0:
-            raise ValueError(f"n_elites must be an int >= 0, got {self.n_elites!r}")
-        for name, low, high in (("replace_fraction", 0.0, 0.5), ("scripted_strength", 0.0, 1.0),
-                                ("mutation_strength", 0.0, math.inf)):  # fmt: skip
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high):
-                raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
-        if not math.isfinite(self.mutation_strength):
-            raise ValueError(f"mutation_strength must be finite, got {self.mutation_strength!r}")
+            if not (is_finite_number(value) and low <= value <= high):
+                raise ValueError(f"{name} must be finite and in [{low}, {high}], got {value!r}")
         if self.fitness not in ("reward", "rating"):
             raise ValueError(f"fitness must be 'reward' or 'rating', got {self.fitness!r}")
         for name in ("teachers", "students"):
@@ -203,11 +209,7 @@ class PBTConfig:
             raise ValueError(f"member_options must hold JSON values only: {e}") from None
         if self.backend not in ("local", "ray"):
             raise ValueError(f"backend must be 'local' or 'ray', got {self.backend!r}")
-        if self.ray_num_cpus is not None and (
-            not isinstance(self.ray_num_cpus, int)
-            or isinstance(self.ray_num_cpus, bool)
-            or self.ray_num_cpus < 1
-        ):
+        if self.ray_num_cpus is not None and not _is_int_at_least(self.ray_num_cpus, 1):
             raise ValueError(f"ray_num_cpus must be None or an int >= 1, got {self.ray_num_cpus!r}")
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be None or a non-empty string, got {self.ray_address!r}")
