@@ -372,9 +372,7 @@ class RayBackend:
             try:
                 reply = self.ray.get(ref)
             except self.ray.exceptions.RayActorError as error:  # its process died (os._exit, OOM killer)
-                dead = self.workers.pop(member.slot, None)  # the next generation gets a fresh actor
-                with contextlib.suppress(Exception):
-                    self.ray.kill(dead)
+                self._kill(self.workers.pop(member.slot, None))  # the next generation gets a fresh actor
                 message = f"the learner's Ray actor died: {str(error).strip().splitlines()[0][:200]}"
                 failures.append(LearnerFailure(member.id, generation, type(error).__name__, message))
                 continue
@@ -389,6 +387,12 @@ class RayBackend:
             losses[str(member.id)] = finite_or_none(loss)
         return losses, failures
 
+    def _kill(self, actor: Any) -> None:
+        """Kills ``actor`` (if any), whatever state it is in (dead already, hung)."""
+        if actor is not None:
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor)
+
     def close(self) -> None:
         """Stops the actors (and the Ray instance this backend started), whatever state they are in: the
         episode actor gets ``CLOSE_TIMEOUT`` seconds to close its verifier (a dead or hung actor none: it
@@ -400,9 +404,7 @@ class RayBackend:
             logger.warning("Ray episode actor did not close cleanly (%s); killing it", type(error).__name__)
         finally:
             for actor in [self.episodes, *self.workers.values()]:
-                if actor is not None:
-                    with contextlib.suppress(Exception):
-                        self.ray.kill(actor)
+                self._kill(actor)
             self.workers.clear()
             if self.started:
                 self.ray.shutdown()
