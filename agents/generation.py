@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -103,15 +104,16 @@ def share_rows(prompts: Sequence[str], row_keys: Sequence[Hashable] | None) -> t
     return first, inverse
 
 
-_warned_context: set[int] = set()
+_warned_context: weakref.WeakSet[Any] = weakref.WeakSet()  # models already warned about (not their ids:
+# an id is reused once its model is freed)
 
 
 def _warn_past_context(model: Any, prompt_tokens: int, max_new_tokens: int) -> None:
     """Logs once per model when a row can run past the positions the model was trained on (RoPE models
     still run there, with degraded output; nothing is cut)."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if isinstance(limit, int) and prompt_tokens + max_new_tokens > limit and id(model) not in _warned_context:
-        _warned_context.add(id(model))
+    if isinstance(limit, int) and prompt_tokens + max_new_tokens > limit and model not in _warned_context:
+        _warned_context.add(model)
         logger.warning(
             "a prompt of %d tokens plus max_new_tokens=%d runs past the model's max_position_embeddings "
             "(%d): positions beyond it were never trained",

@@ -479,7 +479,7 @@ def test_generating_past_the_trained_positions_is_logged_once(
 
     from agents import generation
 
-    generation._warned_context.discard(id(pop.model))
+    generation._warned_context.discard(pop.model)
     limit = pop.model.config.max_position_embeddings
     with caplog.at_level(logging.WARNING, logger="agents.generation"):
         pop.generate(["a b c"], ["student_0"], 2, 0.0, 0)
