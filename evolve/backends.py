@@ -320,11 +320,14 @@ class RayBackend:
         self.episodes: Any = None
         try:
             self.env = teacher_student_v0.raw_env(config=config.env)  # only to build scripted members here
-            # zero-CPU actors: scheduled regardless of their number; Ray's OS processes share the CPUs
-            self.episodes = ray.remote(num_cpus=0)(EpisodeWorker).remote(config)
+            self.episodes = self._episode_actor()
         except BaseException:
             self.close()
             raise
+
+    def _episode_actor(self) -> Any:
+        # zero-CPU actors: scheduled regardless of their number; Ray's OS processes share the CPUs
+        return self.ray.remote(num_cpus=0)(EpisodeWorker).remote(self.config)
 
     def play(
         self,
@@ -333,7 +336,10 @@ class RayBackend:
         seatings: Sequence[Mapping[str, int]],
         seeds: Sequence[int],
     ) -> PlayOutcome:
-        """Plays the generation on the episode actor."""
+        """Plays the generation on the episode actor. If its process dies (the OOM killer, a crash in native
+        code), a fresh actor plays the generation again: episodes depend only on what is sent (genomes,
+        seeds, ratings), so the outcome is the one the first actor would have returned. A second death in
+        the same generation is a RuntimeError."""
         specs = [
             MemberSpec(
                 m.id,
@@ -344,7 +350,22 @@ class RayBackend:
             )
             for m in members
         ]
-        return self.ray.get(self.episodes.play.remote(specs, self.table.state(), list(seatings), list(seeds)))
+        args = (specs, self.table.state(), list(seatings), list(seeds))
+        try:
+            return self.ray.get(self.episodes.play.remote(*args))
+        except self.ray.exceptions.RayActorError as error:
+            logger.warning(
+                "the Ray episode actor died (%s); a fresh one plays the generation again", _first_line(error)
+            )
+            self._kill(self.episodes)
+            self.episodes = None  # close() must not wait on the dead one if the next line raises
+            self.episodes = self._episode_actor()
+        try:
+            return self.ray.get(self.episodes.play.remote(*args))
+        except self.ray.exceptions.RayActorError as error:
+            raise RuntimeError(
+                f"the Ray episode actor died twice playing one generation: {_first_line(error)}"
+            ) from None
 
     def _worker(self, member: Member) -> Any:
         if member.slot not in self.workers:
@@ -373,7 +394,7 @@ class RayBackend:
                 reply = self.ray.get(ref)
             except self.ray.exceptions.RayActorError as error:  # its process died (os._exit, OOM killer)
                 self._kill(self.workers.pop(member.slot, None))  # the next generation gets a fresh actor
-                message = f"the learner's Ray actor died: {str(error).strip().splitlines()[0][:200]}"
+                message = f"the learner's Ray actor died: {_first_line(error)}"
                 failures.append(LearnerFailure(member.id, generation, type(error).__name__, message))
                 continue
             if reply[0] == "error":
@@ -408,6 +429,12 @@ class RayBackend:
             self.workers.clear()
             if self.started:
                 self.ray.shutdown()
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of a (multi-line, traceback-bearing) Ray error, cut to 200 characters."""
+    lines = str(error).strip().splitlines()
+    return lines[0][:200] if lines else type(error).__name__
 
 
 def make_backend(config: PBTConfig, table: RatingTable) -> Backend:

@@ -285,6 +285,52 @@ def test_ray_backend_equals_local(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_dead_episode_actor_is_replaced_and_the_run_stays_the_local_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The episode actor's process dies before the second generation (killed as the OOM killer would): a
+    fresh actor plays that generation again and the run is still the local backend's, bit for bit; a
+    second death in one generation is a RuntimeError saying so."""
+    ray = pytest.importorskip("ray")
+    from evolve.backends import RayBackend
+    from tests.test_checkpoint_resume import _assert_same_run
+
+    def config(name: str, backend: str) -> PBTConfig:
+        return PBTConfig(
+            run_dir=str(tmp_path / name), seed=3, generations=2, episodes_per_generation=2,
+            env=_env(2, rounds=2, student_group_size=2), teachers="scripted", population=2,
+            progress=False, tensorboard=False, backend=backend, ray_num_cpus=2,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    local = run_pbt(config("local", "local"))
+    play = RayBackend.play
+    calls = []
+
+    def dying_before_the_second(self: RayBackend, *args: Any) -> Any:
+        calls.append(self.episodes)
+        if len(calls) == 2:
+            ray.kill(self.episodes)
+        return play(self, *args)
+
+    monkeypatch.setattr(RayBackend, "play", dying_before_the_second)
+    with caplog.at_level("WARNING", logger="evolve.backends"):
+        on_ray = run_pbt(config("ray", "ray"))
+    _assert_same_run(local, on_ray, generations=2)
+    assert "a fresh one plays the generation again" in caplog.text
+
+    def always_dying(self: RayBackend, *args: Any) -> Any:
+        ray.kill(self.episodes)
+        original = self._episode_actor
+        self._episode_actor = lambda: (actor := original(), ray.kill(actor))[0]  # type: ignore[method-assign]
+        return play(self, *args)
+
+    monkeypatch.setattr(RayBackend, "play", always_dying)
+    with pytest.raises(RuntimeError, match="died twice playing one generation"):
+        run_pbt(config("twice", "ray"))
+    assert not ray.is_initialized()  # the backend still closed and shut its instance down
+
+
+@pytest.mark.slow
 def test_ray_backend_closes_and_shuts_ray_down_when_its_episode_actor_died(tmp_path: Path) -> None:
     """A dead (or hung) episode actor: ``close`` still kills every actor and shuts down the Ray instance it
     started (it raised at its first wait and left Ray running, so the next run reused that instance)."""
