@@ -207,6 +207,19 @@ def test_calls_of_one_program_are_independent():
         assert [r.output for r in marked] == ["True", "False", "False"]
 
 
+def test_state_left_in_a_preloaded_module_makes_the_calls_nondeterministic(verifier):
+    """A change to a module the worker preloaded is not undone between the calls of a program (they share
+    its child): the determinism re-run makes them in another order, so outputs that depend on the calls
+    before them are ``nondeterministic``, not the first order's outputs passed off as the program's."""
+    program = (
+        "import math\ndef f(x):\n    try:\n        math.calls += 1\n    except AttributeError:\n"
+        "        math.calls = 0\n    return [x, math.calls]"
+    )
+    assert verifier.run(program, "5").output == "[5, 0]"
+    statuses = [r.status for r in verifier.run_many([(program, str(i)) for i in range(1, 4)])]
+    assert statuses == ["nondeterministic"] * 3
+
+
 @pytest.mark.parametrize(
     ("body", "detail"),
     [
@@ -215,6 +228,10 @@ def test_calls_of_one_program_are_independent():
         ("10 ** 5000", "integer string conversion"),
         ("float('inf')", "NaN or infinite"),
         ("[1, {'a': (float('nan'),)}]", "NaN or infinite"),
+        # a set display cannot be parsed back where a hashable value must be: no answer could match
+        ("{frozenset({1, 2})}", "frozenset inside a set or a dict key"),
+        ("{frozenset(): 1}", "frozenset inside a set or a dict key"),
+        ("{(1, frozenset({2})): 3}", "frozenset inside a set or a dict key"),
     ],
 )
 def test_oversized_and_non_finite_returns_are_bad_output(verifier, body, detail):

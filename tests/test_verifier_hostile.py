@@ -129,6 +129,38 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         {"forbidden"}, {"ok"}),
     "stdout_flood_then_return": (_p("for _ in range(200):\n    print('x' * 10000)\nreturn 1"), {"ok"}, {"ok"}),
     "stdout_flood_forever": (_p("while True:\n    print('x' * 10000)"), {"timeout"}, {"timeout"}),
+    # the kernel signals a file's owner on I/O: any signal, to its worker (the test sees a lost worker)
+    "sigkill_to_worker_through_fcntl": (
+        _p("r, w = os.pipe()\nfcntl.fcntl(r, fcntl.F_SETOWN, os.getppid())\nfcntl.fcntl(r, fcntl.F_SETSIG, 9)\n"
+           "fcntl.fcntl(r, fcntl.F_SETFL, os.O_ASYNC)\nos.write(w, b'x')\nreturn 1", "import os, fcntl\n"),
+        {"forbidden"}, {"runtime"}),
+    "worker_rescheduled": (
+        _p("os.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))\nreturn 1", "import os\n"),
+        {"forbidden"}, {"runtime"}),
+    "worker_reniced": (_p("os.setpriority(os.PRIO_PROCESS, os.getppid(), 19)\nreturn 1", "import os\n"),
+                       {"forbidden"}, {"runtime"}),
+    "worker_pinned": (_p("os.sched_setaffinity(os.getppid(), {0})\nreturn 1", "import os\n"),
+                      {"forbidden"}, {"runtime"}),
+    # a line on every descriptor (its result pipe among them), then asleep without using CPU: the worker
+    # has its verdict and must not wait for the child to exit
+    "asleep_after_its_last_verdict": (
+        _p("for fd in range(3, 64):\n    try:\n        os.write(fd, b'forged\\n')\n    except OSError:\n        pass\n"
+           "select.select([], [], [], 10 ** 6)", "import os, select\n"), {"forbidden"}, {"bad_output"}),
+    # each `x is 1` warns when compiled, in the worker: 64 KiB of warnings on a pipe nobody reads
+    "compile_warnings_flood": ("def f(x):\n" + " x is 1\n" * 2400 + " return 1\n", {"ok"}, {"ok"}),
+    # CPython 3.11 copies a finally body for each way out of its try: 2**19 copies, seconds and gigabytes
+    "nested_finally_blowup": (
+        "def f(x):\n" + "".join(" " * (i + 1) + "try:\n" + " " * (i + 2) + "x += 1\n" + " " * (i + 1) + "finally:\n"
+                                for i in range(19)) + " " * 20 + "x += 2\n    return x\n",
+        {"forbidden"}, {"forbidden"}),
+    "frame_walk_to_the_child_globals": (
+        _p("def g():\n    yield gen.gi_frame.f_back\ngen = g()\n"
+           "return sorted(next(gen).f_globals)[:3]"), {"forbidden"}, {"ok"}),
+    "module_held_by_an_allowed_one": (_p("return typing.sys.modules['os'].getuid()", "import typing\n"),
+                                      {"forbidden"}, {"ok"}),
+    "attribute_by_name": (
+        _p("return [operator.attrgetter('gi_frame')(i for i in [x]) is None]", "import operator\n"),
+        {"forbidden"}, {"ok"}),
 }  # fmt: skip
 
 
@@ -243,3 +275,29 @@ def test_the_prefilter_text_shortcut_never_skips_a_finding():
     assert checked > 300
     for source in DISGUISED:
         assert prefilter(source).status == "forbidden", source
+
+
+def test_every_module_an_allowed_one_holds_publicly_is_a_forbidden_attribute():
+    """``typing.sys`` is ``sys``: each public attribute of an allowed module (or of its allowed submodules)
+    that is a module outside the allowlist must be a forbidden attribute name, on this Python."""
+    import importlib
+    import types
+
+    from populora_env.verifier.prefilter import ALLOWED_MODULES, FORBIDDEN_ATTRIBUTES
+
+    reachable: set[str] = set()
+    seen: set[str] = set()
+    todo = [importlib.import_module(name) for name in sorted(ALLOWED_MODULES)]
+    while todo:
+        module = todo.pop()
+        if module.__name__ in seen:
+            continue
+        seen.add(module.__name__)
+        for name, value in vars(module).items():
+            if name.startswith("_") or not isinstance(value, types.ModuleType):
+                continue
+            if value.__name__.split(".")[0] in ALLOWED_MODULES:
+                todo.append(value)
+            else:
+                reachable.add(name)
+    assert reachable and reachable <= FORBIDDEN_ATTRIBUTES, sorted(reachable - FORBIDDEN_ATTRIBUTES)

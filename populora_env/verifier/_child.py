@@ -117,7 +117,11 @@ def prepare(
         # dont_inherit: not this module's `from __future__ import annotations` (programs run as plain Python,
         # annotations evaluated when `f` is defined)
         prepared.code = compile(program, "<program>", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
+    except MemoryError:
+        prepared.error = _line("memory", None, "MemoryError while compiling the program")
+        prepared.args = [None] * len(calls)
+        return prepared
+    except (SyntaxError, ValueError, RecursionError, OverflowError) as e:
         prepared.error = _line("syntax", None, _describe(e))
         prepared.args = [None] * len(calls)  # one verdict per call (the count is all the child needs)
         return prepared

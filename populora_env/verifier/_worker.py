@@ -249,6 +249,10 @@ class Worker:
                 verdict = verdicts.line("bad_output", None, "the child wrote more than the output cap")
                 break
         if len(lines) == n_calls and verdict is None:
+            # Every verdict is in, and nothing of the child is needed any more; it exits on its own unless
+            # its program keeps it alive past its last line (a blocked or sleeping child would hold this
+            # worker in waitpid for good), so it is killed rather than waited for.
+            _kill_group(pid)
             os.waitpid(pid, 0)
             return lines
         _kill_group(pid)
@@ -324,9 +328,11 @@ def _preload(allowed: frozenset[str]) -> None:
 
 
 def _kill_group(pid: int) -> None:
-    for target, sig in ((os.killpg, _signal.SIGKILL), (os.kill, _signal.SIGKILL)):
+    """SIGKILL to the child's process group (the child alone if the group is gone: it cannot leave it)."""
+    for target in (os.killpg, os.kill):
         try:
-            target(pid, sig)
+            target(pid, _signal.SIGKILL)
+            return
         except OSError:
             pass
 

@@ -137,7 +137,9 @@ def canonical_text(value: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = M
     return _render(value, max_depth, budget)
 
 
-def _render(value: Any, depth: int, budget: list[int]) -> str:
+def _render(value: Any, depth: int, budget: list[int], hashed: bool = False) -> str:
+    """``hashed``: ``value`` is a set element or a dict key (or inside a tuple that is), where a set display
+    could not be parsed back (a set is unhashable), so a frozenset there has no literal form."""
     budget[0] -= 1
     if budget[0] < 0:
         raise LiteralError("value has too many elements")
@@ -147,19 +149,22 @@ def _render(value: Any, depth: int, budget: list[int]) -> str:
     if kind in _SCALARS:
         return _render_scalar(value)
     if kind is list or kind is tuple:
-        items = [_render(v, depth - 1, budget) for v in value]
+        items = [_render(v, depth - 1, budget, hashed) for v in value]
         if kind is list:
             return "[" + ", ".join(items) + "]"
         return "(" + items[0] + ",)" if len(items) == 1 else "(" + ", ".join(items) + ")"
     if kind is dict:
         pairs = [
-            f"{_render(k, depth - 1, budget)}: {_render(v, depth - 1, budget)}" for k, v in value.items()
+            f"{_render(k, depth - 1, budget, True)}: {_render(v, depth - 1, budget)}"
+            for k, v in value.items()
         ]
         return "{" + ", ".join(pairs) + "}"
     if kind is set or kind is frozenset:
+        if hashed:  # only a frozenset can be here
+            raise LiteralError("value holds a frozenset inside a set or a dict key (no literal form)")
         if not value:
             return "set()"
-        return "{" + ", ".join(sorted(_render(v, depth - 1, budget) for v in value)) + "}"
+        return "{" + ", ".join(sorted(_render(v, depth - 1, budget, True) for v in value)) + "}"
     raise LiteralError(f"return value is not plain literal data (type {kind.__name__!s:.60})")
 
 

@@ -47,7 +47,18 @@ class WorkerHandle:
             env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
         self.hash_seed = hash_seed
         self.process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", str(_WORKER_SCRIPT), marshal.dumps(config).hex()],
+            # -W ignore: compiling a program can warn (`x is 1`: SyntaxWarning), and the worker's stderr is a
+            # pipe read only when it dies: 64 KiB of warnings would block the worker inside `compile`
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                "-B",
+                "-W",
+                "ignore",
+                str(_WORKER_SCRIPT),
+                marshal.dumps(config).hex(),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,  # read only to explain a worker that fails to start

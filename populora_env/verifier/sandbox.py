@@ -279,7 +279,24 @@ _DENY_WORKER = [
     "semget",
     "shmget",
     "mq_open",
+    # other processes' scheduling (a pid argument reaches every process of the same uid; Landlock's
+    # signal scope does not cover these): a program could park its own worker at SCHED_IDLE for good
+    "sched_setscheduler",
+    "sched_setparam",
+    "sched_setattr",
+    "sched_setaffinity",
+    "setpriority",
+    "ioprio_set",
+    "migrate_pages",
+    "move_pages",
 ]
+# fcntl commands that make the kernel signal another process on I/O (F_SETOWN + O_ASYNC: SIGIO, or any
+# signal with F_SETSIG, even SIGKILL/SIGSTOP to a sibling child or the worker), denied to the worker and
+# so to every child; from include/uapi/asm-generic/fcntl.h, the same on x86_64 and aarch64.
+_F_SETOWN, _F_SETSIG, _F_SETOWN_EX = 8, 10, 15
+# ioctls with the same effect (FIOSETOWN, SIOCSPGRP: include/uapi/linux/sockios.h; sockets are denied
+# anyway) and FIOASYNC (include/uapi/asm-generic/ioctls.h), the ioctl form of O_ASYNC
+_FIOSETOWN, _SIOCSPGRP, _FIOASYNC = 0x8901, 0x8902, 0x5452
 # Denied to each child on top of the worker's filter: what the worker itself still needs (forking its
 # children, setting their process group, killing it, loading their filter, setting their rlimits).
 _DENY_CHILD = [
@@ -328,6 +345,10 @@ def _compile_seccomp_programs() -> tuple[tuple[bytes, bytes] | None, str | None]
             _add(sc, worker, sc.ERRNO(errno.EPERM), name)
         for name in _ENOSYS:
             _add(sc, worker, sc.ERRNO(errno.ENOSYS), name)
+        for command in (_F_SETOWN, _F_SETSIG, _F_SETOWN_EX):
+            _add(sc, worker, sc.ERRNO(errno.EPERM), "fcntl", sc.Arg(1, sc.EQ, command))
+        for request in (_FIOSETOWN, _SIOCSPGRP, _FIOASYNC):
+            _add(sc, worker, sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.EQ, request))
         write_flags = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
         for syscall, flags_arg in (("open", 1), ("openat", 2)):
             for flag in write_flags:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .literals import LiteralError, outputs_equal, parse_args
 from .pool import WorkerDied, WorkerHandle, WorkerHung
-from .prefilter import ALLOWED_MODULES, prefilter, prefilter_expression
+from .prefilter import ALLOWED_MODULES, compile_guard, prefilter, prefilter_expression
 from .records import Execution, IsolationReport, VerifierConfig
 from .sandbox import build_seccomp_programs
 from .verdicts import parse_line
@@ -201,8 +201,8 @@ class Verifier:
             return Execution(
                 "bad_input", None, f"program is {len(program)} characters, over {cfg.max_program_chars}"
             )
-        static = prefilter(program) if cfg.language_guards else None
-        if static is not None and static.status != "ok":
+        static = prefilter(program) if cfg.language_guards else compile_guard(program)
+        if static.status != "ok":
             return Execution(static.status, None, static.detail)
         if mode == "literal":
             try:
@@ -216,9 +216,9 @@ class Verifier:
             return Execution(
                 "bad_input", None, f"args is {len(args)} characters, over {cfg.max_literal_chars}"
             )
-        static = prefilter_expression(args) if cfg.language_guards else None
-        if static is not None and static.status != "ok":
-            return Execution("bad_input" if static.status == "syntax" else "forbidden", None, static.detail)
+        checked = prefilter_expression(args) if cfg.language_guards else None
+        if checked is not None and checked.status != "ok":
+            return Execution("bad_input" if checked.status == "syntax" else "forbidden", None, checked.detail)
         return None
 
     def _execute(self, todo: dict[str, list[str]], mode: str) -> dict[tuple[str, str], Execution]:
@@ -248,7 +248,9 @@ class Verifier:
             if task.pool + 1 < len(self._pools):
                 again = [args for args, result in zip(task.calls, results) if result[0] == "ok"]
                 if again:
-                    return _Task(task.program, again, task.pool + 1, mode)
+                    # in another order: the calls of a program share its child, so an output that depends on
+                    # the calls before it (state left in a preloaded module) differs between the runs
+                    return _Task(task.program, again[1:] + again[:1], task.pool + 1, mode)
             return None
 
         self._dispatch(first_runs(), finished)
