@@ -429,3 +429,17 @@ def test_programs_run_as_plain_python_not_under_the_verifiers_future_imports(ver
     undefined = verifier.run("def f(x: undefined_name):\n    return x", "1")
     assert undefined.status == "runtime" and "NameError" in undefined.detail
     assert verifier.run("def f(x: int) -> str:\n    return str(x)", "1").output == "'1'"
+
+
+def test_the_cache_is_bounded_in_characters_as_well_as_entries(monkeypatch):
+    from populora_env.verifier import verifier as verifier_module
+
+    monkeypatch.setattr(verifier_module, "CACHE_MAX_CHARS", 2_000)
+    programs = [f"def f(x):\n    return x + {i}  # {'.' * 300}" for i in range(20)]
+    with Verifier(workers=1) as v:
+        assert [r.output for r in v.run_many([(p, "1") for p in programs])] == [str(1 + i) for i in range(20)]
+        held = list(v._cache)
+        assert 0 < len(held) <= 2_000 // 300 and v._cache_chars <= 2_000
+        assert v._cache_chars == sum(len(p) + len(a) + len(r.output or "") + len(r.detail)
+                                     for (p, a, _), r in v._cache.items())  # fmt: skip
+        assert held[-1][0] == programs[-1]  # the most recent verdicts are the ones kept

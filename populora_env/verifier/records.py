@@ -60,7 +60,8 @@ class VerifierConfig:
     recursion_limit: int = 3_000
     """Python recursion limit inside the program's process."""
     cache_size: int = 65_536
-    """Verdicts kept in memory by ``(program, args)``; 0 disables the cache."""
+    """Verdicts kept in memory by ``(program, args)``, least recently used dropped first (also beyond
+    ``verifier.CACHE_MAX_CHARS`` characters in all); 0 disables the cache."""
     isolate: bool = True
     """Apply the kernel isolation layers. Turning this off is for debugging only."""
     language_guards: bool = True

@@ -41,6 +41,10 @@ class _Task:
 
 
 MAX_BATCH = 8
+
+CACHE_MAX_CHARS = 1 << 27
+"""Most characters (programs, argument texts, outputs, details) the verdict cache holds, whatever
+``cache_size`` allows: 65 536 entries of 20 000-character programs would otherwise be gigabytes."""
 """Most programs in one request to a worker. The worker compiles a request's programs and forks their
 children in a row before running them one by one (see ``_worker.Worker.handle``), which spares it most of
 the page faults it pays on every page it writes after a fork; more than a few per request gains little
@@ -72,6 +76,7 @@ class Verifier:
         self.config = config
         self._lock = threading.RLock()
         self._cache: OrderedDict[tuple[str, str, str], Execution] = OrderedDict()  # (program, args, mode)
+        self._cache_chars = 0  # characters held by the cache's keys and verdicts
         self._parsed: dict[str, tuple[Any, ...]] = {}  # literal args text -> values, for the call in progress
         self._closed = False
         n = config.workers or os.cpu_count() or 1
@@ -263,9 +268,13 @@ class Verifier:
     def _cache_put(self, key: tuple[str, str, str], verdict: Execution) -> None:
         if self.config.cache_size == 0:
             return
+        old = self._cache.pop(key, None)
+        if old is not None:
+            self._cache_chars -= _entry_chars(key, old)
         self._cache[key] = verdict
-        if len(self._cache) > self.config.cache_size:
-            self._cache.popitem(last=False)
+        self._cache_chars += _entry_chars(key, verdict)
+        while len(self._cache) > self.config.cache_size or self._cache_chars > CACHE_MAX_CHARS:
+            self._cache_chars -= _entry_chars(*self._cache.popitem(last=False))
 
     def _dispatch(self, source: Iterator[_Task], finished: Callable[[_Task], _Task | None]) -> None:
         """Feeds tasks to idle workers of their pool, a few programs per request, until every task has
@@ -467,6 +476,10 @@ def _checked_results(payload: bytes, n: int) -> list[list[Any]]:
     if None in results:
         raise WorkerDied("verifier worker answered out of protocol")
     return results  # type: ignore[return-value]
+
+
+def _entry_chars(key: tuple[str, str, str], verdict: Execution) -> int:
+    return len(key[0]) + len(key[1]) + len(verdict.output or "") + len(verdict.detail)
 
 
 def _combine(runs: list[list[Any]], seeds: list[int]) -> Execution:
