@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +87,14 @@ def save_checkpoint(directory: Path, generation: int, state: dict[str, Any], kee
     }
     path = checkpoint_path(directory, generation)
     atomic_write_bytes(path, MAGIC + json.dumps(header).encode() + b"\n" + payload)
+    prune_checkpoints(directory, keep)
+    return path
+
+
+def prune_checkpoints(directory: Path, keep: int) -> None:
+    """Deletes all but the newest ``keep`` checkpoints."""
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
-    return path
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
@@ -99,11 +105,21 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
 
 
-def remove_temp_files(directory: Path) -> list[Path]:
-    """Deletes temp files left by a write that was killed; returns them."""
+def remove_temp_files(directory: Path, names: Sequence[str] | None = None) -> list[Path]:
+    """Deletes the temp files ``atomic_write_bytes`` left in ``directory`` when killed; returns them.
+
+    Args:
+        names: Only the temp files of these target names (``"config.json"`` matches
+            ``.config.json.<pid>.tmp``); ``None``: every ``*.tmp`` file (a folder that is all ours).
+    """
     if not directory.is_dir():
         return []
-    stale = [p for p in directory.iterdir() if p.name.endswith(".tmp")]
+    pattern = None if names is None else re.compile(rf"\.({'|'.join(map(re.escape, names))})\.\d+\.tmp")
+    stale = [
+        p
+        for p in directory.iterdir()
+        if p.name.endswith(".tmp") and (pattern is None or pattern.fullmatch(p.name))
+    ]
     for p in stale:
         p.unlink(missing_ok=True)
     return stale

@@ -23,7 +23,13 @@ from tqdm.auto import tqdm
 
 from evolve import operators
 from evolve.backends import make_backend
-from evolve.checkpoint import atomic_write_bytes, load_latest, remove_temp_files, save_checkpoint
+from evolve.checkpoint import (
+    atomic_write_bytes,
+    load_latest,
+    prune_checkpoints,
+    remove_temp_files,
+    save_checkpoint,
+)
 from evolve.learners import LEARNERS, LearnerConfig
 from evolve.members import POLICIES, NetConfig, is_finite_number
 from evolve.population import Population, extend, run_generation
@@ -285,6 +291,10 @@ def _check_same_run(saved: dict[str, Any], config: PBTConfig) -> int:
     return saved_generations
 
 
+RUN_FILES = ("config.json", "metrics.jsonl", "lineage.jsonl")
+"""The files ``run_pbt`` writes atomically in the run folder (besides ``checkpoints/`` and ``tb/``)."""
+
+
 def run_pbt(config: PBTConfig) -> Path:
     """Runs (or resumes) PBT and returns the run folder.
 
@@ -299,7 +309,10 @@ def run_pbt(config: PBTConfig) -> Path:
     run_dir = Path(config.run_dir)
     ckpt_dir = run_dir / "checkpoints"
     remove_temp_files(ckpt_dir)
+    remove_temp_files(run_dir, RUN_FILES)  # a kill between a temp file's write and its rename
     saved = load_latest(ckpt_dir)
+    if saved is not None:  # a kill after the newest checkpoint was written, before the old ones went
+        prune_checkpoints(ckpt_dir, config.keep_checkpoints)
     if saved is None:
         _check_unsaved_start(run_dir, config)
     saved_generations = _check_same_run(saved, config) if saved is not None else config.generations
@@ -308,23 +321,23 @@ def run_pbt(config: PBTConfig) -> Path:
     log: RunLog | None = None
     try:
         population = Population.create(config, backend.env, table)
-        amended = False  # a finished run's last record gains its children when the run is extended
         if saved is not None:
             population.restore(saved)
             if config.generations > saved_generations:
                 logger.info("extending %s from %d to %d generations", run_dir, saved_generations,
                             config.generations)  # fmt: skip
-                amended = extend(population, saved_generations)
+                extend(population, saved_generations)  # the last record gains its children
         if saved is None or config.generations > saved_generations:  # a new run, or its length changed
             run_dir.mkdir(parents=True, exist_ok=True)
             config_json = json.dumps(config.fingerprint(), indent=2, sort_keys=True).encode()
             atomic_write_bytes(run_dir / "config.json", config_json)
-        # TensorBoard drops what a killed process logged from here on (and the amended record's old scalars)
-        log = RunLog(
-            run_dir, config.tensorboard, population.generation - 1 if amended else population.generation
-        )
+        # TensorBoard drops what a killed process logged from the checkpoint's last generation on and gets
+        # that generation again: a kill between its checkpoint and its log would have lost its scalars (an
+        # extended run's last record also gains its children)
+        newest = population.generation - 1 if population.history else population.generation
+        log = RunLog(run_dir, config.tensorboard, newest)
         log.rewrite(population.history, [r.to_json() for r in population.lineage])
-        if amended:
+        if population.history:
             log.scalars(GenerationMetrics(**population.history[-1]))
         bar = tqdm(
             total=config.generations, initial=population.generation, disable=not config.progress, desc="PBT"

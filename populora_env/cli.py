@@ -7,6 +7,7 @@ Subcommands import their heavy dependencies (torch, ``agents``, ``evolve``) insi
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 import warnings
@@ -242,6 +243,7 @@ def train(args: TrainArgs) -> int:
     # PEFT calls a transformers method deprecated in v5 on every adapter it adds: noise, not a problem here
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     start = time.perf_counter()
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if _main_thread() else None
     try:
         # Every option is checked before the tiny base is built (minutes on a fresh machine): the base's
         # path is the only part of the config that waits for it.
@@ -264,6 +266,13 @@ def train(args: TrainArgs) -> int:
     except (ValueError, BaseModelLoadError, CheckpointError, OSError) as error:  # OSError: an unwritable
         print(f"populora train: {error}", file=sys.stderr)  # --run-dir or --cache-dir, a full disk
         return 2
+    except (KeyboardInterrupt, _Terminated) as stop:
+        name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"
+        print(f"populora train: stopped by {name}; {_resume_hint(Path(args.run_dir))}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     elapsed = time.perf_counter() - start
     print(_summary_table(run_dir))
     print(f"\n{args.preset} run of {config.generations} generations in {run_dir} ({elapsed:.0f} s):")
@@ -275,6 +284,30 @@ def train(args: TrainArgs) -> int:
     print(f"  checkpoints  {run_dir / 'checkpoints'} (rerun the same command to resume, with a larger "
           "--generations to extend)")  # fmt: skip
     return 0
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt so that the run closes cleanly."""
+
+
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _resume_hint(run_dir: Path) -> str:
+    """Where a stopped run stands: its newest checkpoint, and that the same command resumes it."""
+    from evolve.checkpoint import list_checkpoints
+
+    saved = list_checkpoints(run_dir / "checkpoints")
+    if not saved:
+        return f"no checkpoint in {run_dir} yet: the same command starts the run again"
+    return f"the same command resumes it from {saved[-1]} (and ends as an uninterrupted run would)"
 
 
 @dataclass(frozen=True)

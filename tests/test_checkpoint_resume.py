@@ -323,3 +323,57 @@ def test_atomic_write_leaves_no_temp_file(tmp_path: Path) -> None:
     atomic_write_bytes(tmp_path / "x.bin", b"def")
     assert (tmp_path / "x.bin").read_bytes() == b"def"
     assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]
+
+
+class _Killed(BaseException):
+    """Stands for a SIGKILL at one point of a run (nothing after it runs in that process)."""
+
+
+def test_a_kill_between_a_checkpoint_and_its_log_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after generation 1's checkpoint was written but before its metrics were logged: the resume
+    (which has no generation left to play) logs it all the same, TensorBoard included; temp files a killed
+    write left in the run folder go (and only those), and so do checkpoints beyond ``keep_checkpoints``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from evolve.runlog import RunLog
+
+    def config(run_dir: Path) -> PBTConfig:
+        return dataclasses.replace(tiny_config(str(run_dir), generations=2), tensorboard=True)
+
+    reference = run_pbt(config(tmp_path / "reference"))
+    append = RunLog.append
+
+    def killed_at_the_second(self: RunLog, record: Any) -> None:
+        if record.generation == 1:
+            raise _Killed
+        append(self, record)
+
+    monkeypatch.setattr(RunLog, "append", killed_at_the_second)
+    run_dir = tmp_path / "run"
+    with pytest.raises(_Killed):
+        run_pbt(config(run_dir))
+    monkeypatch.setattr(RunLog, "append", append)
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+    stray = [run_dir / ".config.json.12345.tmp", run_dir / ".metrics.jsonl.12345.tmp"]
+    for path in stray:
+        path.write_text("half")
+    (run_dir / "notes.tmp").write_text("the user's")
+    shutil.copy(run_dir / "checkpoints" / "gen_000001.ckpt", run_dir / "checkpoints" / "gen_000000.ckpt")
+
+    run_pbt(config(run_dir))
+    _assert_same_run(reference, run_dir, generations=2)
+    assert not any(path.exists() for path in stray) and (run_dir / "notes.tmp").exists()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "gen_000001.ckpt",
+        "gen_000002.ckpt",
+    ]
+
+    def scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
+        events = EventAccumulator(str(path / "tb"))
+        events.Reload()
+        return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+    theirs, ours = scalars(reference), scalars(run_dir)
+    assert ours == theirs and [step for step, _ in ours["env/solve_rate"]] == [0, 1]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import random
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -429,3 +431,37 @@ def test_a_learner_elsewhere_trains_on_the_ids_the_transitions_carry(tiny_base_d
 
 def _stats() -> UpdateStats:
     return UpdateStats("a", False, None, 0.0, None, 0.0, 0.0, 0.0, 3, 3, 1)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_populora_train_stopped_by_a_signal_says_so_in_one_line(
+    tmp_path: Path, tiny_base_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    signum: int,
+) -> None:  # fmt: skip
+    """Ctrl-C or SIGTERM in the middle of a generation: one line naming the signal and the checkpoint the
+    same command resumes from, exit status 128 + the signal, not a traceback; SIGTERM's handler is put back."""
+    import evolve.pbt
+
+    real = evolve.pbt.run_generation
+    generations: list[int] = []
+
+    def stopped_in_the_second(population: Any, backend: Any, config: Any, generation: int) -> Any:
+        generations.append(generation)
+        if generation == 1:
+            os.kill(os.getpid(), signum)  # the real signal: SIGINT raises KeyboardInterrupt here
+        return real(population, backend, config, generation)
+
+    monkeypatch.setattr(evolve.pbt, "run_generation", stopped_in_the_second)
+    run_dir = tmp_path / "run"
+    argv = ["train", "--preset", "self-play", "--base", str(tiny_base_dir), "--run-dir", str(run_dir),
+            "--generations", "3", "--max-new-tokens", "4", "--rank", "2", "--no-tensorboard"]  # fmt: skip
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(argv) == 128 + signum
+    err = capsys.readouterr().err
+    name = "SIGINT" if signum == signal.SIGINT else "SIGTERM"
+    assert (
+        f"stopped by {name}; the same command resumes it from {run_dir / 'checkpoints' / 'gen_000001.ckpt'}"
+        in err
+    )
+    assert "Traceback" not in err and generations == [0, 1]
+    assert signal.getsignal(signal.SIGTERM) == before
