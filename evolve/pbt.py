@@ -247,11 +247,35 @@ def _stable_description(value: Any) -> str:
     return f"<function {value.__module__}.{value.__qualname__} sha256:{digest[:16]}>"
 
 
-def _differences(old: dict[str, Any], config: PBTConfig) -> list[str]:
-    """Fields of a saved fingerprint that differ from ``config``'s, ``generations`` aside (it may grow)."""
+def _differences(old: dict[str, Any], config: PBTConfig) -> str:
+    """Where a saved fingerprint differs from ``config``'s, ``generations`` aside (it may grow): ``""`` when
+    it does not, else ``"fields ['seed'] differ: seed: saved 3, now 4"`` down to the nested values (a base
+    model's path in ``member_options`` is a typical one), at most three of them."""
     new = config.fingerprint()
     ignored = {"generations", *_NOT_RESULTS}  # checkpoints before 2026-12-01 hold checkpoint_every
-    return sorted(k for k in set(old) | set(new) if k not in ignored and old.get(k) != new.get(k))
+    fields = sorted(k for k in set(old) | set(new) if k not in ignored and old.get(k) != new.get(k))
+    if not fields:
+        return ""
+    leaves = [leaf for k in fields for leaf in _leaf_differences(k, old.get(k), new.get(k))]
+    more = f" (and {len(leaves) - 3} more)" if len(leaves) > 3 else ""
+    return f"fields {fields} differ: " + "; ".join(leaves[:3]) + more
+
+
+def _leaf_differences(path: str, saved: Any, now: Any) -> list[str]:
+    if isinstance(saved, dict) and isinstance(now, dict):
+        keys = sorted(set(saved) | set(now), key=str)
+        return [
+            d
+            for k in keys
+            if saved.get(k) != now.get(k)
+            for d in _leaf_differences(f"{path}.{k}", saved.get(k), now.get(k))
+        ]
+    return [f"{path}: saved {_short(saved)}, now {_short(now)}"]
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_unsaved_start(run_dir: Path, config: PBTConfig) -> None:
@@ -269,8 +293,8 @@ def _check_unsaved_start(run_dir: Path, config: PBTConfig) -> None:
         ) from None
     if differ := _differences(old, config):
         raise ValueError(
-            f"{config.run_dir} holds the start of a run with another config (fields {differ} differ) and "
-            "no checkpoint yet: delete that folder or choose another run_dir"
+            f"{config.run_dir} holds the start of a run with another config ({differ}) and no checkpoint "
+            "yet: delete that folder or choose another run_dir"
         )
 
 
@@ -282,7 +306,7 @@ def _check_same_run(saved: dict[str, Any], config: PBTConfig) -> int:
     old = json.loads(saved["config"])
     saved_generations = int(old.get("generations", config.generations))
     if differ := _differences(old, config):
-        raise ValueError(f"{config.run_dir} holds a run with another config (fields {differ} differ)")
+        raise ValueError(f"{config.run_dir} holds a run with another config ({differ})")
     if config.generations < saved_generations:
         raise ValueError(
             f"generations: {config.run_dir} holds a run of {saved_generations} generations; a run can be "

@@ -312,10 +312,18 @@ def test_the_start_of_another_run_without_a_checkpoint_is_not_replaced(tmp_path:
 
 
 def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
+    """The message names the nested values that differ (a base model's path moved with the cache, say)."""
     config = tiny_config(str(tmp_path / "run"))
-    save_checkpoint(tmp_path / "run" / "checkpoints", 1, {"config": json.dumps({"seed": 99})})
-    with pytest.raises(ValueError, match="another config"):
+    saved = {
+        **config.fingerprint(),
+        "seed": 99,
+        "member_options": {"lora": {"base": "/old/cache/base", "rank": 2}},
+    }
+    save_checkpoint(tmp_path / "run" / "checkpoints", 1, {"config": json.dumps(saved)})
+    with pytest.raises(ValueError, match="another config") as refused:
         run_pbt(config)
+    assert "fields ['member_options', 'seed'] differ: member_options.lora: saved" in str(refused.value)
+    assert '"/old/cache/base"' in str(refused.value) and "seed: saved 99, now 3" in str(refused.value)
 
 
 def test_atomic_write_leaves_no_temp_file(tmp_path: Path) -> None:
