@@ -22,6 +22,7 @@ import pytest
 
 from populora_env import dsl
 from populora_env.verifier import prefilter as prefilter_module
+from populora_env.verifier.literals import parse_args
 from populora_env.verifier.prefilter import prefilter
 
 from .conftest import CRUXEVAL
@@ -158,6 +159,27 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
            "return sorted(next(gen).f_globals)[:3]"), {"forbidden"}, {"ok"}),
     "module_held_by_an_allowed_one": (_p("return typing.sys.modules['os'].getuid()", "import typing\n"),
                                       {"forbidden"}, {"ok"}),
+    # `case C(name=p)` reads any attribute (dunders too) with no `.name` in the source
+    "match_class_attribute": (
+        _p("match len:\n    case object(__self__=b):\n        pass\nmatch b:\n    case object(__import__=imp):\n"
+           "        pass\nreturn imp('os').getuid()"), {"forbidden"}, {"ok"}),
+    # get_type_hints evaluates string annotations with the real built-ins
+    "string_annotation_evaluated": (
+        "import typing\nclass C:\n    x: \"len.__self__.__import__('os')\"\n"
+        "def f(x):\n    return typing.get_type_hints(C)['x'].getuid()\n", {"forbidden"}, {"ok"}),
+    # a Formatter subclass's hook is handed the object a format string walked to
+    "formatter_subclass": (
+        "import string\nclass F(string.Formatter):\n    def format_field(self, v, spec):\n        F.got = v\n"
+        "        return ''\ndef f(x):\n    F().format('{0.__globals__[__builtins__][len]}', string.capwords)\n"
+        "    return F.got('ab')\n", {"forbidden"}, {"ok"}),
+    "star_import": (_p("return sys.modules['os'].getuid()", "from json.tool import *\n"), {"forbidden"}, {"ok"}),
+    "submodule_holding_sys": (_p("return json.tool.sys.modules['os'].getuid()", "import json.tool\n"),
+                              {"forbidden"}, {"ok"}),
+    # each `return` in a finally body copies every enclosing finally body again: exponential in the depth
+    "nested_finally_returns_blowup": (
+        "def f(x):\n" + "".join(" " * (i + 1) + "try:\n" for i in range(20)) + " " * 21 + "x += 1\n"
+        + "".join(" " * (i + 1) + "finally:\n" + " " * (i + 2) + "return x\n" for i in reversed(range(20))),
+        {"forbidden"}, {"forbidden"}),
     "attribute_by_name": (
         _p("return [operator.attrgetter('gi_frame')(i for i in [x]) is None]", "import operator\n"),
         {"forbidden"}, {"ok"}),
@@ -278,16 +300,25 @@ def test_the_prefilter_text_shortcut_never_skips_a_finding():
 
 
 def test_every_module_an_allowed_one_holds_publicly_is_a_forbidden_attribute():
-    """``typing.sys`` is ``sys``: each public attribute of an allowed module (or of its allowed submodules)
-    that is a module outside the allowlist must be a forbidden attribute name, on this Python."""
+    """``typing.sys`` is ``sys``: each public attribute of an allowed module (or of a submodule a program
+    may import) that is a module outside the allowlist must be a forbidden attribute name, on this
+    Python; a submodule that holds others (``json.tool``: ``argparse``) must be a forbidden module."""
     import importlib
+    import pkgutil
     import types
 
-    from populora_env.verifier.prefilter import ALLOWED_MODULES, FORBIDDEN_ATTRIBUTES
+    from populora_env.verifier.prefilter import ALLOWED_MODULES, FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES
 
     reachable: set[str] = set()
     seen: set[str] = set()
     todo = [importlib.import_module(name) for name in sorted(ALLOWED_MODULES)]
+    for package in list(todo):  # and every public submodule a program may import (`import json.decoder`)
+        for info in pkgutil.walk_packages(getattr(package, "__path__", []), f"{package.__name__}."):
+            if (
+                not any(p.startswith("_") for p in info.name.split("."))
+                and info.name not in FORBIDDEN_MODULES
+            ):
+                todo.append(importlib.import_module(info.name))
     while todo:
         module = todo.pop()
         if module.__name__ in seen:
@@ -301,3 +332,37 @@ def test_every_module_an_allowed_one_holds_publicly_is_a_forbidden_attribute():
             else:
                 reachable.add(name)
     assert reachable and reachable <= FORBIDDEN_ATTRIBUTES, sorted(reachable - FORBIDDEN_ATTRIBUTES)
+
+
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        (
+            "io_setup",
+            "libc.syscall(206 if machine == 'x86_64' else 0, 4096, ctypes.byref(ctypes.c_ulong(0)))",
+        ),
+        ("inotify_init1", "libc.inotify_init1(0)"),
+        ("flock", "libc.flock(os.open('/dev/null', os.O_RDONLY), 2)"),
+        ("memfd_secret", "libc.syscall(447, 0) if machine == 'x86_64' else -1"),
+    ],
+)
+def test_machine_wide_resources_are_refused_to_programs(bare_verifier, name, call):
+    """Calls that take from resources every process shares (aio contexts, nobody's inotify instances,
+    locks) fail with EPERM in a child, with the language guards off."""
+    program = (
+        "import ctypes, os, platform\ndef f(x):\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"    machine = platform.machine()\n    result = {call}\n    return [result, ctypes.get_errno()]\n"
+    )
+    execution = bare_verifier.run(program, "1")
+    assert execution.status == "ok", execution
+    result, error = parse_args(execution.output)[0]
+    assert result == -1 and error in (1, 0 if name == "memfd_secret" else 1), (name, execution)
+
+
+def test_an_output_that_does_not_parse_back_is_bad_output(bare_verifier):
+    """The child renders only literals; text that does not parse back was made by the program itself
+    (here an int past the digit limit it raised), and no answer could ever be equal to it."""
+    program = "import sys\ndef f(x):\n    sys.set_int_max_str_digits(0)\n    return 10 ** 5000"
+    execution = bare_verifier.run(program, "1")
+    assert (execution.status, execution.output) == ("bad_output", None), execution
+    assert "does not parse back" in execution.detail

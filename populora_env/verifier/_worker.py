@@ -97,6 +97,15 @@ class Worker:
         if seccomp_error:
             self.report["errors"].append(seccomp_error)
         self.report["rlimits"] = True
+        # A pool's workers keep `heap_shift` more small blocks of every allocator size class than the first
+        # pool's (16 to 512 bytes), so that a program's objects (those not taken from a type's own free
+        # list: instances, functions, classes) land at other offsets in each pool: an output that depends
+        # on their addresses (the order of a set of objects hashed by address) is then far more likely to
+        # differ between the determinism check's two runs, as it would between machines.
+        shift = int(config.get("heap_shift", 0))
+        self._held = [
+            v for _ in range(shift) for v in (object(), 0.5 + shift, *(bytes(n) for n in range(0, 480, 16)))
+        ]
         self._warm_up()
         gc.freeze()  # children then leave the worker's objects alone instead of copying their pages
 

@@ -13,12 +13,13 @@ import ast
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "ALLOWED_MODULES",
     "BANNED_NAMES",
     "FORBIDDEN_ATTRIBUTES",
+    "FORBIDDEN_MODULES",
     "MAX_COMPILED_STATEMENTS",
     "Prefiltered",
     "compile_guard",
@@ -46,17 +47,24 @@ BANNED_NAMES = frozenset(
 
 #: Attributes a program may not read although their names have no underscore: the frames and code of
 #: generators, coroutines and tracebacks (``gen.gi_frame.f_back.f_globals`` reaches the child's own
-#: modules), attribute access by name at run time, and the modules that the allowed ones import under a
-#: public name (``typing.sys.modules`` holds every module). ``FORBIDDEN_ATTRIBUTES`` is checked against the
-#: running Python's allowed modules by the tests.
+#: modules), attribute access by name at run time (``attrgetter``; a ``Formatter`` subclass's hooks get
+#: the objects a format string walks to), the evaluators of string annotations (``get_type_hints``, which
+#: ``singledispatch`` calls, runs them through ``eval`` with the real built-ins), and the modules that the
+#: allowed ones import under a public name (``typing.sys.modules`` holds every module).
+#: ``FORBIDDEN_ATTRIBUTES`` is checked against the running Python's allowed modules by the tests.
 FORBIDDEN_ATTRIBUTES = frozenset(
     {
         "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "tb_frame", "tb_next",
         "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "attrgetter", "methodcaller", "get_field",
+        "Formatter", "get_type_hints", "ForwardRef", "singledispatch", "singledispatchmethod",
         "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
         "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
     }
 )  # fmt: skip
+
+#: Submodules of allowed packages that a program may not import: ``json.tool`` holds ``sys`` and
+#: ``argparse`` (the tests walk every submodule of the allowed packages for such).
+FORBIDDEN_MODULES = frozenset({"json.tool"})
 
 #: Most statements a program may compile to, counting each ``finally`` body once per copy CPython 3.11
 #: emits (normal exit, exception, and each ``return``/``break``/``continue`` leaving through it): nested in
@@ -163,58 +171,115 @@ def compile_guard(program: str) -> Prefiltered:
 def _too_big(program: str, tree: ast.Module) -> Prefiltered | None:
     if "finally" not in program:
         return None
-    size = _compiled_statements(tree.body)
+    try:
+        size = _compiled_statements(tree.body)
+    except RecursionError:
+        return Prefiltered("forbidden", "blocks nest too deeply to estimate what the program compiles to")
     if size <= MAX_COMPILED_STATEMENTS:
         return None
+    shown = f"~{size}" if size < 10**12 else "over 10**12"
     return Prefiltered(
         "forbidden",
-        f"nested `finally` blocks would compile to ~{size} statements (over {MAX_COMPILED_STATEMENTS})",
+        f"nested `finally` blocks would compile to {shown} statements (over {MAX_COMPILED_STATEMENTS})",
     )
 
 
-def _compiled_statements(body: list[ast.stmt]) -> int:
-    """Statements ``body`` compiles to, each ``finally`` body counted once per copy (see
-    ``MAX_COMPILED_STATEMENTS``); exits through a ``finally`` are over-counted (a ``break`` of an inner loop
-    counts too), never under-counted."""
+_Context = tuple[tuple[str, Any], ...]
+"""The blocks a statement is compiled in, outermost first: ``("loop", None)``, ``("with", None)`` or
+``("finally", finalbody)`` of an enclosing ``try``."""
+
+
+def _compiled_statements(
+    body: list[ast.stmt], context: _Context = (), memo: dict[int, int] | None = None
+) -> int:
+    """Statements ``body`` compiles to, every copy CPython 3.11 makes of a ``finally`` body counted (see
+    ``MAX_COMPILED_STATEMENTS``): one after the ``try``, one on the exception path, and one at each
+    ``return``, ``break`` or ``continue`` leaving through it, where that copy's own exits copy the outer
+    ``finally`` bodies again (so the count can grow exponentially; ``memo`` keeps computing it linear).
+    A ``finally`` body always sits in the same blocks, so its size is memoised by identity."""
+    memo = {} if memo is None else memo
     total = 0
     for node in body:
         total += 1
-        if isinstance(node, (ast.Try, ast.TryStar)) and node.finalbody:
-            guarded = [*node.body, *node.orelse, *(s for h in node.handlers for s in h.body)]
-            exits = sum(_exits(s) for s in guarded)
-            total += _compiled_statements(guarded) + (2 + exits) * _compiled_statements(node.finalbody)
-            continue
-        for field in ("body", "orelse", "finalbody"):
-            block = getattr(node, field, None)
-            if isinstance(block, list):
-                total += _compiled_statements(block)
-        for part in (*getattr(node, "handlers", ()), *getattr(node, "cases", ())):
-            total += _compiled_statements(part.body)
+        if isinstance(node, ast.Return):
+            total += _unwound(context, memo, to_loop=False)
+        elif isinstance(node, (ast.Break, ast.Continue)):
+            total += _unwound(context, memo, to_loop=True)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            total += _compiled_statements(node.body, (), memo)  # a code object of its own
+        elif isinstance(node, (ast.Try, ast.TryStar)):
+            inner = (*context, ("finally", node.finalbody)) if node.finalbody else context
+            total += _compiled_statements(node.body, inner, memo) + _compiled_statements(
+                node.orelse, inner, memo
+            )
+            total += sum(_compiled_statements(h.body, inner, memo) for h in node.handlers)
+            if node.finalbody:
+                total += 2 * _finally_size(node.finalbody, context, memo)
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            total += _compiled_statements(node.body, (*context, ("loop", None)), memo)
+            total += _compiled_statements(node.orelse, context, memo)
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            total += _compiled_statements(node.body, (*context, ("with", None)), memo)
+        elif isinstance(node, ast.If):
+            total += _compiled_statements(node.body, context, memo) + _compiled_statements(
+                node.orelse, context, memo
+            )
+        elif isinstance(node, ast.Match):
+            total += sum(_compiled_statements(case.body, context, memo) for case in node.cases)
     return total
 
 
-def _exits(node: ast.AST) -> int:
-    """``return``, ``break`` and ``continue`` statements in ``node``, outside nested functions and classes."""
-    if isinstance(node, (ast.Return, ast.Break, ast.Continue)):
-        return 1
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-        return 0
-    return sum(
-        _exits(child)
-        for child in ast.iter_child_nodes(node)
-        if isinstance(child, ast.stmt | ast.excepthandler | ast.match_case)
+def _finally_size(finalbody: list[ast.stmt], context: _Context, memo: dict[int, int]) -> int:
+    """One copy of a ``finally`` body, compiled in the blocks around its ``try``."""
+    key = id(finalbody)
+    if key not in memo:
+        memo[key] = _compiled_statements(finalbody, context, memo)
+    return memo[key]
+
+
+def _unwound(context: _Context, memo: dict[int, int], *, to_loop: bool) -> int:
+    """What an exit inlines: a copy of each enclosing ``finally`` body (up to the innermost loop for
+    ``break``/``continue``), each compiled in the blocks outside its own ``try``; 1 per ``with``."""
+    total = 0
+    for depth in range(len(context) - 1, -1, -1):
+        kind, finalbody = context[depth]
+        if kind == "loop" and to_loop:
+            break
+        if kind == "with":
+            total += 1
+        elif kind == "finally":
+            total += _finally_size(finalbody, context[:depth], memo)
+    return total
+
+
+def _module_refused(name: str) -> bool:
+    parts = name.split(".")
+    return (
+        parts[0] not in ALLOWED_MODULES
+        or any(p.startswith("_") for p in parts)
+        or any(".".join(parts[: i + 1]) in FORBIDDEN_MODULES for i in range(len(parts)))
     )
+
+
+def _attribute_refused(name: str) -> str | None:
+    if name in FORBIDDEN_ATTRIBUTES or name.startswith("__"):
+        return f"access to attribute {name!r} is not allowed"
+    if name.startswith("_"):
+        return f"access to private attribute {name!r} is not allowed"
+    return None
 
 
 def _forbidden(node: ast.AST) -> str | None:
     if isinstance(node, ast.Import):
         for alias in node.names:
-            if alias.name.split(".")[0] not in ALLOWED_MODULES:
+            if _module_refused(alias.name):
                 return f"import of module {alias.name!r} is not allowed"
     elif isinstance(node, ast.ImportFrom):
         module = node.module or ""
-        if node.level or module.split(".")[0] not in ALLOWED_MODULES:
+        if node.level or _module_refused(module):
             return f"import from module {module!r} is not allowed"
+        if any(a.name == "*" for a in node.names):  # the names it binds would go unchecked
+            return f"`from {module} import *` is not allowed"
         if any(a.name.startswith("_") for a in node.names):
             return "import of private names is not allowed"
         if any(a.name in FORBIDDEN_ATTRIBUTES for a in node.names):
@@ -225,12 +290,9 @@ def _forbidden(node: ast.AST) -> str | None:
         if len(node.id) > 4 and node.id.startswith("__") and node.id.endswith("__") and node.id != "__name__":
             return f"use of dunder name {node.id!r} is not allowed"
     elif isinstance(node, ast.Attribute):
-        if node.attr in FORBIDDEN_ATTRIBUTES:
-            return f"access to attribute {node.attr!r} is not allowed"
-        if node.attr.startswith("__"):
-            return f"access to attribute {node.attr!r} is not allowed"
-        if node.attr.startswith("_"):
-            return f"access to private attribute {node.attr!r} is not allowed"
+        return _attribute_refused(node.attr)
+    elif isinstance(node, ast.MatchClass):  # `case C(name=p)` reads the attribute `name` of the subject
+        return next(filter(None, map(_attribute_refused, node.kwd_attrs)), None)
     elif isinstance(node, (ast.Global, ast.Nonlocal)) and any(n.startswith("__") for n in node.names):
         return "rebinding dunder names is not allowed"
     return None

@@ -289,6 +289,26 @@ _DENY_WORKER = [
     "ioprio_set",
     "migrate_pages",
     "move_pages",
+    # machine-wide or per-uid kernel resources a child could take from everyone for its wall-clock time
+    # (aio contexts count against fs.aio-max-nr, inotify instances against nobody's limit), the host's
+    # page cache (sync, readahead, fadvise DONTNEED on the standard library's files) and locks on files it
+    # can only read (flock)
+    "io_setup",
+    "io_destroy",
+    "io_submit",
+    "io_cancel",
+    "io_getevents",
+    "io_pgetevents",
+    "inotify_init",
+    "inotify_init1",
+    "inotify_add_watch",
+    "sync",
+    "syncfs",
+    "sync_file_range",
+    "readahead",
+    "fadvise64",
+    "flock",
+    "memfd_secret",
 ]
 # fcntl commands that make the kernel signal another process on I/O (F_SETOWN + O_ASYNC: SIGIO, or any
 # signal with F_SETSIG, even SIGKILL/SIGSTOP to a sibling child or the worker), denied to the worker and

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .literals import LiteralError, outputs_equal, parse_args
+from .literals import LiteralError, outputs_equal, parse_args, parse_literal
 from .pool import WorkerDied, WorkerHandle, WorkerHung
 from .prefilter import ALLOWED_MODULES, compile_guard, prefilter, prefilter_expression
 from .records import Execution, IsolationReport, VerifierConfig
@@ -93,8 +93,8 @@ class Verifier:
         self._pools: list[list[WorkerHandle]] = [[] for _ in seeds]
         self._seeds = list(seeds)
         try:
-            for pool, seed in zip(self._pools, seeds):
-                pool.extend(WorkerHandle(seed, self._worker_config) for _ in range(n))
+            for index, (pool, seed) in enumerate(zip(self._pools, seeds)):
+                pool.extend(WorkerHandle(seed, self._pool_config(index)) for _ in range(n))
             for pool in self._pools:
                 for worker in pool:
                     worker.wait_ready(config.start_timeout)
@@ -253,17 +253,34 @@ class Verifier:
             if task.pool + 1 < len(self._pools):
                 again = [args for args, result in zip(task.calls, results) if result[0] == "ok"]
                 if again:
-                    # in another order: the calls of a program share its child, so an output that depends on
-                    # the calls before it (state left in a preloaded module) differs between the runs
-                    return _Task(task.program, again[1:] + again[:1], task.pool + 1, mode)
+                    # in reverse order: the calls of a program share its child, so an output that depends on
+                    # which calls came before it (state left in a preloaded module) differs between the runs
+                    # (reversing swaps every pair; a rotation left the middle one of three behind the same)
+                    return _Task(task.program, again[::-1], task.pool + 1, mode)
             return None
 
         self._dispatch(first_runs(), finished)
         for key, results in runs.items():
-            verdict = _combine(results, self._seeds)
+            verdict = self._parsed_back(_combine(results, self._seeds), mode)
             fresh[key] = verdict
             self._cache_put((*key, mode), verdict)
         return fresh
+
+    def _parsed_back(self, verdict: Execution, mode: str) -> Execution:
+        """An ``ok`` verdict whose output does not parse back as a literal (an argument list in
+        ``literalize`` mode) is ``bad_output``: the child renders only literals, so such text was written
+        by the program itself (a forged line on its result pipe, or an int past the digit limit it
+        raised), and no answer could ever equal it."""
+        if verdict.status != "ok" or verdict.output is None:
+            return verdict
+        parse = parse_args if mode == "literalize" else parse_literal
+        try:
+            parse(verdict.output, max_chars=self.config.max_output_chars, max_depth=self.config.max_depth)
+        except LiteralError as error:
+            return Execution(
+                "bad_output", None, f"the output does not parse back as a literal: {error}"[:200]
+            )
+        return verdict
 
     def _cache_put(self, key: tuple[str, str, str], verdict: Execution) -> None:
         if self.config.cache_size == 0:
@@ -398,10 +415,15 @@ class Verifier:
             busy[worker.out_fd] = (worker, batch)
             worker.send(request, deadline)
 
+    def _pool_config(self, pool: int) -> dict[str, Any]:
+        """The workers' config for a pool: ``heap_shift`` makes each pool's children allocate at other
+        addresses (see ``_worker.Worker``)."""
+        return {**self._worker_config, "heap_shift": pool}
+
     def _replace(self, worker: WorkerHandle, pool: int, why: str = "died or hung") -> WorkerHandle:
         worker.kill()
         logger.warning("verifier worker %d %s; starting a replacement", worker.pid, why)
-        fresh = WorkerHandle(self._seeds[pool], self._worker_config)
+        fresh = WorkerHandle(self._seeds[pool], self._pool_config(pool))
         fresh.wait_ready(self.config.start_timeout)
         members = self._pools[pool]
         members[members.index(worker)] = fresh
