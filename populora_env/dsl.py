@@ -148,11 +148,18 @@ def _nvec(n_slots: int) -> tuple[int, ...]:
 
 def decode(action: np.ndarray, n_slots: int) -> DslProgram:
     """Decodes a MultiDiscrete action vector; raises ValueError if it lies outside the space."""
-    vec = np.asarray(action).reshape(-1)
     nvec = _nvec(n_slots)
+    try:
+        vec = np.asarray(action)
+    except ValueError:  # ragged nested lists
+        raise ValueError(
+            f"structured action must be an integer vector of shape {(len(nvec),)}, got a ragged {type(action).__name__}"
+        ) from None
     # issubclass on the scalar type is what np.issubdtype(vec.dtype, np.integer) checks, minus its overhead
     if vec.shape != (len(nvec),) or not issubclass(vec.dtype.type, np.integer):
-        raise ValueError(f"structured action must be an integer vector of shape {(len(nvec),)}, got {vec!r}")
+        raise ValueError(
+            f"structured action must be an integer vector of shape {(len(nvec),)}, got {vec!r:.200}"
+        )
     ints = vec.tolist()  # Python ints: the bounds check and the slots need no numpy scalars
     if min(ints) < 0 or not all(map(operator.lt, ints, nvec)):
         raise ValueError(f"structured action {ints} lies outside MultiDiscrete({list(nvec)})")

@@ -9,6 +9,7 @@ the solve rates and valid tasks join the buffer. The AEC env in ``teacher_studen
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import random
 from collections import deque
@@ -23,7 +24,7 @@ from populora_env.candidates import make_candidates
 from populora_env.matchmaking import Matchmaker
 from populora_env.metrics import EpisodeMetrics, summarize_episode
 from populora_env.tasks import TASK_TYPES, Task, TaskBuffer, TaskType, run_all, task_id_for
-from populora_env.text_format import Answer, FormatError, Proposal
+from populora_env.text_format import Answer, FormatError, Proposal, unshowable
 
 __all__ = ["Game", "ResolvedProposal", "StepOutcome", "TeacherStudentConfig", "Turn", "teacher_reward"]
 
@@ -165,7 +166,8 @@ class TeacherStudentConfig:
     buffer_capacity: int = 256
     """Maximum tasks per type in the buffer."""
     persist_buffer: bool = False
-    """Keep the buffer across ``reset()`` (an arms race over many episodes); off makes episodes independent."""
+    """Keep the buffer (and the ratings of the env's own ``"pfsp"`` matchmaker) across ``reset()``: an arms
+    race over many episodes; off makes episodes independent (the same seed plays the same episode)."""
     induction_min_inputs: int = 2
     """Fewest distinct inputs of a text induction proposal."""
     induction_max_inputs: int = 6
@@ -182,13 +184,22 @@ class TeacherStudentConfig:
     """Structured actions outside the space or masked: raise ``ValueError`` or pay the format penalty."""
 
     def __post_init__(self) -> None:
-        for name, least in _INT_MINIMUMS.items():
+        for name, least in _INT_MINIMUMS.items():  # numpy's ints count (a value read from an array)
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            if (
+                not isinstance(value, numbers.Integral)
+                or isinstance(value, (bool, np.bool_))
+                or value < least
+            ):
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+            object.__setattr__(self, name, int(value))
         for name in _REWARD_FIELDS:
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            if (
+                not isinstance(value, numbers.Real)
+                or isinstance(value, (bool, np.bool_))
+                or not math.isfinite(value)
+            ):
                 raise ValueError(f"{name} must be a finite real number, got {value!r}")
             object.__setattr__(self, name, float(value))
         if not isinstance(self.persist_buffer, bool):
@@ -225,6 +236,16 @@ class TeacherStudentConfig:
             raise ValueError(
                 "seed_tasks_path is only allowed with mode='text' (structured mode needs DSL tasks)"
             )
+        if self.seed_tasks_path is not None and not os.path.isfile(self.seed_tasks_path):
+            raise ValueError(f"seed_tasks_path: no such file {self.seed_tasks_path!r}")
+        if callable(self.reward_scheme):
+            # every solve rate a round can produce, tried now: a scheme that raises or pays NaN would
+            # otherwise fail (or poison the returns) in the middle of resolving a round
+            most = self.n_students * self.student_group_size
+            for rate in sorted(
+                {correct / attempts for attempts in range(1, most + 1) for correct in range(attempts + 1)}
+            ):
+                _scheme_value(self.reward_scheme, rate)
 
     @property
     def agents(self) -> tuple[str, ...]:
@@ -246,12 +267,26 @@ def teacher_reward(solve_rate: float | None, config: TeacherStudentConfig) -> fl
         return 0.0
     scheme = config.reward_scheme
     if callable(scheme):
-        return float(scheme(solve_rate))
+        return _scheme_value(scheme, solve_rate)
     if scheme == "adversarial":
         return 1.0 - solve_rate
     if 0.0 < solve_rate < 1.0:
         return 1.0 - solve_rate
     return config.teacher_extreme_reward
+
+
+def _scheme_value(scheme: Callable[[float], float], solve_rate: float) -> float:
+    """A callable ``reward_scheme``'s reward for ``solve_rate``, as a finite float, or a ValueError saying so."""
+    try:
+        value = scheme(solve_rate)
+        reward = float(value)
+    except Exception as error:
+        raise ValueError(
+            f"reward_scheme({solve_rate!r}) failed: {type(error).__name__}: {error}"[:300]
+        ) from None
+    if isinstance(value, bool) or not math.isfinite(reward):
+        raise ValueError(f"reward_scheme({solve_rate!r}) must return a finite number, got {value!r:.80}")
+    return reward
 
 
 class Game:
@@ -400,6 +435,8 @@ class Game:
             source=turn.agent,
             program_dsl=program_dsl,
         )
+        if cfg.mode == "text" and (reason := unshowable(task, cfg.max_prompt_chars)) is not None:
+            return None, "invalid", reason  # a task its students could not read is not a task
         if cfg.mode == "structured":
             candidates = make_candidates(task, self.verifier, self._local, cfg.n_candidates)
             # the one field that needs the task itself, set before anyone else sees the task (cheaper
@@ -428,7 +465,8 @@ class Game:
         info["verdict"] = verdict
         info["status"] = status
         info["score"] = score
-        info["gold"] = task.gold
+        if turn.attempt + 1 == self.config.student_group_size:  # not before its group's last attempt
+            info["gold"] = task.gold
         self._solve_infos[agent] = info
         return StepOutcome({agent: reward}, {agent: info}, False)
 

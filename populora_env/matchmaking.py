@@ -89,6 +89,10 @@ class RatingPFSP:
         self.model = model if model is not None else PlackettLuce()
         self.ratings: dict[str, object] = {}
 
+    def reset(self) -> None:
+        """Forgets every rating (the env calls it at ``reset()`` unless ``persist_buffer`` is on)."""
+        self.ratings.clear()
+
     def rating(self, agent: str) -> object:
         """The agent's OpenSkill rating (created at the model's default on first use)."""
         if agent not in self.ratings:

@@ -6,7 +6,9 @@ Agents
 A round (AEC order)
     1. Propose: each teacher, ``teacher_group_size`` times in a row, proposes a task of its type for the
        round (``task_types[(round * T + i) % len(task_types)]``) after seeing ``n_references`` buffer tasks.
-       The verifier validates it (runs in isolation, checks determinism, computes the gold output).
+       The verifier validates it (runs in isolation, checks determinism, computes the gold output); in
+       text mode a task whose program, inputs or outputs hold characters the prompt cannot show (outside
+       printable ASCII, tab and newline) or whose prompt would exceed ``max_prompt_chars`` is invalid too.
     2. Solve: the matchmaker (all-pairs, random, OpenSkill PFSP, or any ``Matchmaker``) assigns students to
        the valid tasks; each student attempts each assigned task ``student_group_size`` times in a row,
        one AEC step each, with an immediate verified reward.
@@ -41,8 +43,8 @@ Rewards
     ``adversarial`` ``1 - s``, or a callable of the solve rate ``s``.
 
 Info
-    A step's info holds round, phase, task_type, attempt, task_id, verdict, status (students also score and
-    gold); when a round resolves each teacher's info holds ``resolved``: one dict per proposal with
+    A step's info holds round, phase, task_type, attempt, task_id, verdict, status (students also score, and
+    gold after their last attempt of the task's ``student_group_size``); when a round resolves each teacher's info holds ``resolved``: one dict per proposal with
     verdict, status, solve_rate, n_attempts, reward and gold, and each student that attempted tasks that
     round gets ``resolved`` too, next to its last step's info: one dict per task with task_id, task_type,
     teacher, solve_rate (over all students' attempts), n_attempts, gold, own_attempts and own_correct.
@@ -206,6 +208,7 @@ class raw_env(AECEnv):
         self._verifier = verifier
         cfg = self.config
         self._matchmaker = matchmaker or make_matchmaker(cfg.matching, cfg.students_per_task)
+        self._own_matchmaker = matchmaker is None  # its learned state follows `persist_buffer`
         self.possible_agents = list(cfg.agents)
         self._game: Game | None = None
         self._rng: np.random.Generator | None = None
@@ -312,6 +315,10 @@ class raw_env(AECEnv):
             self._rng = np.random.default_rng(seed)
         if self._game is None:
             self._game = Game(self.config, self.verifier, self._matchmaker, self._seed_tasks())
+        elif self._own_matchmaker and not self.config.persist_buffer:
+            forget = getattr(self._matchmaker, "reset", None)  # PFSP's ratings: episodes are independent
+            if forget is not None:
+                forget()
         self._game.reset(self._rng)
         self.agents = self.possible_agents[:]
         self.rewards = dict.fromkeys(self.agents, 0.0)
@@ -383,15 +390,23 @@ class raw_env(AECEnv):
 
     def _candidate_index(self, turn: Turn, action: Any) -> int:
         assert turn.task is not None
-        if type(action) is int and 0 <= action < len(turn.task.candidates):
+        count = len(turn.task.candidates)
+        if type(action) is int and 0 <= action < count:
             return action  # the common case, decided without numpy's conversions
-        arr = np.asarray(action)
-        if arr.shape != () or not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"a student's structured action must be an integer, got {action!r}")
-        index = int(arr)
-        if not 0 <= index < len(turn.task.candidates):
+        if action is None:
+            raise ValueError(f"{turn.agent} has a turn: None is the action of an agent that is done")
+        if isinstance(action, (int, np.integer)) and not isinstance(action, bool):
+            index = int(action)
+        else:
+            arr = np.asarray(action) if not isinstance(action, (str, bytes)) else np.asarray(None)
+            if arr.shape != () or not np.issubdtype(arr.dtype, np.integer):
+                raise ValueError(f"a student's structured action must be an integer, got {action!r:.100}")
+            index = int(arr)
+        if not 0 <= index < count:
             raise ValueError(
-                f"candidate {index} is not available: the action mask allows 0..{len(turn.task.candidates) - 1}"
+                f"candidate {index} is not available: the action mask allows 0..{count - 1} (give the "
+                "observation's action_mask to a masked algorithm, e.g. sb3-contrib's MaskablePPO, or set "
+                "illegal_action='penalize' for one that ignores masks)"
             )
         return index
 
@@ -399,7 +414,10 @@ class raw_env(AECEnv):
     def observe(self, agent: str) -> dict[str, Any]:
         """The agent's view of its next pending turn (an idle view if it has none this round)."""
         game = self._game
-        assert game is not None
+        if game is None:
+            raise RuntimeError("call reset() before observe()")
+        if agent not in self.possible_agents:
+            raise KeyError(f"unknown agent {agent!r}; this env's agents are {self.possible_agents}")
         turn = game.next_turn_for(agent) if not self.terminations.get(agent, True) else None
         if self.config.mode == "text":
             return self._text_obs(turn)

@@ -211,6 +211,17 @@ def teacher_prompt(task_type: TaskType, references: Sequence[Task]) -> str:
     return "\n\n".join(parts)
 
 
+def unshowable(task: Task, max_prompt_chars: int) -> str | None:
+    """Why a text-mode student could not see ``task`` as it is, or ``None``: a character of its program,
+    inputs or outputs outside ``CHARSET`` (the prompt would show ``?``: ``'é'`` could not be answered), or a
+    prompt over ``max_prompt_chars`` (it would be cut short)."""
+    if any(_NON_CHARSET.search(text) for text in (task.program, *task.inputs, *task.outputs)):
+        return "unshowable_characters"
+    if len(student_prompt(task)) > max_prompt_chars:
+        return "prompt_too_long"
+    return None
+
+
 def student_prompt(task: Task) -> str:
     """The prompt a student sees for one task, with the answer format it must use."""
     if task.task_type == "deduction":

@@ -184,6 +184,26 @@ def test_structured_illegal_actions(verifier):
         env.step(np.full(env.action_space("teacher_0").shape, 99))
     with pytest.raises(ValueError, match="integer vector"):
         env.step("text")
+    shape = env.action_space("teacher_0").shape
+    for wrong in (np.zeros((1, *shape), dtype=np.int64), np.zeros((*shape, 1), dtype=np.int64)):
+        with pytest.raises(ValueError, match="integer vector of shape"):  # outside the space: not reshaped
+            env.step(wrong)
+    with pytest.raises(ValueError, match="ragged list"):
+        env.step([[0, 1], [2]])
+    with pytest.raises(KeyError, match="unknown agent 'nobody'"):
+        env.observe("nobody")
+    env.step(np.zeros(shape, dtype=np.int64))  # a valid (if trivial) proposal: the student's turn
+    assert env.agent_selection == "student_0"
+    count = len(env.observe("student_0")["action_mask"])
+    with pytest.raises(
+        ValueError, match=r"candidate 70 is not available: .* MaskablePPO, or set illegal_action"
+    ):
+        env.step(70)
+    with pytest.raises(ValueError, match=f"candidate {2**70} is not available"):
+        env.step(2**70)
+    with pytest.raises(ValueError, match="None is the action of an agent that is done"):
+        env.step(None)
+    assert count >= 1
     pen = teacher_student_v0.raw_env(
         verifier=verifier, mode="structured", n_teachers=1, n_students=1, illegal_action="penalize", rounds=1
     )
@@ -205,6 +225,18 @@ def test_bad_config_kwargs_name_the_field(verifier):
         teacher_student_v0.env(verifier="python3")
     with pytest.raises(ValueError, match=r"matchmaker must be .* int lacks assign, update"):
         teacher_student_v0.env(verifier=verifier, matchmaker=5)
+    with pytest.raises(ValueError, match="seed_tasks_path: no such file"):
+        teacher_student_v0.env(verifier=verifier, seed_tasks_path="/nonexistent/tasks.jsonl")
+    # a callable reward scheme is tried on every solve rate a round can produce, at construction
+    with pytest.raises(ValueError, match=r"reward_scheme\(0\.0\) failed: ZeroDivisionError"):
+        teacher_student_v0.env(verifier=verifier, reward_scheme=lambda s: 1 / s)
+    with pytest.raises(ValueError, match=r"reward_scheme\(0\.5\) must return a finite number, got nan"):
+        teacher_student_v0.env(verifier=verifier, reward_scheme=lambda s: float("nan") if s == 0.5 else s)
+    # numpy's ints and floats are numbers (a value read from an array)
+    env = teacher_student_v0.env(
+        verifier=verifier, n_teachers=np.int64(2), student_correct_reward=np.float32(1)
+    )
+    assert env.unwrapped.config.n_teachers == 2 and type(env.unwrapped.config.n_teachers) is int
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -229,3 +261,33 @@ def test_human_render_prints_each_line_once(verifier, capsys):
     printed = capsys.readouterr().out
     assert printed.count("== round 0") == 1 and printed.count("== round 1") == 1
     assert printed.rstrip("\n") == ansi.render()  # the same lines, each printed once, as the game went
+
+
+@pytest.mark.parametrize("persist", [False, True])
+def test_pfsp_episodes_replay_on_the_same_env_unless_the_arms_race_persists(verifier, persist):
+    """The env's own PFSP ratings follow ``persist_buffer``: off (the default), ``reset(seed)`` on the same
+    instance replays the seed's episode (the ratings learned in one episode used to steer the next
+    one's matchups); on, they carry over with the buffer."""
+    env = teacher_student_v0.env(
+        mode="structured", n_teachers=3, n_students=4, matching="pfsp", rounds=3, verifier=verifier,
+        persist_buffer=persist,
+    )  # fmt: skip
+
+    def episode(seed: int) -> list[tuple[str, float, object]]:
+        env.reset(seed=seed)
+        policies = {
+            a: ScriptedTeacher(env, 0.5, i) if a.startswith("teacher") else ExecutingStudent(env, 0.5, i)
+            for i, a in enumerate(env.possible_agents)
+        }
+        trace = []
+        for agent in env.agent_iter():
+            obs, reward, done, truncated, info = env.last()
+            trace.append((agent, reward, info.get("task_id")))
+            env.step(None if done or truncated else policies[agent].act(obs, agent))
+        return trace
+
+    replays = [episode(seed) == episode(seed) for seed in range(5)]
+    if persist:
+        assert not all(replays) and env.unwrapped._matchmaker.ratings
+    else:
+        assert all(replays)

@@ -193,3 +193,25 @@ def test_structured_golden_round_rewards(verifier):
     assert record.returns == {"teacher_0": 1.5, "teacher_1": 1.5, "student_0": 6.0, "student_1": -3.0}
     assert record.steps == 3 * (2 + 2 * 2)
     assert record.metrics.student_solve_rate == {"student_0": 1.0, "student_1": 0.0}
+
+
+def test_a_student_sees_the_gold_answer_only_after_its_last_attempt(verifier):
+    """With a GRPO group of attempts, the gold answer in a student's step info would let its later attempts
+    copy it: it comes with the last one."""
+    from populora_env.text_format import format_answer, format_proposal
+
+    env = teacher_student_v0.env(
+        verifier=verifier,
+        n_teachers=1,
+        n_students=1,
+        rounds=1,
+        student_group_size=3,
+        task_types=("deduction",),
+    )
+    env.reset(seed=0)
+    env.step(format_proposal("def f(x):\n    return x * 7 + 3", ["5"]))
+    seen = []
+    for _ in range(3):
+        env.step(format_answer("deduction", "0"))
+        seen.append(env.unwrapped.infos["student_0"].get("gold"))
+    assert seen[:2] == [None, None] and seen[2] == "38"

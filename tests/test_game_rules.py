@@ -94,12 +94,12 @@ def test_config_accepts_single_type_string():
 
 
 def test_config_normalizes_numbers_and_paths(tmp_path):
-    config = TeacherStudentConfig(
-        student_correct_reward=2, task_types=["induction"], seed_tasks_path=tmp_path
-    )
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("")
+    config = TeacherStudentConfig(student_correct_reward=2, task_types=["induction"], seed_tasks_path=tasks)
     assert config.student_correct_reward == 2.0 and isinstance(config.student_correct_reward, float)
     assert config.task_types == ("induction",)
-    assert config.seed_tasks_path == str(tmp_path)
+    assert config.seed_tasks_path == str(tasks)
 
 
 PROGRAM = "def f(x):\n    return x + 1"
@@ -387,3 +387,30 @@ def test_every_int_and_float_config_field_is_validated():
     fields = [f.name for f in dataclasses.fields(TeacherStudentConfig)]
     assert {name for name in fields if hints[name] is int} == set(_INT_MINIMUMS)
     assert {name for name in fields if hints[name] is float} == set(_REWARD_FIELDS)
+
+
+@pytest.mark.parametrize(
+    ("program", "inputs", "status"),
+    [
+        ("def f(x):\n    return 'é' + x", ["'ü'"], "unshowable_characters"),  # the prompt would show '?'
+        ("def f(x):\n    return x + chr(233)", ["'a'"], "unshowable_characters"),  # in the output only
+        ("def f(x):\n    return x * 2" + "  # pad" * 80, ["1"], "prompt_too_long"),  # cut short in the prompt
+    ],
+)
+def test_text_tasks_a_student_could_not_read_are_invalid(verifier, program, inputs, status):
+    from populora_env import teacher_student_v0
+    from populora_env.text_format import format_proposal
+
+    env = teacher_student_v0.env(
+        verifier=verifier,
+        n_teachers=1,
+        n_students=1,
+        rounds=1,
+        task_types=("deduction",),
+        max_prompt_chars=600,
+    )
+    env.reset(seed=0)
+    env.step(format_proposal(program, inputs))
+    info = env.unwrapped.infos["teacher_0"]
+    resolved = info.get("resolved") or [info]
+    assert (resolved[0]["verdict"], resolved[0]["status"]) == ("invalid", status), info
