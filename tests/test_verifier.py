@@ -144,6 +144,7 @@ def test_workers_hold_only_what_they_need(bare_verifier):
     """Every module the worker holds is copied into each child's page tables: the worker imports the
     preload list and what it needs to serve and fork, not `typing`, `json`, `ast` or the codecs."""
     execution = bare_verifier.run("import sys\ndef f():\n    return sorted(sys.modules)", "")
+    assert execution.ok, execution
     held = set(parse_args(execution.output)[0])
     assert set(VerifierConfig().preload) <= held
     assert not held & {"typing", "json", "ast", "dataclasses", "enum", "re", "statistics", "encodings.cp1252"}

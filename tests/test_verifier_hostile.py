@@ -180,6 +180,26 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         "def f(x):\n" + "".join(" " * (i + 1) + "try:\n" for i in range(20)) + " " * 21 + "x += 1\n"
         + "".join(" " * (i + 1) + "finally:\n" + " " * (i + 2) + "return x\n" for i in reversed(range(20))),
         {"forbidden"}, {"forbidden"}),
+    # a positional class pattern reads the attribute __match_args__ names; a dataclass sets it from fields
+    "match_args_of_a_dataclass": (
+        "import dataclasses, numbers\ndef gd(obj, name):\n    X = dataclasses.make_dataclass('X', [name], "
+        "bases=(numbers.Number,))\n    X.register(type(obj))\n    match obj:\n        case X(v):\n"
+        "            return v\ndef f(x):\n    return str(gd(f, '_' + '_globals__')['_' + '_builtins__'])[:20]\n",
+        {"forbidden"}, {"ok"}),
+    "three_argument_type": (
+        _p("M = type('M', (type,), {'_' + '_instancecheck__': lambda c, o: True})\nreturn str(M)"),
+        {"forbidden"}, {"ok"}),
+    "update_wrapper_by_name": (
+        _p("class B:\n    pass\nb = B()\nfunctools.update_wrapper(b, f, assigned=('gi_' + 'code',), updated=())\n"
+           "return 1", "import functools\n"), {"forbidden"}, {"ok", "runtime"}),
+    "format_string_walking_frames": (
+        _p("def g():\n    yield '{0.gi_frame.f_back}'.format(gen)\ngen = g()\nreturn next(gen)[:7]"),
+        {"forbidden"}, {"ok"}),
+    "reads_the_package_data": (
+        _p("import os\nroot = os.path.dirname(os.path.dirname(sandbox_file))\n"
+           "return open(os.path.join(root, 'data', 'examples.jsonl')).read()[:20]",
+           f"sandbox_file = {str(Path(prefilter_module.__file__).with_name('sandbox.py'))!r}\n"),
+        {"forbidden"}, {"runtime"}),
     "attribute_by_name": (
         _p("return [operator.attrgetter('gi_frame')(i for i in [x]) is None]", "import operator\n"),
         {"forbidden"}, {"ok"}),

@@ -53,6 +53,12 @@ def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
         "exec",
         "compile",
         "memoryview",
+        "getattr",  # banned by the pre-filter; refused here too for a program that reaches the table
+        "setattr",
+        "delattr",
+        "vars",
+        "globals",
+        "locals",
     ):
         table[name] = _refuse
     table["__import__"] = _guarded_import

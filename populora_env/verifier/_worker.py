@@ -73,6 +73,9 @@ class Worker:
         isolate = bool(config.get("isolate", True))
         for name in config.get("preload", ()):
             __import__(name)  # the host checked that each is allowed
+        # The compiler imports unicodedata for the first non-ASCII identifier it meets (NFKC): imported now,
+        # a worker's modules do not depend on the programs it compiled (the two pools' children would differ)
+        __import__("unicodedata")
         self.keep_fds, imports_error = _imports_through_fds(self.allowed)
         # The host compiled the filters (see sandbox.build_seccomp_programs); hex text in the config.
         programs = tuple(bytes.fromhex(h) for h in config["seccomp"]) if config.get("seccomp") else None

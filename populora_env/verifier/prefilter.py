@@ -57,6 +57,7 @@ FORBIDDEN_ATTRIBUTES = frozenset(
         "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "tb_frame", "tb_next",
         "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "attrgetter", "methodcaller", "get_field",
         "Formatter", "get_type_hints", "ForwardRef", "singledispatch", "singledispatchmethod",
+        "update_wrapper", "wraps", "WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES",
         "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
         "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
     }
@@ -252,6 +253,15 @@ def _unwound(context: _Context, memo: dict[int, int], *, to_loop: bool) -> int:
     return total
 
 
+_SELF_MATCHING = frozenset(
+    {"bool", "bytearray", "bytes", "dict", "float", "frozenset", "int", "list", "set", "str", "tuple"}
+)
+"""Built-in classes whose one positional pattern matches the subject itself (no attribute is read)."""
+
+_FORMAT_REACH = re.compile(r"\{[^{}]*\.\s*(?:_|gi_|cr_|ag_|tb_|f_)")
+"""A ``str.format`` field walking to a private, dunder or frame attribute: ``"{0.__globals__}"``."""
+
+
 def _module_refused(name: str) -> bool:
     parts = name.split(".")
     return (
@@ -292,7 +302,20 @@ def _forbidden(node: ast.AST) -> str | None:
     elif isinstance(node, ast.Attribute):
         return _attribute_refused(node.attr)
     elif isinstance(node, ast.MatchClass):  # `case C(name=p)` reads the attribute `name` of the subject
+        if node.patterns and not (isinstance(node.cls, ast.Name) and node.cls.id in _SELF_MATCHING):
+            # `case C(p)` reads the attribute C.__match_args__[0] names, which a program can set to anything
+            # (a namedtuple's or dataclass's field names, a class made with type())
+            return "positional patterns of a class pattern are not allowed (except for built-in types)"
         return next(filter(None, map(_attribute_refused, node.kwd_attrs)), None)
+    elif isinstance(node, ast.Call):
+        if (
+            isinstance(node.func, ast.Name)
+            and node.func.id == "type"
+            and len(node.args) + len(node.keywords) > 1
+        ):
+            return "type() with more than one argument (a class from a dict of any names) is not allowed"
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _FORMAT_REACH.search(node.value):
+        return "a format string that reaches private or frame attributes is not allowed"
     elif isinstance(node, (ast.Global, ast.Nonlocal)) and any(n.startswith("__") for n in node.names):
         return "rebinding dunder names is not allowed"
     return None

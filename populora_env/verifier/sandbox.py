@@ -156,7 +156,9 @@ def apply_landlock(readable: list[str]) -> tuple[int, str | None]:
 
 def readable_paths() -> list[str]:
     """What a worker may read after Landlock: the Python installation(s) and system libraries."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(__file__))}
+    # the verifier's own folder (the worker imports its modules from there), not the package around it,
+    # whose data files (populora_env/data: examples with their outputs) are no business of programs
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.abspath(__file__))}
     paths.update(p for p in sys.path if p and os.path.isdir(p))
     paths.update(["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/dev/null"])
     return sorted(paths)
