@@ -239,9 +239,10 @@ class TeacherStudentConfig:
         if self.seed_tasks_path is not None and not os.path.isfile(self.seed_tasks_path):
             raise ValueError(f"seed_tasks_path: no such file {self.seed_tasks_path!r}")
         if callable(self.reward_scheme):
-            # every solve rate a round can produce, tried now: a scheme that raises or pays NaN would
-            # otherwise fail (or poison the returns) in the middle of resolving a round
-            most = self.n_students * self.student_group_size
+            # every solve rate a round can produce (up to 48 attempts per task: ~700 rates), tried now: a
+            # scheme that raises or pays NaN would otherwise fail (or poison the returns) in the middle of
+            # resolving a round; rates of larger groups are checked when they occur
+            most = min(self.n_students * self.student_group_size, 48)
             for rate in sorted(
                 {correct / attempts for attempts in range(1, most + 1) for correct in range(attempts + 1)}
             ):
