@@ -456,7 +456,13 @@ def test_populora_train_stopped_by_a_signal_says_so_in_one_line(
     argv = ["train", "--preset", "self-play", "--base", str(tiny_base_dir), "--run-dir", str(run_dir),
             "--generations", "3", "--max-new-tokens", "4", "--rank", "2", "--no-tensorboard"]  # fmt: skip
     before = signal.getsignal(signal.SIGTERM)
-    assert main(argv) == 128 + signum
+    # Ctrl-C as an interactive Python has it (a process started in the background, as under CI's nohup,
+    # inherits SIGINT ignored)
+    interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(argv) == 128 + signum
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
     err = capsys.readouterr().err
     name = "SIGINT" if signum == signal.SIGINT else "SIGTERM"
     assert (
