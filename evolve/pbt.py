@@ -335,11 +335,13 @@ def run_pbt(config: PBTConfig) -> Path:
     remove_temp_files(ckpt_dir)
     remove_temp_files(run_dir, RUN_FILES)  # a kill between a temp file's write and its rename
     saved = load_latest(ckpt_dir)
-    if saved is not None:  # a kill after the newest checkpoint was written, before the old ones went
-        prune_checkpoints(ckpt_dir, config.keep_checkpoints)
     if saved is None:
         _check_unsaved_start(run_dir, config)
     saved_generations = _check_same_run(saved, config) if saved is not None else config.generations
+    if (
+        saved is not None
+    ):  # this run's (checked): a kill after its newest checkpoint, before the old ones went
+        prune_checkpoints(ckpt_dir, config.keep_checkpoints)
     table = RatingTable()
     backend = make_backend(config, table)
     log: RunLog | None = None

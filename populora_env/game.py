@@ -146,7 +146,9 @@ class TeacherStudentConfig:
     students_per_task: int = 1
     """Students per task for ``random`` and ``pfsp`` matching."""
     reward_scheme: RewardScheme = "learnability"
-    """Teacher reward of a valid task from its solve rate: ``learnability``, ``adversarial`` or a callable."""
+    """Teacher reward of a valid task from its solve rate: ``learnability``, ``adversarial`` or a callable
+    (a pure function of the rate: it is also called on every rate a round can produce when the config is
+    built, to refuse one that raises or returns a non-finite value up front)."""
     teacher_extreme_reward: float = -0.5
     """``learnability`` reward of a valid task solved by nobody or by everybody (AZR uses 0)."""
     teacher_invalid_penalty: float = -1.0

@@ -212,10 +212,15 @@ def teacher_prompt(task_type: TaskType, references: Sequence[Task]) -> str:
 
 
 def unshowable(task: Task, max_prompt_chars: int) -> str | None:
-    """Why a text-mode student could not see ``task`` as it is, or ``None``: a character of its program,
-    inputs or outputs outside ``CHARSET`` (the prompt would show ``?``: ``'é'`` could not be answered), or a
-    prompt over ``max_prompt_chars`` (it would be cut short)."""
-    if any(_NON_CHARSET.search(text) for text in (task.program, *task.inputs, *task.outputs)):
+    """Why a text-mode student could not see ``task`` as it is, or ``None``: a character outside ``CHARSET``
+    in what its prompt shows or in its gold answer (the prompt would show ``?``: ``'é'`` could not be
+    answered; an induction task's hidden program and pairs need not be shown), or a prompt over
+    ``max_prompt_chars`` (it would be cut short)."""
+    if task.task_type == "induction":
+        texts: tuple[str, ...] = (task.message, *(text for pair in task.shown_pairs for text in pair))
+    else:
+        texts = (task.program, task.inputs[0], task.outputs[0])
+    if any(_NON_CHARSET.search(text) for text in texts):
         return "unshowable_characters"
     if len(student_prompt(task)) > max_prompt_chars:
         return "prompt_too_long"

@@ -320,8 +320,11 @@ def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
         "member_options": {"lora": {"base": "/old/cache/base", "rank": 2}},
     }
     save_checkpoint(tmp_path / "run" / "checkpoints", 1, {"config": json.dumps(saved)})
+    for generation in (2, 3):  # (another run's checkpoints are left alone, whatever keep_checkpoints says)
+        save_checkpoint(tmp_path / "run" / "checkpoints", generation, {"config": json.dumps(saved)}, keep=5)
     with pytest.raises(ValueError, match="another config") as refused:
-        run_pbt(config)
+        run_pbt(dataclasses.replace(config, keep_checkpoints=1))
+    assert len(list((tmp_path / "run" / "checkpoints").iterdir())) == 3
     assert "fields ['member_options', 'seed'] differ: member_options.lora: saved" in str(refused.value)
     assert '"/old/cache/base"' in str(refused.value) and "seed: saved 99, now 3" in str(refused.value)
 

@@ -414,3 +414,16 @@ def test_text_tasks_a_student_could_not_read_are_invalid(verifier, program, inpu
     info = env.unwrapped.infos["teacher_0"]
     resolved = info.get("resolved") or [info]
     assert (resolved[0]["verdict"], resolved[0]["status"]) == ("invalid", status), info
+
+
+def test_an_induction_program_is_not_shown_so_its_characters_do_not_matter(verifier):
+    from populora_env import teacher_student_v0
+    from populora_env.text_format import format_proposal
+
+    env = teacher_student_v0.env(
+        verifier=verifier, n_teachers=1, n_students=1, rounds=1, task_types=("induction",)
+    )
+    env.reset(seed=0)
+    program = "def f(x):\n    return x + 1  # é, the hidden program's comment"
+    env.step(format_proposal(program, ["1", "2", "3"], message="adds one"))
+    assert env.unwrapped.infos["teacher_0"]["verdict"] == "valid", env.unwrapped.infos["teacher_0"]

@@ -278,6 +278,14 @@ DISGUISED = [
     "def f(x):\n    from math import _x\n    return x",
     "def f(x):\n    return(getattr)(x, 'y')",
     "def f(x):\n    return 1if x else(exec)",
+    # no `_`, no `import`, no banned word: the class pattern, type() and format checks must still run
+    "class C:\n    pass\ndef f(x):\n    match x:\n        case C(y):\n            return y",
+    "def f(x):\n    return type('M', (type,), {})",
+    "def f(x):\n    return '{0.gi_yieldfrom}'.format(x)",
+    "def f(x):\n    u = chr(95) * 2\n    T = type\n    M = T('M', (T,), {u + 'instancecheck' + u: lambda c, o: True})\n"
+    "    def rd(obj, name):\n        C = M('C', (), {u + 'match' + chr(95) + 'args' + u: (name,)})\n"
+    "        match obj:\n            case C(v):\n                return v\n"
+    "    imp = rd(rd(len, u + 'self' + u), u + 'imp' + 'ort' + u)\n    return str(imp('o' + 's'))",
 ]
 
 

@@ -20,7 +20,7 @@ __all__ = [
     "BANNED_NAMES",
     "FORBIDDEN_ATTRIBUTES",
     "FORBIDDEN_MODULES",
-    "MAX_COMPILED_STATEMENTS",
+    "MAX_COMPILED_NODES",
     "Prefiltered",
     "compile_guard",
     "prefilter",
@@ -67,21 +67,22 @@ FORBIDDEN_ATTRIBUTES = frozenset(
 #: ``argparse`` (the tests walk every submodule of the allowed packages for such).
 FORBIDDEN_MODULES = frozenset({"json.tool"})
 
-#: Most statements a program may compile to, counting each ``finally`` body once per copy CPython 3.11
-#: emits (normal exit, exception, and each ``return``/``break``/``continue`` leaving through it): nested in
-#: one another's ``finally``, 19 such blocks compile for seconds to gigabytes, in the worker, before any
-#: limit of the child applies (20 000: a few hundredths of a second and ~250 KB of bytecode here).
-MAX_COMPILED_STATEMENTS = 20_000
+#: Most syntax-tree nodes a program may compile to, counting each ``finally`` body once per copy CPython
+#: 3.11 emits (normal exit, exception, and each ``return``/``break``/``continue`` leaving through it):
+#: nested in one another's ``finally``, 19 such blocks compile for seconds to gigabytes, in the worker,
+#: before any limit of the child applies (200 000 nodes: a few hundredths of a second here).
+MAX_COMPILED_NODES = 200_000
 
 
 # What every finding of ``_forbidden`` needs in an ASCII source: the keyword ``import``, an identifier that
 # starts with ``_`` (dunder names, private attributes and imports, ``global __x``; a digit or letter before
-# ``_`` is part of the same token), or a banned name as a whole word. A source without any of them is
+# ``_`` is part of the same token), a banned name as a whole word, ``case`` (class patterns), ``type``
+# (its three-argument form) or a format field walking to an attribute. A source without any of them is
 # passed without walking its tree (the walk is about half the pre-filter's time on CRUXEval, and 96% of
 # its programs match nothing); a match, in code, a string or a comment, only means the tree is walked.
 # Outside ASCII the parser's NFKC normalisation makes text search unsound, so such sources are walked.
 _MAY_BE_FORBIDDEN = re.compile(
-    r"(?<![A-Za-z0-9_])_|\b(?:import|"
+    r"(?<![A-Za-z0-9_])_|\{[^{}]*\.|\b(?:import|case|type|"
     + "|".join(sorted(name for name in BANNED_NAMES | FORBIDDEN_ATTRIBUTES if not name.startswith("_")))
     + r")\b",
     re.ASCII,
@@ -158,7 +159,7 @@ def prefilter_expression(args: str) -> Prefiltered:
 @lru_cache(maxsize=4096)
 def compile_guard(program: str) -> Prefiltered:
     """The one static check made with the language guards off too: whether ``program`` would compile to
-    more than ``MAX_COMPILED_STATEMENTS`` (the worker compiles it before any limit of a child applies).
+    more than ``MAX_COMPILED_NODES`` (the worker compiles it before any limit of a child applies).
     ``"ok"`` for a program that does not parse (its child reports the syntax error)."""
     if "finally" not in program:  # the keyword is never written otherwise (not even in look-alike letters)
         return Prefiltered("ok")
@@ -176,12 +177,12 @@ def _too_big(program: str, tree: ast.Module) -> Prefiltered | None:
         size = _compiled_statements(tree.body)
     except RecursionError:
         return Prefiltered("forbidden", "blocks nest too deeply to estimate what the program compiles to")
-    if size <= MAX_COMPILED_STATEMENTS:
+    if size <= MAX_COMPILED_NODES:
         return None
     shown = f"~{size}" if size < 10**12 else "over 10**12"
     return Prefiltered(
         "forbidden",
-        f"nested `finally` blocks would compile to {shown} statements (over {MAX_COMPILED_STATEMENTS})",
+        f"nested `finally` blocks would compile to {shown} syntax-tree nodes (over {MAX_COMPILED_NODES})",
     )
 
 
@@ -193,15 +194,15 @@ _Context = tuple[tuple[str, Any], ...]
 def _compiled_statements(
     body: list[ast.stmt], context: _Context = (), memo: dict[int, int] | None = None
 ) -> int:
-    """Statements ``body`` compiles to, every copy CPython 3.11 makes of a ``finally`` body counted (see
-    ``MAX_COMPILED_STATEMENTS``): one after the ``try``, one on the exception path, and one at each
+    """Syntax-tree nodes ``body`` compiles, every copy CPython 3.11 makes of a ``finally`` body counted (see
+    ``MAX_COMPILED_NODES``): one after the ``try``, one on the exception path, and one at each
     ``return``, ``break`` or ``continue`` leaving through it, where that copy's own exits copy the outer
     ``finally`` bodies again (so the count can grow exponentially; ``memo`` keeps computing it linear).
     A ``finally`` body always sits in the same blocks, so its size is memoised by identity."""
     memo = {} if memo is None else memo
     total = 0
     for node in body:
-        total += 1
+        total += _own_nodes(node)
         if isinstance(node, ast.Return):
             total += _unwound(context, memo, to_loop=False)
         elif isinstance(node, (ast.Break, ast.Continue)):
@@ -228,6 +229,15 @@ def _compiled_statements(
         elif isinstance(node, ast.Match):
             total += sum(_compiled_statements(case.body, context, memo) for case in node.cases)
     return total
+
+
+def _own_nodes(node: ast.stmt) -> int:
+    """Syntax-tree nodes of a statement, its nested statements aside (they are counted in their blocks)."""
+    return 1 + sum(
+        sum(1 for _ in ast.walk(child))
+        for child in ast.iter_child_nodes(node)
+        if not isinstance(child, ast.stmt | ast.excepthandler | ast.match_case)
+    )
 
 
 def _finally_size(finalbody: list[ast.stmt], context: _Context, memo: dict[int, int]) -> int:

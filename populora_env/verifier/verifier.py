@@ -41,14 +41,14 @@ class _Task:
 
 
 MAX_BATCH = 8
-
-CACHE_MAX_CHARS = 1 << 27
-"""Most characters (programs, argument texts, outputs, details) the verdict cache holds, whatever
-``cache_size`` allows: 65 536 entries of 20 000-character programs would otherwise be gigabytes."""
 """Most programs in one request to a worker. The worker compiles a request's programs and forks their
 children in a row before running them one by one (see ``_worker.Worker.handle``), which spares it most of
 the page faults it pays on every page it writes after a fork; more than a few per request gains little
 and leaves workers idle at the end of a ``run_many``."""
+
+CACHE_MAX_CHARS = 1 << 27
+"""Most characters (programs, argument texts, outputs, details) the verdict cache holds, whatever
+``cache_size`` allows: 65 536 entries of 20 000-character programs would otherwise be gigabytes."""
 
 
 class Verifier:
