@@ -70,7 +70,7 @@ FORBIDDEN_MODULES = frozenset({"json.tool"})
 #: Most syntax-tree nodes a program may compile to, counting each ``finally`` body once per copy CPython
 #: 3.11 emits (normal exit, exception, and each ``return``/``break``/``continue`` leaving through it):
 #: nested in one another's ``finally``, 19 such blocks compile for seconds to gigabytes, in the worker,
-#: before any limit of the child applies (200 000 nodes: a few hundredths of a second here).
+#: before any limit of the child applies (200 000 nodes: at most about a tenth of a second here).
 MAX_COMPILED_NODES = 200_000
 
 
@@ -174,7 +174,7 @@ def _too_big(program: str, tree: ast.Module) -> Prefiltered | None:
     if "finally" not in program:
         return None
     try:
-        size = _compiled_statements(tree.body)
+        size = _compiled_nodes(tree.body)
     except RecursionError:
         return Prefiltered("forbidden", "blocks nest too deeply to estimate what the program compiles to")
     if size <= MAX_COMPILED_NODES:
@@ -191,9 +191,7 @@ _Context = tuple[tuple[str, Any], ...]
 ``("finally", finalbody)`` of an enclosing ``try``."""
 
 
-def _compiled_statements(
-    body: list[ast.stmt], context: _Context = (), memo: dict[int, int] | None = None
-) -> int:
+def _compiled_nodes(body: list[ast.stmt], context: _Context = (), memo: dict[int, int] | None = None) -> int:
     """Syntax-tree nodes ``body`` compiles, every copy CPython 3.11 makes of a ``finally`` body counted (see
     ``MAX_COMPILED_NODES``): one after the ``try``, one on the exception path, and one at each
     ``return``, ``break`` or ``continue`` leaving through it, where that copy's own exits copy the outer
@@ -208,26 +206,22 @@ def _compiled_statements(
         elif isinstance(node, (ast.Break, ast.Continue)):
             total += _unwound(context, memo, to_loop=True)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            total += _compiled_statements(node.body, (), memo)  # a code object of its own
+            total += _compiled_nodes(node.body, (), memo)  # a code object of its own
         elif isinstance(node, (ast.Try, ast.TryStar)):
             inner = (*context, ("finally", node.finalbody)) if node.finalbody else context
-            total += _compiled_statements(node.body, inner, memo) + _compiled_statements(
-                node.orelse, inner, memo
-            )
-            total += sum(_compiled_statements(h.body, inner, memo) for h in node.handlers)
+            total += _compiled_nodes(node.body, inner, memo) + _compiled_nodes(node.orelse, inner, memo)
+            total += sum(_compiled_nodes(h.body, inner, memo) for h in node.handlers)
             if node.finalbody:
                 total += 2 * _finally_size(node.finalbody, context, memo)
         elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
-            total += _compiled_statements(node.body, (*context, ("loop", None)), memo)
-            total += _compiled_statements(node.orelse, context, memo)
+            total += _compiled_nodes(node.body, (*context, ("loop", None)), memo)
+            total += _compiled_nodes(node.orelse, context, memo)
         elif isinstance(node, (ast.With, ast.AsyncWith)):
-            total += _compiled_statements(node.body, (*context, ("with", None)), memo)
+            total += _compiled_nodes(node.body, (*context, ("with", None)), memo)
         elif isinstance(node, ast.If):
-            total += _compiled_statements(node.body, context, memo) + _compiled_statements(
-                node.orelse, context, memo
-            )
+            total += _compiled_nodes(node.body, context, memo) + _compiled_nodes(node.orelse, context, memo)
         elif isinstance(node, ast.Match):
-            total += sum(_compiled_statements(case.body, context, memo) for case in node.cases)
+            total += sum(_compiled_nodes(case.body, context, memo) for case in node.cases)
     return total
 
 
@@ -244,7 +238,7 @@ def _finally_size(finalbody: list[ast.stmt], context: _Context, memo: dict[int, 
     """One copy of a ``finally`` body, compiled in the blocks around its ``try``."""
     key = id(finalbody)
     if key not in memo:
-        memo[key] = _compiled_statements(finalbody, context, memo)
+        memo[key] = _compiled_nodes(finalbody, context, memo)
     return memo[key]
 
 
@@ -302,8 +296,9 @@ def _forbidden(node: ast.AST) -> str | None:
             return f"`from {module} import *` is not allowed"
         if any(a.name.startswith("_") for a in node.names):
             return "import of private names is not allowed"
-        if any(a.name in FORBIDDEN_ATTRIBUTES for a in node.names):
-            return f"import of {next(a.name for a in node.names if a.name in FORBIDDEN_ATTRIBUTES)!r} is not allowed"
+        refused = next((a.name for a in node.names if a.name in FORBIDDEN_ATTRIBUTES), None)
+        if refused is not None:
+            return f"import of {refused!r} is not allowed"
     elif isinstance(node, ast.Name):
         if node.id in BANNED_NAMES:
             return f"use of {node.id!r} is not allowed"
