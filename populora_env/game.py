@@ -186,22 +186,15 @@ class TeacherStudentConfig:
     """Structured actions outside the space or masked: raise ``ValueError`` or pay the format penalty."""
 
     def __post_init__(self) -> None:
-        for name, least in _INT_MINIMUMS.items():  # numpy's ints count (a value read from an array)
+        # numpy's ints and floats count (a value read from an array); numpy's bool is neither Integral nor Real
+        for name, least in _INT_MINIMUMS.items():
             value = getattr(self, name)
-            if (
-                not isinstance(value, numbers.Integral)
-                or isinstance(value, (bool, np.bool_))
-                or value < least
-            ):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
             object.__setattr__(self, name, int(value))
         for name in _REWARD_FIELDS:
             value = getattr(self, name)
-            if (
-                not isinstance(value, numbers.Real)
-                or isinstance(value, (bool, np.bool_))
-                or not math.isfinite(value)
-            ):
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite real number, got {value!r}")
             object.__setattr__(self, name, float(value))
         if not isinstance(self.persist_buffer, bool):

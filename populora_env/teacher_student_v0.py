@@ -7,8 +7,9 @@ A round (AEC order)
     1. Propose: each teacher, ``teacher_group_size`` times in a row, proposes a task of its type for the
        round (``task_types[(round * T + i) % len(task_types)]``) after seeing ``n_references`` buffer tasks.
        The verifier validates it (runs in isolation, checks determinism, computes the gold output); in
-       text mode a task whose program, inputs or outputs hold characters the prompt cannot show (outside
-       printable ASCII, tab and newline) or whose prompt would exceed ``max_prompt_chars`` is invalid too.
+       text mode a task is invalid too if what its students are shown, or its gold answer, holds characters
+       the prompt cannot show (outside printable ASCII, tab and newline; an induction task's program and
+       hidden pairs are not shown), or if its prompt would exceed ``max_prompt_chars``.
     2. Solve: the matchmaker (all-pairs, random, OpenSkill PFSP, or any ``Matchmaker``) assigns students to
        the valid tasks; each student attempts each assigned task ``student_group_size`` times in a row,
        one AEC step each, with an immediate verified reward.
@@ -44,7 +45,8 @@ Rewards
 
 Info
     A step's info holds round, phase, task_type, attempt, task_id, verdict, status (students also score, and
-    gold after their last attempt of the task's ``student_group_size``); when a round resolves each teacher's info holds ``resolved``: one dict per proposal with
+    gold after their last attempt of the task's ``student_group_size``); when a round resolves each
+    teacher's info holds ``resolved``: one dict per proposal with
     verdict, status, solve_rate, n_attempts, reward and gold, and each student that attempted tasks that
     round gets ``resolved`` too, next to its last step's info: one dict per task with task_id, task_type,
     teacher, solve_rate (over all students' attempts), n_attempts, gold, own_attempts and own_correct.
@@ -398,7 +400,7 @@ class raw_env(AECEnv):
         if isinstance(action, (int, np.integer)) and not isinstance(action, bool):
             index = int(action)
         else:
-            arr = np.asarray(action) if not isinstance(action, (str, bytes)) else np.asarray(None)
+            arr = np.asarray(action)
             if arr.shape != () or not np.issubdtype(arr.dtype, np.integer):
                 raise ValueError(f"a student's structured action must be an integer, got {action!r:.100}")
             index = int(arr)
