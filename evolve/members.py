@@ -209,6 +209,11 @@ def is_finite_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_int_at_least(value: object, least: int) -> bool:
+    """An int (not a bool) that is at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 def options_from(cls: Any, member_options: Mapping[str, Any], kind: str, **fixed: Any) -> Any:
     """A member kind's options dataclass ``cls`` from ``PBTConfig.member_options[kind]`` (absent: defaults).
 

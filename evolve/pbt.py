@@ -31,7 +31,7 @@ from evolve.checkpoint import (
     save_checkpoint,
 )
 from evolve.learners import LEARNERS, LearnerConfig
-from evolve.members import POLICIES, NetConfig, is_finite_number
+from evolve.members import POLICIES, NetConfig, is_finite_number, is_int_at_least
 from evolve.population import Population, extend, run_generation
 from evolve.ratings import RatingTable
 from evolve.runlog import GenerationMetrics, RunLog
@@ -58,10 +58,6 @@ _NUMBER_RANGES = {
     "mutation_strength": (0.0, math.inf),
 }
 """Real fields and their closed ranges (finite values only)."""
-
-
-def _is_int_at_least(value: object, least: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def _structured_default() -> TeacherStudentConfig:
@@ -146,7 +142,7 @@ class PBTConfig:
 
     def __post_init__(self) -> None:
         for name, least in _INT_MINIMUMS.items():
-            if not _is_int_at_least(getattr(self, name), least):
+            if not is_int_at_least(getattr(self, name), least):
                 raise ValueError(f"{name} must be an int >= {least}, got {getattr(self, name)!r}")
         for name, (low, high) in _NUMBER_RANGES.items():
             value = getattr(self, name)
@@ -215,7 +211,7 @@ class PBTConfig:
             raise ValueError(f"member_options must hold JSON values only: {e}") from None
         if self.backend not in ("local", "ray"):
             raise ValueError(f"backend must be 'local' or 'ray', got {self.backend!r}")
-        if self.ray_num_cpus is not None and not _is_int_at_least(self.ray_num_cpus, 1):
+        if self.ray_num_cpus is not None and not is_int_at_least(self.ray_num_cpus, 1):
             raise ValueError(f"ray_num_cpus must be None or an int >= 1, got {self.ray_num_cpus!r}")
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be None or a non-empty string, got {self.ray_address!r}")

@@ -62,16 +62,12 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import obs_as_tensor
 
 from evolve.learners import LEARNERS, LearnerConfig
-from evolve.members import POLICIES, is_finite_number, options_from
+from evolve.members import POLICIES, is_finite_number, is_int_at_least, options_from
 from evolve.protocols import LearnStats, Transition
 
 ROLES = ("teacher", "student")
 DEFAULT_ALGORITHMS: dict[str, type[BaseAlgorithm]] = {"teacher": PPO, "student": MaskablePPO}
 """The SB3 algorithm of each role: masks matter only to students (a teacher's every DSL choice is legal)."""
-
-
-def _is_int(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 @dataclass(frozen=True)
@@ -110,14 +106,16 @@ class SB3Options:
 
     def __post_init__(self) -> None:
         if not (
-            isinstance(self.net_arch, tuple) and self.net_arch and all(_is_int(n, 1) for n in self.net_arch)
+            isinstance(self.net_arch, tuple)
+            and self.net_arch
+            and all(is_int_at_least(n, 1) for n in self.net_arch)
         ):
             raise ValueError(f"net_arch must be a non-empty list of ints >= 1, got {self.net_arch!r}")
         if self.activation not in ("tanh", "relu"):
             raise ValueError(f"activation must be 'tanh' or 'relu', got {self.activation!r}")
-        if not _is_int(self.n_epochs, 1):
+        if not is_int_at_least(self.n_epochs, 1):
             raise ValueError(f"n_epochs must be an int >= 1, got {self.n_epochs!r}")
-        if not _is_int(self.batch_size, 2):
+        if not is_int_at_least(self.batch_size, 2):
             raise ValueError(f"batch_size must be an int >= 2, got {self.batch_size!r}")
         for name in ("clip_range", "clip_range_vf", "target_kl"):
             value = getattr(self, name)
