@@ -351,21 +351,22 @@ class RayBackend:
             for m in members
         ]
         args = (specs, self.table.state(), list(seatings), list(seeds))
-        try:
-            return self.ray.get(self.episodes.play.remote(*args))
-        except self.ray.exceptions.RayActorError as error:
-            logger.warning(
-                "the Ray episode actor died (%s); a fresh one plays the generation again", _first_line(error)
-            )
-            self._kill(self.episodes)
-            self.episodes = None  # close() must not wait on the dead one if the next line raises
-            self.episodes = self._episode_actor()
-        try:
-            return self.ray.get(self.episodes.play.remote(*args))
-        except self.ray.exceptions.RayActorError as error:
-            raise RuntimeError(
-                f"the Ray episode actor died twice playing one generation: {_first_line(error)}"
-            ) from None
+        for retry in (False, True):
+            try:
+                return self.ray.get(self.episodes.play.remote(*args))
+            except self.ray.exceptions.RayActorError as error:
+                if retry:
+                    raise RuntimeError(
+                        f"the Ray episode actor died twice playing one generation: {_first_line(error)}"
+                    ) from None
+                logger.warning(
+                    "the Ray episode actor died (%s); a fresh one plays the generation again",
+                    _first_line(error),
+                )
+                self._kill(self.episodes)
+                self.episodes = None  # close() must not wait on the dead one if the next line raises
+                self.episodes = self._episode_actor()
+        raise AssertionError("unreachable")
 
     def _worker(self, member: Member) -> Any:
         if member.slot not in self.workers:
