@@ -35,7 +35,7 @@ from agents.grpo import GRPOConfig, GRPOLearner
 from agents.policy import LoRAPolicy, model_input
 from agents.population import LoRAPopulation
 from evolve.learners import LEARNERS, LearnerConfig
-from evolve.members import POLICIES, is_finite_number, options_from
+from evolve.members import POLICIES, is_finite_number, is_int_at_least, options_from
 from evolve.protocols import LearnStats, Transition
 from populora_env.tasks import TASK_TYPES
 
@@ -80,8 +80,9 @@ class LoRAMemberOptions:
             raise ValueError(f"{where}['base'] must be a non-empty string or None, got {self.base!r}")
         for name in ("rank", "max_new_tokens"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_int_at_least(value, 1):
                 raise ValueError(f"{where}[{name!r}] must be an int >= 1, got {value!r}")
+            object.__setattr__(self, name, int(value))
         if self.alpha is not None and not (is_finite_number(self.alpha) and self.alpha > 0):
             raise ValueError(f"{where}['alpha'] must be a finite number > 0 or None, got {self.alpha!r}")
         targets = self.target_modules
@@ -99,6 +100,9 @@ class LoRAMemberOptions:
             raise ValueError(f"{where}['top_p'] must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.prefill, bool):
             raise ValueError(f"{where}['prefill'] must be a bool, got {self.prefill!r}")
+        for name in ("alpha", "temperature", "top_p"):  # numpy's numbers pass the checks; stored as Python's
+            if not isinstance(getattr(self, name), int | float | None):
+                object.__setattr__(self, name, float(getattr(self, name)))
 
     @classmethod
     def from_member_options(cls, member_options: Mapping[str, Any]) -> LoRAMemberOptions:

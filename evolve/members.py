@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -205,13 +206,13 @@ def scripted_policy(kind: str, role: str, env: Any, seed: int, strength: float) 
 
 
 def is_finite_number(value: object) -> bool:
-    """An int or float (not a bool) that is finite."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A real number (not a bool) that is finite; numpy's ints and floats count (a value read from an array)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def is_int_at_least(value: object, least: int) -> bool:
-    """An int (not a bool) that is at least ``least``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+    """An integer (not a bool; numpy's count) that is at least ``least``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= least
 
 
 def options_from(cls: Any, member_options: Mapping[str, Any], kind: str, **fixed: Any) -> Any:

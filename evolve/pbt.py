@@ -141,13 +141,16 @@ class PBTConfig:
     """Write TensorBoard scalars under ``run_dir/tb``."""
 
     def __post_init__(self) -> None:
+        # numpy's ints and floats are accepted and stored as Python's (the config is written as JSON)
         for name, least in _INT_MINIMUMS.items():
             if not is_int_at_least(getattr(self, name), least):
                 raise ValueError(f"{name} must be an int >= {least}, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, int(getattr(self, name)))
         for name, (low, high) in _NUMBER_RANGES.items():
             value = getattr(self, name)
             if not (is_finite_number(value) and low <= value <= high):
                 raise ValueError(f"{name} must be finite and in [{low}, {high}], got {value!r}")
+            object.__setattr__(self, name, float(value))
         if self.fitness not in ("reward", "rating"):
             raise ValueError(f"fitness must be 'reward' or 'rating', got {self.fitness!r}")
         for name in ("teachers", "students"):
@@ -213,6 +216,8 @@ class PBTConfig:
             raise ValueError(f"backend must be 'local' or 'ray', got {self.backend!r}")
         if self.ray_num_cpus is not None and not is_int_at_least(self.ray_num_cpus, 1):
             raise ValueError(f"ray_num_cpus must be None or an int >= 1, got {self.ray_num_cpus!r}")
+        if self.ray_num_cpus is not None:
+            object.__setattr__(self, "ray_num_cpus", int(self.ray_num_cpus))
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be None or a non-empty string, got {self.ray_address!r}")
 

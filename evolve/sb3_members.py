@@ -129,6 +129,13 @@ class SB3Options:
             raise ValueError(f"normalize_advantage must be a bool, got {self.normalize_advantage!r}")
         if not isinstance(self.device, str):
             raise ValueError(f"device must be a str, got {self.device!r}")
+        # numpy's numbers pass the checks above; stored as Python's
+        object.__setattr__(self, "net_arch", tuple(int(n) for n in self.net_arch))
+        for name in ("n_epochs", "batch_size"):
+            object.__setattr__(self, name, int(getattr(self, name)))
+        for name in ("clip_range", "clip_range_vf", "target_kl", "ent_coef", "vf_coef", "max_grad_norm"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, float(getattr(self, name)))
 
     @classmethod
     def from_member_options(cls, member_options: Mapping[str, Any]) -> SB3Options:

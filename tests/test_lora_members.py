@@ -348,6 +348,18 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
         assert not (tmp_path / "cache").exists()
 
 
+def test_lora_options_take_numpy_numbers_as_python_ones() -> None:
+    import numpy as np
+
+    from agents.members import LoRAMemberOptions
+
+    options = LoRAMemberOptions(rank=np.int64(4), max_new_tokens=np.int32(8), alpha=np.float32(8), top_p=0.5)
+    assert (type(options.rank), type(options.max_new_tokens), type(options.alpha)) == (int, int, float)
+    assert (options.rank, options.alpha, options.top_p) == (4, 8.0, 0.5)
+    with pytest.raises(ValueError, match="'rank'] must be an int >= 1"):
+        LoRAMemberOptions(rank=np.bool_(True))
+
+
 def test_populora_train_deterministic_option_reaches_the_grpo_config(tmp_path: Path) -> None:
     from agents.members import LoRAMemberOptions, grpo_config
     from populora_env.cli import TrainArgs, _train_config

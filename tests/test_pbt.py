@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from evolve.learners import LEARNERS, LearnerConfig, ReinforceLearner
 from evolve.members import NetConfig, TorchPolicy
 from evolve.pbt import PBTConfig, run_pbt
 from evolve.protocols import EvolvablePolicy, is_evolvable
+from evolve.sb3_members import SB3Options
 from populora_env import cli, teacher_student_v0
 from populora_env.game import TeacherStudentConfig
 from populora_env.policies import ScriptedTeacher
@@ -183,6 +186,25 @@ def test_unknown_operator_or_learner_name_raises_key_error_listing_registry(tmp_
 def test_config_validation_names_the_field(tmp_path: Path, kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         PBTConfig(run_dir=str(tmp_path), **kwargs)
+
+
+def test_config_takes_numpy_numbers_as_python_ones(tmp_path: Path) -> None:
+    """A value read from an array is a number like any other, stored as Python's (the config is JSON);
+    numpy's bool is not a number here either."""
+    config = PBTConfig(
+        run_dir=str(tmp_path), population=np.int64(4), generations=np.int32(2),
+        mutation_strength=np.float32(0.25), replace_fraction=np.float64(0.25), ray_num_cpus=np.int64(2),
+    )  # fmt: skip
+    for name, kind in (("population", int), ("generations", int), ("ray_num_cpus", int),
+                       ("mutation_strength", float), ("replace_fraction", float)):  # fmt: skip
+        assert type(getattr(config, name)) is kind, name
+    assert (config.population, config.mutation_strength) == (4, 0.25)
+    json.dumps(dataclasses.asdict(config), default=str)
+    assert json.loads(json.dumps(config.fingerprint()))["population"] == 4
+    with pytest.raises(ValueError, match="population must be an int >= 1"):
+        PBTConfig(run_dir=str(tmp_path), population=np.bool_(True))
+    sb3 = SB3Options(net_arch=(np.int64(8),), n_epochs=np.int64(2), ent_coef=np.float32(0.5))
+    assert (type(sb3.net_arch[0]), type(sb3.n_epochs), type(sb3.ent_coef)) == (int, int, float)
 
 
 def test_torch_policy_is_evolvable_and_scripted_is_not() -> None:
