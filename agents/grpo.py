@@ -193,7 +193,7 @@ class GRPOLearner:
         )
         chunks = [c for c in torch.arange(len(prompts)).tensor_split(cfg.grad_accum_steps) if c.numel() > 0]
         ctx = AggregationContext(
-            grad_accum_steps=len(chunks),
+            num_sequences_in_batch=len(prompts),
             max_completion_length=cfg.max_new_tokens,
             num_items_in_batch=float(batch.completion_mask.sum()),
         )

@@ -48,7 +48,9 @@ class GRPOConfig:
     num_inner_epochs: int = 1
     """Optimizer passes over each generated batch (μ); old log-probs are computed once before them."""
     grad_accum_steps: int = 1
-    """Micro-batches per optimizer step; the batch is split into this many near-equal chunks."""
+    """Micro-batches per optimizer step; the batch is split into this many near-equal chunks, each weighted
+    by its share of the batch (the gradient is the one-step gradient, up to rounding; ``bnpo`` normalises
+    tokens per micro-batch by its definition)."""
     max_grad_norm: float = 1.0
     """Clip the adapter's gradient to this global L2 norm before each optimizer step."""
     group_size: int = 8

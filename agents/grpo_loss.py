@@ -221,10 +221,16 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class AggregationContext:
-    """What an aggregation needs to know beyond the micro-batch itself."""
+    """What an aggregation needs to know beyond the micro-batch itself.
 
-    grad_accum_steps: int
-    """Micro-batches whose gradients are summed before one optimizer step."""
+    The micro-batches of a window may differ in size by one (a batch of 5 in 2 steps: 3 and 2). Each
+    aggregation weights a micro-batch by its share of the window's sequences, so that the window's summed
+    gradient is the one of the whole batch in one step; with equal micro-batches that is TRL's division by
+    the number of accumulation steps.
+    """
+
+    num_sequences_in_batch: int
+    """Sequences (completions) in the whole accumulation window (all micro-batches)."""
     max_completion_length: int
     """Dr. GRPO's constant normaliser: the configured maximum number of completion tokens."""
     num_items_in_batch: float
@@ -232,7 +238,10 @@ class AggregationContext:
 
 
 def aggregate_grpo(per_token_loss: torch.Tensor, mask: torch.Tensor, ctx: AggregationContext) -> torch.Tensor:
-    """TRL `loss_type="grpo"`: mean over each sequence's tokens, mean over sequences, / accumulation steps.
+    """TRL `loss_type="grpo"`: mean over each sequence's tokens, mean over the window's sequences.
+
+    For one micro-batch: the sum of its sequences' token means / the window's sequences (TRL: the
+    micro-batch's mean / accumulation steps, the same with equal micro-batches).
 
     Args:
         per_token_loss: (B, T) per-token losses.
@@ -243,11 +252,14 @@ def aggregate_grpo(per_token_loss: torch.Tensor, mask: torch.Tensor, ctx: Aggreg
         Scalar loss for this micro-batch.
     """
     per_sequence = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (B,)
-    return per_sequence.mean() / ctx.grad_accum_steps
+    return per_sequence.sum() / ctx.num_sequences_in_batch
 
 
 def aggregate_bnpo(per_token_loss: torch.Tensor, mask: torch.Tensor, ctx: AggregationContext) -> torch.Tensor:
-    """TRL `loss_type="bnpo"`: sum over the micro-batch's tokens / its active tokens, / accumulation steps.
+    """TRL `loss_type="bnpo"`: sum over the micro-batch's tokens / its active tokens, weighted by the
+    micro-batch's share of the window's sequences (TRL: / accumulation steps, its micro-batches being
+    equal). The normalisation is per micro-batch by definition (TRL documents that results depend on the
+    local batch size); ``dapo`` normalises by the window's tokens instead.
 
     Args:
         per_token_loss: (B, T) per-token losses.
@@ -257,13 +269,17 @@ def aggregate_bnpo(per_token_loss: torch.Tensor, mask: torch.Tensor, ctx: Aggreg
     Returns:
         Scalar loss for this micro-batch.
     """
-    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / ctx.grad_accum_steps
+    share = per_token_loss.size(0) / ctx.num_sequences_in_batch
+    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) * share
 
 
 def aggregate_dr_grpo(
     per_token_loss: torch.Tensor, mask: torch.Tensor, ctx: AggregationContext
 ) -> torch.Tensor:
-    """TRL `loss_type="dr_grpo"`: sum / (micro-batch size * max_completion_length), / accumulation steps.
+    """TRL `loss_type="dr_grpo"`: sum / (the window's sequences * max_completion_length).
+
+    (TRL: / (micro-batch size * max_completion_length) / accumulation steps, the same with equal
+    micro-batches.)
 
     Args:
         per_token_loss: (B, T) per-token losses.
@@ -273,8 +289,8 @@ def aggregate_dr_grpo(
     Returns:
         Scalar loss for this micro-batch.
     """
-    normaliser = per_token_loss.size(0) * ctx.max_completion_length
-    return (per_token_loss * mask).sum() / normaliser / ctx.grad_accum_steps
+    normaliser = ctx.num_sequences_in_batch * ctx.max_completion_length
+    return (per_token_loss * mask).sum() / normaliser
 
 
 def aggregate_dapo(per_token_loss: torch.Tensor, mask: torch.Tensor, ctx: AggregationContext) -> torch.Tensor:

@@ -262,6 +262,39 @@ def test_every_forward_of_an_update_and_of_decoding_runs_outside_cudnn_attention
     assert all(d == [pop.device] for d in devices), devices
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_uneven_micro_batches_give_the_one_step_gradient(
+    loss_type: LossType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of 3 in 2 accumulation steps (micro-batches of 2 and 1) must sum to the gradient of the
+    whole batch in one step: each micro-batch weighted by its share of the sequences, not 1/2 each (which
+    gave the lone sequence twice the weight of the others). bnpo normalises per micro-batch by definition."""
+    pop = TinyPopulation()
+    with torch.no_grad():
+        for p in pop.trainable_parameters("p0"):
+            p.normal_(0.0, 0.05)  # B != 0, so every LoRA factor gets a gradient
+    prompts, completions, _, groups = _batch(pop, "p0", group_size=3)
+    batch = (prompts[:3], completions[:3], [1.0, 0.0, 0.0], groups[:3])
+    grads: dict[int, torch.Tensor] = {}
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def spy(params: Any, *args: Any, **kwargs: Any) -> Any:
+        params = list(params)
+        grads[steps] = torch.cat([p.grad.flatten().clone() for p in params])
+        return clip(params, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    before = snapshot(pop)
+    for steps in (1, 2, 3):
+        cfg = GRPOConfig(learning_rate=1e-2, loss_type=loss_type, max_new_tokens=6, grad_accum_steps=steps)
+        assert not GRPOLearner(pop, cfg).update("p0", *batch).skipped
+        with torch.no_grad():
+            for name, p in pop.model.named_parameters():
+                p.copy_(before[name])
+    for steps in (2, 3):  # float32 rounding of other batch shapes only (the bug was 0.44 off)
+        assert float((grads[steps] - grads[1]).norm() / grads[1].norm()) < 1e-4, steps
+
+
 def test_first_inner_epoch_is_on_policy() -> None:
     pop = TinyPopulation()
     cfg = GRPOConfig(

@@ -136,7 +136,10 @@ def test_clipped_surrogate_by_hand() -> None:
     ],
 )
 def test_aggregations_by_hand(loss_type: str, accum: int, expected: float) -> None:
-    ctx = AggregationContext(grad_accum_steps=accum, max_completion_length=4, num_items_in_batch=10.0)
+    # accum = 2: this micro-batch of two is half of a window of four sequences
+    ctx = AggregationContext(
+        num_sequences_in_batch=2 * accum, max_completion_length=4, num_items_in_batch=10.0
+    )
     got = AGGREGATIONS[loss_type](_per_token_loss(), MASK, ctx)
     assert got.item() == pytest.approx(expected, abs=1e-6)
 
@@ -144,7 +147,7 @@ def test_aggregations_by_hand(loss_type: str, accum: int, expected: float) -> No
 def test_window_of_micro_batches_matches_definitions() -> None:
     # Split the batch row-wise into two micro-batches of one sequence; sum over the window.
     per_token = _per_token_loss()
-    ctx = AggregationContext(grad_accum_steps=2, max_completion_length=4, num_items_in_batch=5.0)
+    ctx = AggregationContext(num_sequences_in_batch=2, max_completion_length=4, num_items_in_batch=5.0)
     window = {
         name: sum(fn(per_token[i : i + 1], MASK[i : i + 1], ctx).item() for i in range(2))
         for name, fn in AGGREGATIONS.items()
@@ -159,7 +162,7 @@ def test_padding_never_contributes() -> None:
     poisoned = LOGP.clone()
     poisoned[0, 2] = -50.0  # a padding position with an absurd value
     per_token = clipped_surrogate_loss(probability_ratio(poisoned, OLD_LOGP), ADV, EPS_LOW, EPS_HIGH)
-    ctx = AggregationContext(grad_accum_steps=1, max_completion_length=4, num_items_in_batch=5.0)
+    ctx = AggregationContext(num_sequences_in_batch=2, max_completion_length=4, num_items_in_batch=5.0)
     for fn in AGGREGATIONS.values():
         assert fn(per_token, MASK, ctx).item() == pytest.approx(fn(_per_token_loss(), MASK, ctx).item())
 
@@ -168,7 +171,7 @@ def test_on_policy_gradient_is_minus_advantage_over_length() -> None:
     # At ratio 1 no clip binds, d(-r A)/d logp = -A; grpo divides by each row's length and by B.
     logp = LOGP.clone().requires_grad_(True)
     per_token = clipped_surrogate_loss(probability_ratio(logp, logp.detach()), ADV, EPS_LOW, EPS_HIGH)
-    ctx = AggregationContext(grad_accum_steps=1, max_completion_length=4, num_items_in_batch=5.0)
+    ctx = AggregationContext(num_sequences_in_batch=2, max_completion_length=4, num_items_in_batch=5.0)
     AGGREGATIONS["grpo"](per_token, MASK, ctx).backward()
     expected = [[-1.0 / 2 / 2, -1.0 / 2 / 2, 0.0], [2.0 / 3 / 2, 2.0 / 3 / 2, 2.0 / 3 / 2]]
     assert logp.grad is not None
