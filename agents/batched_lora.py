@@ -87,6 +87,8 @@ def _stacked_forward(
     layer: Any, factors: _RowFactors, x: torch.Tensor, *args: Any, **kwargs: Any
 ) -> torch.Tensor:
     result = layer.base_layer(x, *args, **kwargs)  # (B, T, out)
+    if layer.disable_adapters:  # inside PEFT's disable_adapter() (LoRAPopulation.reference): the base alone
+        return result
     if x.dim() != 3 or x.shape[0] != factors.index.shape[0]:
         raise ValueError(
             f"stacked LoRA was set up for {factors.index.shape[0]} rows but got input of shape {tuple(x.shape)}"
@@ -102,7 +104,8 @@ def _stacked_forward(
 
 @contextmanager
 def stacked_lora(model: nn.Module, row_adapters: Sequence[str]) -> Iterator[None]:
-    """Within the context, every forward of ``model`` applies adapter ``row_adapters[b]`` to row ``b``.
+    """Within the context, every forward of ``model`` applies adapter ``row_adapters[b]`` to row ``b``
+    (none while PEFT's ``disable_adapter()`` is on, as PEFT's own forward).
 
     The LoRA layers' ``forward`` is overridden per instance and restored on exit, even on error. Batches
     fed to the model inside the context must have exactly ``len(row_adapters)`` rows in that order.

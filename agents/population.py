@@ -283,9 +283,14 @@ class LoRAPopulation:
 
     @contextmanager
     def reference(self) -> Iterator[None]:
-        """Within the context the model runs as the frozen base (all adapters disabled)."""
-        with self.model.disable_adapter():
-            yield
+        """Within the context the model runs as the frozen base (all adapters disabled, whatever the
+        generation strategy). On exit every adapter's parameters require grad again (PEFT re-enables the
+        active adapter's only)."""
+        try:
+            with self.model.disable_adapter():
+                yield
+        finally:
+            self._enable_all_grads()
 
     # ----------------------------------------------------------------------------------------------------
     # Generation

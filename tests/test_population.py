@@ -20,7 +20,7 @@ from agents import base as base_module  # noqa: E402
 from agents.base import BaseModelLoadError, TinyBaseConfig, build_tiny_base, load_base, tiny_base_key  # noqa: E402
 from agents.batched_lora import lora_linear_layers, stacked_lora  # noqa: E402
 from agents.corpus import EXAMPLE_KINDS, generate_examples  # noqa: E402
-from agents.generation import filter_top_p, share_rows  # noqa: E402
+from agents.generation import decode, filter_top_p, share_rows  # noqa: E402
 from agents.population import LoRAPopulation  # noqa: E402
 from tests.agents_fixtures import one_torch_thread, tiny_base_dir  # noqa: E402
 
@@ -264,11 +264,24 @@ def test_active_adapter_reference_and_trainable_parameters(pop: LoRAPopulation, 
         pop.set_active(name)
         per_adapter.append(logits_of(pop, text))
     assert not torch.allclose(per_adapter[0], per_adapter[1])
+    pop.set_active(NAMES[0])
     with pop.reference():
         reference = logits_of(pop, text)
+        # every generation strategy runs the base alone in there (the stacked one applied the adapters)
+        in_reference = {
+            strategy: pop.generate(
+                text, NAMES[:2], max_new_tokens=8, temperature=0.0, seed=0, strategy=strategy
+            )
+            for strategy in ("stacked", "peft_mixed", "loop")
+        }
+    # PEFT's disable_adapter re-enables grads for the active adapter only; every adapter stays trainable
+    assert all(p.requires_grad for name in NAMES for p in pop.trainable_parameters(name))
     base_model, tokenizer = load_base(tiny_base_dir, dtype=torch.float32, device="cpu")
     with torch.no_grad():
         assert torch.equal(reference, base_model(**tokenizer(text, return_tensors="pt", padding=True)).logits)
+    base_texts = decode(base_model, tokenizer, text, max_new_tokens=8, temperature=0.0, seed=0)
+    assert all(texts == base_texts for texts in in_reference.values()), in_reference
+    assert pop.generate(text, NAMES[:2], max_new_tokens=8, temperature=0.0, seed=0) != base_texts
     params = pop.trainable_parameters("student_0")
     pop.set_active("teacher_0")  # switching adapters keeps every adapter trainable
     assert params and all(p.requires_grad for p in params)
