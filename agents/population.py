@@ -2,7 +2,8 @@
 
 Memory is the base once plus ``N`` small adapters (not ``N`` models). Every adapter is a named PEFT LoRA
 adapter of one ``peft.PeftModel``; on disk each is saved in PEFT's own format (``save_pretrained``), so
-``PeftModel.from_pretrained(base, <run_dir>/adapters/<name>)`` loads it without this package.
+``PeftModel.from_pretrained(base, <run_dir>/<adapters_dir>/<name>)`` loads it without this package
+(``adapters_dir`` as named in the run's ``population.json``).
 
 Genomes for ``evolve`` are PEFT state dicts of one adapter (keys ``...lora_A.weight`` of shape ``(r, in)``
 and ``...lora_B.weight`` of shape ``(out, r)``, adapter name stripped, as in ``get_peft_model_state_dict``).
@@ -15,6 +16,9 @@ import json
 import math
 import os
 import re
+import shutil
+import tempfile
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,9 +30,13 @@ from agents.base import load_base
 from agents.batched_lora import lora_linear_layers, stacked_lora
 from agents.generation import decode_tokens, texts_of
 from agents.policy import LoRAPolicy
+from evolve.checkpoint import atomic_write_bytes
 
 Strategy = Literal["stacked", "peft_mixed", "loop"]
 MANIFEST = "population.json"
+MANIFEST_FORMAT = "populora-lora-population"
+_SAVE_FOLDER = re.compile(r"adapters|adapters-[0-9a-f]{12}|\.adapters-[0-9a-z_]+")
+"""Folders of a run that ``save`` writes: version 1's, version 2's, and its staging folders."""
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 
 
@@ -408,33 +416,43 @@ class LoRAPopulation:
     # Persistence
     # ----------------------------------------------------------------------------------------------------
     def save(self, run_dir: str | os.PathLike[str]) -> Path:
-        """Write every adapter in PEFT's format to ``run_dir/adapters/<name>`` and a manifest.
+        """Write every adapter in PEFT's format to a fresh folder ``run_dir/adapters-<id>/<name>``, then the
+        manifest ``population.json`` naming that folder, then remove the folders of earlier saves.
 
-        The manifest (``population.json``) is written last and atomically, so a directory with a manifest
-        always holds every adapter it lists.
+        The adapters are written to a hidden folder first and renamed in whole; the manifest is replaced
+        atomically (temporary file, fsync, rename) and is what :meth:`load` follows. A save interrupted at
+        any point (a kill, a full disk) leaves the previous save loadable as it was, never a mix of two.
 
         Returns:
             The manifest path.
         """
         run = Path(run_dir)
-        (run / "adapters").mkdir(parents=True, exist_ok=True)
-        for name in self.adapter_names:
-            # PEFT writes a non-"default" adapter to <dir>/<name>; "default" goes to <dir> itself.
-            target = run / "adapters" / name
-            self.model.save_pretrained(
-                run / "adapters" if name != "default" else target, selected_adapters=[name]
-            )
+        run.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".adapters-", dir=run))
+        folder = f"adapters-{uuid.uuid4().hex[:12]}"
+        try:
+            for name in self.adapter_names:
+                # PEFT writes a non-"default" adapter to <dir>/<name>; "default" goes to <dir> itself.
+                self.model.save_pretrained(
+                    staging if name != "default" else staging / name, selected_adapters=[name]
+                )
+            os.replace(staging, run / folder)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         manifest = {
-            "format": "populora-lora-population",
-            "version": 1,
+            "format": MANIFEST_FORMAT,
+            "version": 2,
             "base": self.base_ref,
+            "adapters_dir": folder,
             "adapters": self.adapter_names,
             "active": self.model.active_adapter,
             "seed": self._seed,
         }
-        tmp = run / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=2))
-        os.replace(tmp, run / MANIFEST)
+        atomic_write_bytes(run / MANIFEST, json.dumps(manifest, indent=2).encode())
+        for old in run.iterdir():  # earlier saves (version 1 wrote "adapters"), interrupted ones
+            if old.name != folder and old.is_dir() and _SAVE_FOLDER.fullmatch(old.name):
+                shutil.rmtree(old, ignore_errors=True)
         return run / MANIFEST
 
     @classmethod
@@ -455,25 +473,38 @@ class LoRAPopulation:
             device: target device.
 
         Raises:
-            FileNotFoundError: no manifest in ``run_dir``.
+            FileNotFoundError: no manifest in ``run_dir``, or an adapter it lists is missing.
+            ValueError: a manifest that is not one of :meth:`save`'s, or an adapter that does not load
+                (both naming the file).
         """
         from peft import PeftModel
 
         run = Path(run_dir)
-        if not (run / MANIFEST).is_file():
-            raise FileNotFoundError(f"no population manifest {MANIFEST} in {run}")
-        manifest = json.loads((run / MANIFEST).read_text())
+        manifest, folder = _read_manifest(run)
         base_ref = os.fspath(base) if base is not None else manifest["base"]
-        model, tokenizer = load_base(base_ref, dtype=dtype, device=device)
         names = manifest["adapters"]
-        first, *rest = names
-        peft_model = PeftModel.from_pretrained(
-            model, run / "adapters" / first, adapter_name=first, is_trainable=True
-        )
-        for name in rest:
-            peft_model.load_adapter(run / "adapters" / name, adapter_name=name, is_trainable=True)
-        peft_model.set_adapter(manifest.get("active", first))
-        return cls(peft_model, tokenizer, peft_model.peft_config[first], base_ref, manifest.get("seed", 0))
+        for name in names:
+            for file in ("adapter_config.json", "adapter_model.safetensors"):
+                if not (folder / name / file).is_file():
+                    raise FileNotFoundError(
+                        f"adapter {name!r} listed in {run / MANIFEST} has no {folder / name / file}"
+                    )
+        model, tokenizer = load_base(base_ref, dtype=dtype, device=device)
+        peft_model: Any = model
+        for index, name in enumerate(names):
+            try:
+                if index == 0:
+                    peft_model = PeftModel.from_pretrained(
+                        model, folder / name, adapter_name=name, is_trainable=True
+                    )
+                else:
+                    peft_model.load_adapter(folder / name, adapter_name=name, is_trainable=True)
+            except Exception as error:  # a truncated or foreign file: say which adapter and where
+                raise ValueError(
+                    f"adapter {name!r} in {folder / name} does not load: {type(error).__name__}: {error}"
+                ) from error
+        peft_model.set_adapter(manifest["active"])
+        return cls(peft_model, tokenizer, peft_model.peft_config[names[0]], base_ref, manifest["seed"])
 
     def policy(self, name: str, **kwargs: Any) -> LoRAPolicy:
         """A ``populora_env.Policy`` answering with adapter ``name``; kwargs as :class:`LoRAPolicy`
@@ -534,3 +565,35 @@ def _check_generate_args(
         raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
     if not (_is_int(seed) and -(2**63) <= seed < 2**64):  # what torch.Generator.manual_seed takes
         raise ValueError(f"seed must be an int in [-2**63, 2**64), got {seed!r}")
+
+
+def _read_manifest(run: Path) -> tuple[dict[str, Any], Path]:
+    """The manifest of a saved population and its adapters folder, checked field by field."""
+    path = run / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"no population manifest {MANIFEST} in {run}")
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not a population manifest (not JSON: {error})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{path} is not a population manifest (format is not {MANIFEST_FORMAT!r})")
+    if manifest.get("version") not in (1, 2):
+        raise ValueError(f"{path}: version {manifest.get('version')!r} is not one this package reads (1, 2)")
+    names = manifest.get("adapters")
+    if not (isinstance(names, list) and names and all(isinstance(n, str) and _NAME.match(n) for n in names)):
+        raise ValueError(f"{path}: 'adapters' must be a non-empty list of adapter names, got {names!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: 'adapters' lists a name twice: {names}")
+    manifest.setdefault("active", names[0])
+    if manifest["active"] not in names:
+        raise ValueError(f"{path}: 'active' {manifest['active']!r} is not among the adapters {names}")
+    manifest.setdefault("seed", 0)
+    if not isinstance(manifest["seed"], int) or isinstance(manifest["seed"], bool):
+        raise ValueError(f"{path}: 'seed' must be an int, got {manifest['seed']!r}")
+    if not isinstance(manifest.get("base"), str):
+        raise ValueError(f"{path}: 'base' must be a path or Hub id, got {manifest.get('base')!r}")
+    folder = manifest.get("adapters_dir", "adapters")  # version 1 wrote every save to "adapters"
+    if not (isinstance(folder, str) and _SAVE_FOLDER.fullmatch(folder) and not folder.startswith(".")):
+        raise ValueError(f"{path}: 'adapters_dir' must name an adapters folder of {run}, got {folder!r}")
+    return manifest, run / folder

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -475,13 +476,88 @@ def test_save_load_round_trip_gives_identical_logits(pop: LoRAPopulation, tmp_pa
         loaded.set_active(name)
         assert torch.equal(logits_of(pop, text), logits_of(loaded, text))
     plain_base, _ = load_base(pop.base_ref, dtype=torch.float32, device="cpu")
-    alone = PeftModel.from_pretrained(plain_base, os.fspath(tmp_path / "run" / "adapters" / "student_1"))
+    folder = tmp_path / "run" / json.loads(manifest.read_text())["adapters_dir"]
+    alone = PeftModel.from_pretrained(plain_base, os.fspath(folder / "student_1"))
     pop.set_active("student_1")
     with torch.no_grad():
         enc = pop.tokenizer(text, return_tensors="pt", padding=True)
         assert torch.equal(alone(**enc).logits, pop.model(**enc).logits)
     with pytest.raises(FileNotFoundError):
         LoRAPopulation.load(tmp_path / "empty")
+
+
+def test_an_interrupted_save_leaves_the_previous_one_whole(
+    pop: LoRAPopulation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second save into the same folder, stopped while writing its second adapter, must leave the first
+    save loadable as it was (it wrote over the first save's adapters in place: a mix of two saves loaded
+    without a word); a finished save removes the earlier save's folders."""
+    run = tmp_path / "run"
+    pop.save(run)
+    before = {name: pop.get_genome(name) for name in NAMES}
+    first_folder = json.loads((run / "population.json").read_text())["adapters_dir"]
+    save_pretrained, calls = type(pop.model).save_pretrained, []
+
+    def killed_on_the_second(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed mid-save")
+        return save_pretrained(self, *args, **kwargs)
+
+    name = NAMES[0]
+    pop.set_genome(name, {k: v + 1.0 for k, v in before[name].items()})
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(type(pop.model), "save_pretrained", killed_on_the_second)
+            with pytest.raises(KeyboardInterrupt):
+                pop.save(run)
+        loaded = LoRAPopulation.load(run, dtype=torch.float32, device="cpu")
+        for other in NAMES:
+            assert all(torch.equal(v, before[other][k]) for k, v in loaded.get_genome(other).items()), other
+        assert sorted(p.name for p in run.iterdir()) == sorted([first_folder, "population.json"])
+        pop.save(run)  # a whole save replaces the first, and its folder goes
+        assert json.loads((run / "population.json").read_text())["adapters_dir"] != first_folder
+        assert len([p for p in run.iterdir() if p.is_dir()]) == 1
+        changed = LoRAPopulation.load(run, dtype=torch.float32, device="cpu").get_genome(name)
+        assert all(torch.equal(v, before[name][k] + 1.0) for k, v in changed.items())
+    finally:
+        pop.set_genome(name, before[name])
+
+
+def test_load_names_what_is_wrong_with_a_saved_population(pop: LoRAPopulation, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    pop.save(run)
+    manifest = json.loads((run / "population.json").read_text())
+    folder = run / manifest["adapters_dir"]
+
+    def load_with(**changes: Any) -> None:
+        (run / "population.json").write_text(json.dumps({**manifest, **changes}))
+        LoRAPopulation.load(run, dtype=torch.float32, device="cpu")
+
+    for changes, message in (
+        ({"adapters": []}, "'adapters' must be a non-empty list"),
+        ({"active": "nobody"}, "'active' 'nobody' is not among the adapters"),
+        ({"format": "other"}, "is not a population manifest"),
+        ({"version": 9}, "version 9 is not one this package reads"),
+        ({"adapters_dir": "../elsewhere"}, "'adapters_dir' must name an adapters folder"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            load_with(**changes)
+    with pytest.raises(FileNotFoundError, match=r"adapter 'ghost' listed in .* has no .*ghost"):
+        load_with(adapters=[*NAMES, "ghost"])
+    weights = folder / NAMES[1] / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match=rf"adapter '{NAMES[1]}' in .* does not load: SafetensorError"):
+        load_with()
+    (run / "population.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        LoRAPopulation.load(run)
+    # the layout of version 1 (every save in "adapters", no adapters_dir) still loads
+    pop.save(run)
+    manifest = json.loads((run / "population.json").read_text())
+    (run / manifest.pop("adapters_dir")).rename(run / "adapters")
+    (run / "population.json").write_text(json.dumps({**manifest, "version": 1}))
+    assert LoRAPopulation.load(run, dtype=torch.float32, device="cpu").adapter_names == NAMES
 
 
 def test_generating_past_the_trained_positions_is_logged_once(
