@@ -120,6 +120,7 @@ class GRPOLearner:
         self.config = config
         self._optimizers: dict[str, _AdapterOptimizer] = {}
         self._step_calls = 0
+        self._warned: set[str] = set()  # warnings given once per learner
 
     # -- optimizer state per adapter -----------------------------------------------------------------
 
@@ -166,7 +167,10 @@ class GRPOLearner:
             group_ids: the GRPO group of each completion (completions of one prompt share one).
             task_keys: the (role, task type) key of each completion; required for scale_rewards="task_relative".
             completion_ids: the generated token ids of each completion, EOS included when it stopped on EOS
-                (as `LoRAPopulation.generate_tokens` returns them); None re-tokenises the completion texts.
+                (as `LoRAPopulation.generate_tokens` returns them); None re-tokenises the completion texts
+                and appends EOS to those shorter than `max_new_tokens` (a guess: a text cut at the budget
+                can re-tokenise shorter, and is then trained to stop; logged once). Ids beyond
+                `config.max_new_tokens` are not trained (logged once: the reward was for the whole text).
 
         Returns:
             The update's statistics; `skipped=True` (adapter untouched) on a non-finite reward, loss or
@@ -188,6 +192,7 @@ class GRPOLearner:
             return self._skip(adapter, "non_finite_reward", where, len(rewards), mean_reward)
 
         advantages = self._advantages(reward_t, group_ids, task_keys)  # (N,)
+        self._warn_about_tokens(completion_ids)
         batch = encode_batch(
             self.population.tokenizer, prompts, completions, completion_ids, cfg.max_new_tokens
         )
@@ -216,6 +221,28 @@ class GRPOLearner:
                 )
         finally:
             model.train(was_training)
+
+    def _warn_about_tokens(self, completion_ids: Sequence[Sequence[int]] | None) -> None:
+        """Once per learner: completions known by text only, or longer than the learner's token cap."""
+        cap = self.config.max_new_tokens
+        if completion_ids is None and "text" not in self._warned:
+            self._warned.add("text")
+            logger.warning(
+                "GRPO update without completion_ids: completions are re-tokenised from their text, and EOS "
+                "is appended to those shorter than max_new_tokens=%d (a text cut at the budget may "
+                "re-tokenise shorter and be trained to stop); pass the sampled ids to train on exactly them",
+                cap,
+            )
+        elif completion_ids is not None and "cap" not in self._warned:
+            longer = [len(ids) for ids in completion_ids if len(ids) > cap]
+            if longer:
+                self._warned.add("cap")
+                logger.warning(
+                    "%d of %d completions have more tokens than GRPOConfig.max_new_tokens=%d (longest %d): "
+                    "only their first %d tokens are trained, though their reward was for the whole text; "
+                    "set max_new_tokens to the generation budget",
+                    len(longer), len(completion_ids), cap, max(longer), cap,
+                )  # fmt: skip
 
     def _optimise(
         self,

@@ -295,6 +295,26 @@ def test_uneven_micro_batches_give_the_one_step_gradient(
         assert float((grads[steps] - grads[1]).norm() / grads[1].norm()) < 1e-4, steps
 
 
+def test_token_caveats_are_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Text-only completions (EOS appended by a guess) and ids over the learner's cap (trained in part)
+    are said once per learner, not silently."""
+    pop = TinyPopulation()
+    learner = GRPOLearner(pop, GRPOConfig(max_new_tokens=4))
+    batch = _batch(pop, "p0")
+    with caplog.at_level(logging.WARNING, logger="agents.grpo"):
+        learner.update("p0", *batch)
+        learner.update("p0", *batch)
+    assert sum("without completion_ids" in r.getMessage() for r in caplog.records) == 1
+    caplog.clear()
+    ids = [[5, 6, 7, 8, 9, 10]] + [[5, 2]] * (len(batch[0]) - 1)
+    with caplog.at_level(logging.WARNING, logger="agents.grpo"):
+        learner.update("p0", *batch, completion_ids=ids)
+        learner.update("p0", *batch, completion_ids=ids)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("1 of 12 completions have more tokens than GRPOConfig.max_new_tokens=4 (longest 6)" in m
+               for m in messages) == 1, messages  # fmt: skip
+
+
 def test_first_inner_epoch_is_on_policy() -> None:
     pop = TinyPopulation()
     cfg = GRPOConfig(
