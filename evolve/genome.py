@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import inspect
 import math
 import os
 import threading
@@ -113,20 +114,36 @@ _Operator = TypeVar("_Operator", bound=Callable[..., Genome])
 
 def detached(operator: _Operator) -> _Operator:
     """Runs ``operator`` on detached views of its genome or parents (and of any genome given by keyword,
-    e.g. ``dare``'s ``base``).
+    e.g. ``dare``'s ``base``), after checking that their floating-point tensors are finite.
 
     A genome of parameters that require grad (``dict(module.named_parameters())``) then gives a child of
     plain tensors: no autograd graph holding the parents alive, and no failure in the operators that
     write into preallocated tensors (``out=`` does not support autograd). The views share the parents'
-    storage: nothing is copied.
+    storage: nothing is copied. A NaN or infinity in a parent is a ``ValueError`` naming the parent and
+    the key (ΔW-space operators failed inside LAPACK naming neither; the others passed it to the child).
+    The first argument may be given by keyword too (``genome=`` / ``parents=``).
     """
+    first = next(iter(inspect.signature(operator).parameters))
 
     @functools.wraps(operator)
-    def run(genomes: Any, *args: Any, **kwargs: Any) -> Genome:
+    def run(*args: Any, **kwargs: Any) -> Genome:
+        if args:
+            genomes, args = args[0], args[1:]
+        elif first in kwargs:
+            genomes = kwargs.pop(first)
+        else:
+            return operator(*args, **kwargs)  # its own TypeError for the missing argument
         if isinstance(genomes, Mapping):
+            _check_finite(genomes, "genome")
             genomes = _detach(genomes)
         elif isinstance(genomes, Sequence):
+            for index, genome in enumerate(genomes):
+                if isinstance(genome, Mapping):
+                    _check_finite(genome, f"parent {index}")
             genomes = [_detach(g) if isinstance(g, Mapping) else g for g in genomes]
+        for name, value in kwargs.items():
+            if isinstance(value, Mapping):
+                _check_finite(value, name)
         kwargs = {k: _detach(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()}
         return operator(genomes, *args, **kwargs)
 
@@ -135,6 +152,28 @@ def detached(operator: _Operator) -> _Operator:
 
 def _detach(genome: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in genome.items()}
+
+
+def _check_finite(genome: Mapping[str, Any], which: str) -> None:
+    """``ValueError`` naming the first key of ``genome`` whose floating-point tensor holds a NaN or an
+    infinity. One float32 sum per tensor (NaN and inf propagate; a sum that overflows is looked at
+    entry by entry), stacked per device: ~2 ms for a Qwen2.5-0.5B-shaped LoRA genome on one thread."""
+    by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+    for key, value in genome.items():
+        if (
+            isinstance(value, torch.Tensor)
+            and value.is_floating_point()
+            and value.numel()
+            and not value.is_meta
+        ):
+            by_device.setdefault(value.device, []).append((key, value))
+    for entries in by_device.values():
+        sums = torch.stack([value.detach().sum(dtype=torch.float32) for _, value in entries])
+        if bool(torch.isfinite(sums).all()):
+            continue
+        for (key, value), total in zip(entries, sums.tolist(), strict=True):
+            if not math.isfinite(total) and not bool(torch.isfinite(value.detach()).all()):
+                raise ValueError(f"{which} has non-finite values (NaN or inf) at key {key!r}")
 
 
 def check_parents(parents: Sequence[Genome], *, count: int | None = None) -> None:

@@ -219,7 +219,10 @@ def neftune_a(genome: Genome, *, rng: torch.Generator, strength: float = 0.1) ->
     child = {key: tensor.clone() for key, tensor in genome.items()}
     for pair in pairs:
         a = genome[pair.a_key].to(compute_dtype(genome[pair.a_key].dtype))
-        bound = math.sqrt(3) * strength * float(a.square().mean().sqrt())
+        # RMS from var_mean (the Welford kernel of std): the same at every thread count, which a plain
+        # a.square().mean() is not (its parallel sum's order moved the last bit between 1 and 2 threads)
+        var, mean = torch.var_mean(a, correction=0)
+        bound = math.sqrt(3) * strength * math.sqrt(float(var) + float(mean) ** 2)
         noise = _uniform(tuple(a.shape), rng, a).mul_(2 * bound).sub_(bound)
         child[pair.a_key] = (a + noise).to(genome[pair.a_key].dtype)
     return child

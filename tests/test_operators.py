@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import threading
 
 import pytest
@@ -179,6 +180,42 @@ def test_mismatched_parents_name_the_key(name):
         cross(name, [parent, wrong_dtype])
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_parents_are_refused_naming_the_parent_and_key(bad):
+    """ΔW-space operators failed inside LAPACK (naming a batch element), the others passed the NaN on."""
+    key = "base_model.model.layers.1.up_proj.lora_A.weight"
+    poisoned = lora_genome(2)
+    poisoned[key] = poisoned[key].clone()
+    poisoned[key][3, 5] = bad
+    plain = plain_net(0).state_dict()
+    plain["0.weight"] = plain["0.weight"].clone()
+    plain["0.weight"][0, 0] = bad
+    for name in operators.MUTATIONS:
+        with pytest.raises(ValueError, match=rf"genome has non-finite values .* at key '{re.escape(key)}'"):
+            mutate(name, poisoned)
+    for name in operators.CROSSOVERS:
+        with pytest.raises(ValueError, match=rf"parent 1 has non-finite values .* at key '{re.escape(key)}'"):
+            cross(name, [lora_genome(1), poisoned])
+    for name in sorted(set(operators.MUTATIONS) - operators.LORA_ONLY):
+        with pytest.raises(ValueError, match=r"genome has non-finite values .* at key '0\.weight'"):
+            mutate(name, plain)
+    with pytest.raises(ValueError, match="base has non-finite values"):
+        cross("dare", [lora_genome(1), lora_genome(3)], base=poisoned)
+    huge = {k: t * 1e37 if "lora_A" in k else t for k, t in lora_genome(1).items()}  # sums overflow, finite
+    assert_same_structure(mutate("gaussian", huge), huge)
+
+
+def test_operators_take_their_first_argument_by_keyword_too():
+    parents = [lora_genome(1), lora_genome(2)]
+    by_position = mutate("gaussian", parents[0], seed=4)
+    by_keyword = operators.MUTATIONS["gaussian"](genome=parents[0], rng=torch.Generator().manual_seed(4))
+    assert all(torch.equal(by_keyword[k], v) for k, v in by_position.items())
+    child = operators.CROSSOVERS["interpolate"](parents=parents, rng=torch.Generator().manual_seed(4))
+    assert_same_structure(child, parents[0])
+    with pytest.raises(TypeError, match="genome"):
+        operators.MUTATIONS["gaussian"](rng=torch.Generator())
+
+
 @pytest.mark.parametrize("name", sorted(operators.LORA_ONLY))
 def test_lora_only_operators_reject_a_plain_genome(name):
     genome = plain_net(0).state_dict()
@@ -350,6 +387,30 @@ def test_parallel_units_give_the_sequential_child_bit_for_bit(name):
     assert list(parallel) == list(sequential)
     for key, tensor in sequential.items():
         assert torch.equal(parallel[key], tensor), key
+
+
+def test_every_operator_gives_the_same_child_at_one_and_two_threads():
+    """Large tensors make torch split its reductions over threads, in an order that can move the last bit
+    of a float sum (``neftune_a``'s RMS of a Qwen down_proj-shaped ``A`` did, for 3 genomes in 10)."""
+    names = [*operators.MUTATIONS, *operators.CROSSOVERS]
+    for seed in range(8):
+        g = torch.Generator().manual_seed(seed)
+        parents = [
+            {"m.down_proj.lora_A.weight": torch.randn(16, 4864, generator=g) * 0.03,
+             "m.down_proj.lora_B.weight": torch.randn(896, 16, generator=g) * 0.01}
+            for _ in range(2)
+        ]  # fmt: skip
+        children = {}
+        for threads in (1, 2):
+            with torch_threads(threads):
+                children[threads] = [
+                    mutate(n, parents[0], seed=seed, strength=0.3) if n in operators.MUTATIONS
+                    else cross(n, parents, seed=seed)
+                    for n in names
+                ]  # fmt: skip
+        for name, one, two in zip(names, children[1], children[2], strict=True):
+            for key in one:
+                assert torch.equal(one[key], two[key]), (name, seed, key)
 
 
 @pytest.mark.parametrize("own_setters", [True, False], ids=["thread-setters", "torch-set-num-threads"])
