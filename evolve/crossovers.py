@@ -11,7 +11,8 @@ the ΔW-space operators combine the parameters themselves.
 Every operator checks that parents share keys, shapes and dtypes (``ValueError`` naming the key), returns
 a new genome with those keys (in order), shapes and dtypes, computes in float32 (float64 stays float64),
 never modifies its inputs, and takes all randomness from ``rng``. Tensors an operator does not mix
-(integer buffers; non-LoRA entries of a LoRA genome) are copied from the first parent.
+(integer buffers; non-LoRA entries of a LoRA genome) are copied from the first parent, whatever the
+fitness (``clone_mutate`` copies the parent it clones).
 """
 
 from __future__ import annotations
@@ -265,7 +266,9 @@ def extrapolate(
     ranked = _best_first(2, check_fitness(fitness, 2))
     max_step = check_strength(max_step, "max_step")
     eta = max_step * float(torch.rand((), generator=rng, device=rng.device))
-    return linear_combination([parents[ranked[0]], parents[ranked[1]]], [1 + eta, -eta])
+    coeffs = [0.0, 0.0]
+    coeffs[ranked[0]], coeffs[ranked[1]] = 1 + eta, -eta
+    return linear_combination(parents, coeffs)  # in the given order: other entries from the first parent
 
 
 def centred_ranks(fitness: Sequence[float]) -> list[float]:

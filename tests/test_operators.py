@@ -129,16 +129,19 @@ def test_crossover_with_itself_returns_the_parent(name):
         assert all(torch.equal(child[k], parent[k]) for k in parent)
 
 
+@pytest.mark.parametrize("fitness", [(1.0, 0.0), (0.0, 1.0)])  # the first parent, better or not
 @pytest.mark.parametrize("name", sorted(operators.MUTATIONS) + PAIRED)
-def test_non_lora_tensors_of_a_lora_genome_pass_through_from_the_first_parent(name):
+def test_non_lora_tensors_of_a_lora_genome_pass_through_from_the_first_parent(name, fitness):
     parents = [lora_genome(1), lora_genome(2)]
     for seed, parent in enumerate(parents):
         parent["base_model.model.head.weight"] = torch.full((3, 5), float(seed))
         parent["base_model.model.steps"] = torch.tensor(seed)
-    child = mutate(name, parents[0]) if name in operators.MUTATIONS else cross(name, parents)
-    assert_same_structure(child, parents[0])
+    child = mutate(name, parents[0]) if name in operators.MUTATIONS else cross(name, parents, fitness=fitness)
+    # clone_mutate clones the better parent whole, by definition
+    source = parents[1] if name == "clone_mutate" and fitness[1] > fitness[0] else parents[0]
+    assert_same_structure(child, source)
     for key in ("base_model.model.head.weight", "base_model.model.steps"):
-        assert torch.equal(child[key], parents[0][key]), key
+        assert torch.equal(child[key], source[key]), key
 
 
 @pytest.mark.parametrize("name", sorted(operators.CROSSOVERS))
