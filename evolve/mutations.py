@@ -110,7 +110,8 @@ def svd_spectrum(genome: Genome, *, rng: torch.Generator, strength: float = 0.1)
         strength: Log-scale of the spectrum noise and rotation angle.
 
     Raises:
-        ValueError: A plain genome, or a negative strength.
+        ValueError: A plain genome, a negative strength, or one so large that a scaled singular value
+            overflows.
     """
     strength = check_strength(strength)
 
@@ -121,6 +122,11 @@ def svd_spectrum(genome: Genome, *, rng: torch.Generator, strength: float = 0.1)
         spectrum, rotate_u, rotate_v = noise
         svd, u, s, v = adapter_svd(b, a)
         s = s * torch.exp(strength * spectrum)
+        if not bool(torch.isfinite(s).all()):
+            raise ValueError(
+                f"svd_spectrum: strength {strength:g} scales a singular value past the float range "
+                "(exp(strength * z) with z ~ N(0, 1) overflows); strengths are log-scales, a few units at most"
+            )
         u = u @ _rotation(rotate_u, strength)
         v = v @ _rotation(rotate_v, strength)
         return to_factors(svd, u, s, v, row_scale(a))

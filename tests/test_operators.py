@@ -208,6 +208,11 @@ def test_non_finite_parents_are_refused_naming_the_parent_and_key(bad):
     assert_same_structure(mutate("gaussian", huge), huge)
 
 
+def test_svd_spectrum_refuses_a_strength_that_overflows():
+    with pytest.raises(ValueError, match="strength 100 scales a singular value past the float range"):
+        mutate("svd_spectrum", lora_genome(1), strength=100.0)
+
+
 def test_operators_take_their_first_argument_by_keyword_too():
     parents = [lora_genome(1), lora_genome(2)]
     by_position = mutate("gaussian", parents[0], seed=4)
