@@ -7,6 +7,7 @@ import functools
 import inspect
 import math
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -24,9 +25,13 @@ extrapolation (noise can make a running variance negative), pass ``dict(module.n
 
 # PEFT names the factors `<module>.lora_A.weight` (r x in) and `<module>.lora_B.weight` (out x r) in
 # `get_peft_model_state_dict`; a raw `model.state_dict()` carries the adapter name in between
-# (`<module>.lora_A.default.weight`). Both spellings are recognised.
+# (`<module>.lora_A.default.weight`). An adapted nn.Embedding has `<module>.lora_embedding_A` (r x vocab)
+# and `<module>.lora_embedding_B` (dim x r), no `.weight` (raw: `...lora_embedding_A.default`); its
+# ΔW = B @ A is the embedding matrix's change transposed, a product like any other. All are recognised.
 _A_TAG = ".lora_A."
 _B_TAG = ".lora_B."
+_EMBEDDING_A = re.compile(r"(.+)\.lora_embedding_A(\.[^.]+)?")
+_EMBEDDING_B = re.compile(r"(.+)\.lora_embedding_B(\.[^.]+)?")
 
 
 @dataclass(frozen=True)
@@ -54,8 +59,18 @@ class PairBatch:
     """The dtype the batch is computed in (float32, or float64 for float64 factors)."""
 
 
-def _is_a_key(key: str) -> bool:
-    return _A_TAG in key and key.endswith(".weight")
+def _split_a_key(key: str) -> tuple[str, str] | None:
+    """``(module, key of B)`` for the key of an ``A`` factor; None for any other key."""
+    if _A_TAG in key and key.endswith(".weight"):
+        head, _, tail = key.rpartition(_A_TAG)
+        return head, head + _B_TAG + tail
+    if match := _EMBEDDING_A.fullmatch(key):
+        return match[1], f"{match[1]}.lora_embedding_B{match[2] or ''}"
+    return None
+
+
+def _is_b_key(key: str) -> bool:
+    return (_B_TAG in key and key.endswith(".weight")) or _EMBEDDING_B.fullmatch(key) is not None
 
 
 def lora_pairs(genome: Genome) -> tuple[LoraPair, ...]:
@@ -72,12 +87,12 @@ def lora_pairs(genome: Genome) -> tuple[LoraPair, ...]:
             disagree; the message names the key.
     """
     pairs = []
-    b_keys = {key for key in genome if _B_TAG in key and key.endswith(".weight")}
+    b_keys = {key for key in genome if _is_b_key(key)}
     for key in genome:
-        if not _is_a_key(key):
+        split = _split_a_key(key)
+        if split is None:
             continue
-        head, _, tail = key.rpartition(_A_TAG)
-        b_key = head + _B_TAG + tail
+        head, b_key = split
         if b_key not in genome:
             raise ValueError(f"LoRA factor {key!r} has no partner {b_key!r}")
         b_keys.discard(b_key)

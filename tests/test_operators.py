@@ -692,6 +692,47 @@ def test_child_loads_into_peft_and_runs(name, peft_population):
     assert not torch.allclose(out, models[0](x)), "the child behaves exactly like its parent"
 
 
+class Embedded(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.proj = nn.Embedding(50, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.embed(x))
+
+
+def test_peft_embedding_factors_are_lora_pairs():
+    """PEFT names an adapted nn.Embedding's factors ``lora_embedding_A`` / ``lora_embedding_B`` (no
+    ``.weight``): they were taken for plain entries, left alone by mutations and copied by crossovers."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+
+    config = LoraConfig(r=4, target_modules=["embed", "proj"], init_lora_weights=False)
+    models = []
+    for seed in range(2):
+        torch.manual_seed(seed)  # test-local model construction only
+        models.append(get_peft_model(Embedded(), config))
+    genomes = [get_peft_model_state_dict(m) for m in models]
+    a_key, b_key = "base_model.model.embed.lora_embedding_A", "base_model.model.embed.lora_embedding_B"
+    assert (lora_pairs(genomes[0])[0].a_key, lora_pairs(genomes[0])[0].b_key) == (a_key, b_key)
+    raw = {k: v for k, v in models[0].state_dict().items() if "lora_" in k}  # adapter name in the keys
+    assert len(lora_pairs(raw)) == 2
+    for name in [*operators.MUTATIONS, *operators.CROSSOVERS]:
+        if name in operators.MUTATIONS:
+            child = mutate(name, genomes[0], strength=0.5)
+        else:
+            child = cross(name, genomes, fitness=(0.0, 1.0))
+        model = copy.deepcopy(models[0])
+        assert not set_peft_model_state_dict(model, child).unexpected_keys
+        assert torch.isfinite(model(torch.arange(10).view(2, 5))).all()
+        if name not in ("uniform", "dare"):  # uniform may pick parent 0's module; dare keeps some entries
+            assert not torch.equal(child[b_key] @ child[a_key], genomes[0][b_key] @ genomes[0][a_key]), name
+    child = cross("interpolate", genomes, weight=0.5)
+    mixed = sum(0.5 * g[b_key].double() @ g[a_key].double() for g in genomes)
+    torch.testing.assert_close(
+        (child[b_key] @ child[a_key]).double(), best_rank(mixed, 4), atol=1e-5, rtol=1e-4
+    )
+
+
 @pytest.mark.parametrize("name", ["interpolate", "svd_splice", "svd_spectrum", "component_mask"])
 def test_fresh_adapters_stay_trainable_after_a_delta_w_operator(name, peft_population):
     """PEFT starts adapters at B = 0; a ΔW-space child of such adapters must still get a gradient on B."""
