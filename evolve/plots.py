@@ -32,12 +32,54 @@ def _load(run_dir: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            record = json.loads(line)
         except ValueError as error:
             raise ValueError(f"{path}:{number}: not a JSON line ({error})") from None
+        problem = _record_problem(record)
+        if problem:
+            raise ValueError(f"{path}:{number}: not a generation record of run_pbt ({problem})")
+        rows.append(record)
     if not rows:
         raise ValueError(f"{path} holds no generation yet")
     return rows
+
+
+# the fields of a metrics record the plots read, and what each must be
+_NUMBER, _MAPPING = (int, float), dict
+_FIELDS: dict[str, Any] = {
+    "generation": int, "solve_rate": _NUMBER, "invalid_rate": _NUMBER, "coverage": _NUMBER,
+    "mean_reward": _MAPPING, "role_fitness": _MAPPING, "difficulty": _MAPPING, "lineage": list,
+}  # fmt: skip
+
+
+def _record_problem(record: Any) -> str:
+    """What keeps ``record`` from being drawn ('' when nothing does)."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    for key, kind in _FIELDS.items():
+        if key not in record:
+            return f"no {key!r}"
+        if not isinstance(record[key], kind) or isinstance(record[key], bool):
+            return f"{key!r} is {record[key]!r}"
+    for key in ("depth", "cyclomatic", "lines"):
+        if not isinstance(record["difficulty"].get(key), _NUMBER):
+            return f"'difficulty' has no number {key!r}"
+    if not all(isinstance(v, _NUMBER) for v in record["mean_reward"].values()):
+        return "'mean_reward' holds a value that is not a number"
+    if not all(isinstance(v, dict) for v in record["role_fitness"].values()):
+        return "'role_fitness' holds a value that is not an object"
+    return ""
+
+
+def _png(out: str | Path) -> Path:
+    """``out``, with ``.png`` added when it has no extension (matplotlib adds it to the file it writes)."""
+    path = Path(out)
+    return path if path.suffix else path.with_name(path.name + ".png")
+
+
+def _shown(text: str) -> str:
+    """``text`` as a figure can show it: a folder name that is not UTF-8 (surrogate escapes) gets '?'."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -98,9 +140,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in axes[1]:
         ax.set_xlabel("generation (shaded: children made at its end)")
-    fig.suptitle(f"{run_dir.name}: {len(rows)} generations")
+    fig.suptitle(_shown(f"{run_dir.name}: {len(rows)} generations"))
     fig.tight_layout()
-    target = Path(out) if out is not None else run_dir / "curves.png"
+    target = _png(out) if out is not None else run_dir / "curves.png"
     fig.savefig(target, dpi=100)
     plt.close(fig)
     return target
@@ -119,15 +161,23 @@ COMPARED_COLUMNS: tuple[tuple[str, str], ...] = tuple((short, title) for short, 
 """``(short name, title)`` of each compared metric; ``summary_rows`` keys its values by title."""
 
 
-def _label(run_dir: Path) -> str:
-    """The run's folder name and its setup (seats, self-play) from its ``config.json`` when readable."""
+def _label(run_dir: Path, name: str | None = None) -> str:
+    """The run's name (default: its folder's) and its setup (seats, self-play) from its ``config.json``
+    when readable."""
+    name = _shown(name if name is not None else run_dir.name)
     try:
         config = json.loads((run_dir / "config.json").read_text())
         env = config["env"]
         setup = "self-play" if config.get("self_play") else f"{env['n_teachers']}T x {env['n_students']}S"
     except (OSError, ValueError, KeyError, TypeError):
-        return run_dir.name
-    return f"{run_dir.name} ({setup}, pop {config.get('population', '?')})"
+        return name
+    return f"{name} ({setup}, pop {config.get('population', '?')})"
+
+
+def _labels(run_dirs: list[Path]) -> list[str]:
+    """One label per run; runs whose folders share a name (``a/run``, ``b/run``) are named by their path."""
+    names = [d.name for d in run_dirs]
+    return [_label(d, str(d) if names.count(d.name) > 1 else None) for d in run_dirs]
 
 
 def summary_rows(run_dirs: list[str | Path], last: float = 1 / 3) -> list[dict[str, Any]]:
@@ -138,10 +188,11 @@ def summary_rows(run_dirs: list[str | Path], last: float = 1 / 3) -> list[dict[s
         FileNotFoundError / ValueError: as ``plot_run``, naming the run.
     """
     rows = []
-    for run_dir in map(Path, run_dirs):
+    paths = [Path(d) for d in run_dirs]
+    for run_dir, label in zip(paths, _labels(paths), strict=True):
         records = _load(run_dir)
         tail = records[-max(1, round(len(records) * last)) :]
-        row: dict[str, Any] = {"run": _label(run_dir), "generations": len(records)}
+        row: dict[str, Any] = {"run": label, "generations": len(records)}
         for _, title, metric in _COMPARED:
             row[title] = sum(metric(r) for r in tail) / len(tail)
         rows.append(row)
@@ -170,12 +221,13 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    runs = [(Path(d), _load(Path(d))) for d in run_dirs]
+    paths = [Path(d) for d in run_dirs]
+    runs = list(zip(_labels(paths), [_load(d) for d in paths], strict=True))
     fig, axes = plt.subplots(2, 3, figsize=(14, 7), sharex=True)
     for (_, title, metric), ax in zip(_COMPARED, axes.flat, strict=True):
-        for index, (run_dir, records) in enumerate(runs):  # markers too: equal curves stay visible
+        for index, (label, records) in enumerate(runs):  # markers too: equal curves stay visible
             ax.plot([r["generation"] for r in records], [metric(r) for r in records],
-                    marker="osD^vx"[index % 6], markersize=7 - index % 4, alpha=0.85, label=_label(run_dir))  # fmt: skip
+                    marker="osD^vx"[index % 6], markersize=7 - index % 4, alpha=0.85, label=label)  # fmt: skip
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -186,7 +238,7 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
         ax.set_xlabel("generation")
     fig.suptitle(f"{len(runs)} runs compared")
     fig.tight_layout()
-    target = Path(out)
+    target = _png(out)
     fig.savefig(target, dpi=100)
     plt.close(fig)
     return target

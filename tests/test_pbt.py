@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -440,9 +441,24 @@ def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"metrics\.jsonl does not exist"):
         plot_run(tmp_path / "nowhere")
     (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "metrics.jsonl").write_text('{"generation": 0}\n{oops\n')
+    first = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0]
+    (tmp_path / "bad" / "metrics.jsonl").write_text(first + "\n{oops\n")
     with pytest.raises(ValueError, match=r"metrics\.jsonl:2"):
         plot_run(tmp_path / "bad")
+    # records of another shape (hand-edited, another tool's) are refused naming the line and the field
+    for text, problem in (
+        ('{"generation": 0}\n', "no 'solve_rate'"),
+        ("[1, 2]\n", "a JSON list, not an object"),
+        (
+            json.dumps({**json.loads(first), "difficulty": {"depth": "deep"}}) + "\n",
+            "'difficulty' has no number",
+        ),
+    ):
+        (tmp_path / "bad" / "metrics.jsonl").write_text(text)
+        with pytest.raises(
+            ValueError, match=rf"metrics\.jsonl:1: not a generation record of run_pbt \({problem}"
+        ):
+            plot_run(tmp_path / "bad")
     # a run killed while writing its last record: the complete records are drawn, the partial one skipped
     (tmp_path / "killed").mkdir()
     complete = (tmp_path / "run" / "metrics.jsonl").read_text()
@@ -451,6 +467,8 @@ def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
     # the same through the CLI: exit status 0, or 2 with the reason
     assert cli.main(["plot", str(tmp_path / "run"), "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").stat().st_size > 10_000
+    assert plot_run(tmp_path / "run", tmp_path / "noext") == tmp_path / "noext.png"  # the file written
+    assert (tmp_path / "noext.png").exists()
     assert cli.main(["plot", str(tmp_path / "bad")]) == 2
 
 
@@ -480,6 +498,14 @@ def test_compare_runs_overlays_variants_and_tabulates_them(
     assert cli.main(["plot", str(pair), str(tmp_path / "nowhere")]) == 2
     with pytest.raises(ValueError, match="at least one"):
         compare_runs([], tmp_path / "x.png")
+    # runs in folders of one name (a/run, b/run: one preset per seed) are told apart by their paths
+    twin = tmp_path / "b" / "pair"
+    twin.parent.mkdir()
+    shutil.copytree(pair, twin)
+    assert [r["run"] for r in summary_rows([pair, twin])] == [
+        f"{pair} (1T x 1S, pop 2)",
+        f"{twin} (1T x 1S, pop 2)",
+    ]
 
 
 def _halve(solve_rate: float) -> float:
