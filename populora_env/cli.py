@@ -6,7 +6,9 @@ Subcommands import their heavy dependencies (torch, ``agents``, ``evolve``) insi
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import signal
 import sys
 import time
@@ -83,14 +85,20 @@ def verify(args: VerifyArgs) -> int:
         print(f"{path}:{error.line}: skipped: {error.reason}", file=sys.stderr)
     start = time.perf_counter()
     verdicts = []
-    with Verifier(config) as verifier:
-        stream = verify_records(verifier, records, expression_inputs=args.expression_inputs)
-        for v in tqdm(
-            stream, total=len(records), desc="verifying", unit="prog", file=sys.stderr, leave=False
-        ):
-            verdicts.append(v)
-            _print_verdict(v, as_json=args.json)
-        isolation = verifier.isolation
+    try:
+        with Verifier(config) as verifier:
+            stream = verify_records(verifier, records, expression_inputs=args.expression_inputs)
+            for v in tqdm(
+                stream, total=len(records), desc="verifying", unit="prog", file=sys.stderr, leave=False
+            ):
+                verdicts.append(v)
+                _print_verdict(v, as_json=args.json)
+            isolation = verifier.isolation
+    except KeyboardInterrupt:
+        print(
+            f"populora verify: interrupted after {len(verdicts)} of {len(records)} records", file=sys.stderr
+        )
+        return 128 + signal.SIGINT
     elapsed = time.perf_counter() - start
     summary = summarize(verdicts, errors)
     if args.json:
@@ -405,10 +413,27 @@ def main(argv: list[str] | None = None) -> int:
         args=argv,
         description="populora-env: teacher/student self-play with verifiable rewards.",
     )
+    for stream in (sys.stdout, sys.stderr):  # text from the user's files (a lone surrogate in an id)
+        reconfigure = getattr(stream, "reconfigure", None)  # is printed escaped, not a UnicodeEncodeError
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     for _, (kind, run) in COMMANDS.items():
         if isinstance(parsed, kind):
-            return run(parsed)
+            try:
+                return run(parsed)
+            except BrokenPipeError:  # `populora verify --examples | head -1`: the reader has gone
+                _silence_stdout()
+                return 128 + signal.SIGPIPE
     raise AssertionError(f"unhandled command {parsed!r}")
+
+
+def _silence_stdout() -> None:
+    """Points standard output at /dev/null, so that the interpreter's final flush finds no broken pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # not a real file (a test's capture): nothing will be flushed to a pipe
 
 
 if __name__ == "__main__":

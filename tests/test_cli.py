@@ -69,7 +69,8 @@ def test_verify_missing_file_is_a_clear_error(tmp_path):
     folder = populora("verify", str(tmp_path))
     assert folder.returncode == 2 and f"{tmp_path} is a folder, not a JSONL file" in folder.stderr
     for option, message in ((["--workers", "0"], "workers must be None or an int >= 1, got 0"),
-                            (["--timeout", "-1"], "timeout must be > 0, got -1.0")):  # fmt: skip
+                            (["--timeout", "-1"], "timeout must be > 0, got -1.0"),
+                            (["--timeout", "inf"], "timeout must be at most 86400 s")):  # fmt: skip
         bad = populora("verify", "--examples", *option)
         assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr
 
@@ -83,6 +84,48 @@ def test_load_records_reports_malformed_lines(tmp_path):
         (1, "not a JSON object"),
         (2, "field 'output' is not a string"),
     ]
+
+
+def test_verify_refuses_bytes_that_are_not_utf8_and_prints_any_text(tmp_path):
+    """An invalid byte was replaced by U+FFFD, so a program other than the file's ran (and passed
+    --strict when its claimed output held U+FFFD); a lone surrogate in an id crashed the printing."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(
+        b'{"code": "def f(x):\\n    return \\"\xff\\"", "input": "1", "output": "\\"\\ufffd\\""}\n'
+    )
+    records, errors = load_records(bad)
+    assert records == [] and [(e.line, e.reason) for e in errors] == [
+        (1, "not UTF-8: byte 0xff at column 35")
+    ]
+    done = populora("verify", str(bad), "--strict")
+    assert done.returncode == 1 and "not UTF-8" in done.stderr and "pass 0" in done.stdout
+    bom = tmp_path / "bom.jsonl"  # a byte-order mark (Windows editors) is not a malformed line
+    bom.write_bytes(b"\xef\xbb\xbf" + b'{"code": "def f(x):\\n    return x", "input": "1", "output": "1"}\n')
+    assert len(load_records(bom)[0]) == 1
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text('{"id": "\\ud800", "code": "def f(x):\\n    return x", "input": "1", "output": "1"}\n')
+    for extra in ([], ["--json"]):
+        done = populora("verify", str(odd), *extra)
+        assert done.returncode == 0 and "\\ud800" in done.stdout and "Traceback" not in done.stderr, (
+            done.stderr
+        )
+
+
+def test_verify_reads_a_pipe_and_standard_input(tmp_path):
+    line = '{"code": "def f(x):\\n    return x + 1", "input": "1", "output": "2"}\n'
+    for path in ("-", "/dev/stdin"):
+        done = subprocess.run([sys.executable, "-m", "populora_env.cli", "verify", path], input=line,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0 and "pass 1" in done.stdout, (path, done.stderr)
+
+
+def test_verify_into_a_closed_pipe_exits_quietly():
+    """`populora verify --examples | head -1`: the reader leaves; no BrokenPipeError traceback."""
+    done = subprocess.run(
+        f"{sys.executable} -m populora_env.cli verify --examples | head -1", shell=True, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert len(done.stdout.splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
 
 
 def test_base_build_caches_the_tiny_base_and_names_bad_values(tmp_path, capsys):

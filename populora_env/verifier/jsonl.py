@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from .literals import outputs_equal
 from .records import Execution
@@ -71,28 +73,42 @@ class Summary:
 
 
 def load_records(path: str | os.PathLike[str]) -> tuple[list[Record], list[LoadError]]:
-    """Reads a JSONL file; malformed lines become :class:`LoadError` entries instead of exceptions.
+    """Reads a JSONL file (``"-"``: standard input; a pipe such as ``/dev/stdin`` works too); malformed
+    lines, including lines that are not UTF-8, become :class:`LoadError` entries instead of exceptions.
 
     Raises:
         FileNotFoundError: The file does not exist (the message names it).
         IsADirectoryError: ``path`` is a folder.
     """
+    if os.fspath(path) == "-":
+        return _read_lines(sys.stdin.buffer)
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder, not a JSONL file")
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"no such JSONL file: {path}")
+    with path.open("rb") as f:
+        return _read_lines(f)
+
+
+def _read_lines(f: BinaryIO) -> tuple[list[Record], list[LoadError]]:
     records: list[Record] = []
     errors: list[LoadError] = []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            record = _parse_line(line, number)
-            if isinstance(record, Record):
-                records.append(record)
-            else:
-                errors.append(record)
+    for number, raw in enumerate(f, start=1):
+        if number == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]
+        try:
+            line = raw.decode("utf-8")  # strictly: a replaced byte would check another program
+        except UnicodeDecodeError as e:
+            errors.append(LoadError(number, f"not UTF-8: byte {raw[e.start]:#04x} at column {e.start + 1}"))
+            continue
+        if not line.strip():
+            continue
+        record = _parse_line(line, number)
+        if isinstance(record, Record):
+            records.append(record)
+        else:
+            errors.append(record)
     return records, errors
 
 

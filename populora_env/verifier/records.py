@@ -35,6 +35,10 @@ class Execution:
         return self.status == "ok"
 
 
+MAX_SECONDS = 86_400
+"""Longest ``timeout`` / ``start_timeout`` accepted (larger or infinite values overflow the deadlines)."""
+
+
 @dataclass(frozen=True)
 class VerifierConfig:
     """Options of a :class:`Verifier`."""
@@ -83,6 +87,11 @@ class VerifierConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"VerifierConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("timeout", "start_timeout"):  # deadlines are computed from them (select, rlimits)
+            if not getattr(self, name) <= MAX_SECONDS:
+                raise ValueError(
+                    f"VerifierConfig.{name} must be at most {MAX_SECONDS} s (a day), got {getattr(self, name)!r}"
+                )
         if self.memory_mb < 64:
             raise ValueError(
                 f"VerifierConfig.memory_mb must be >= 64 (a Python process needs it), got {self.memory_mb}"
