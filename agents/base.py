@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -32,6 +33,8 @@ from agents.corpus import generate_examples
 
 BUILD_FORMAT_VERSION = 2  # bump when the builder's code changes what it produces
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+
+logger = logging.getLogger(__name__)
 
 
 class BaseModelLoadError(OSError):
@@ -165,6 +168,11 @@ def load_base(
 
 
 def _load_message(ref: str, reason: str) -> str:
+    if (Path(ref) / "populora_tiny_base.json").is_file():  # a tiny base of the cache that no longer loads
+        return (
+            f"cannot load base model {ref!r}: {reason}. It is a tiny base of the cache, damaged after its "
+            "build: delete that folder, and `populora base build` (or `populora train`) builds it again."
+        )
     hub = (
         "Hub access is off (HF_HUB_OFFLINE=1), so only local directories load"
         if hub_offline()
@@ -282,8 +290,16 @@ def build_tiny_base(
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     key = tiny_base_key(config)
     final = root / f"tiny-base-{key}"
-    if (final / "config.json").is_file():
-        return final
+    if final.exists():
+        damage = _damage(final)
+        if damage is None:
+            return final
+        # a cached base damaged after its build (builds are renamed into place whole): built again
+        logger.warning("the cached tiny base %s is damaged (%s): building it again", final, damage)
+        aside = root / f".tmp-{key}-{os.getpid()}-damaged"
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(final, aside)
+        shutil.rmtree(aside, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_builds(root, key)
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-{os.getpid()}-", dir=root))
@@ -301,6 +317,34 @@ def build_tiny_base(
         torch.set_num_threads(threads)
         shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+_BASE_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "populora_tiny_base.json",
+)
+
+
+def _damage(folder: Path) -> str | None:
+    """What is wrong with a cached tiny base (None: nothing found): a missing file, weights whose header
+    does not cover the file (safetensors checks that on opening), a tokenizer that does not parse."""
+    from safetensors import safe_open
+    from tokenizers import Tokenizer
+
+    for name in _BASE_FILES:
+        if not (folder / name).is_file():
+            return f"no {name}"
+    try:
+        with safe_open(folder / "model.safetensors", "pt"):
+            pass
+        Tokenizer.from_file(str(folder / "tokenizer.json"))
+        json.loads((folder / "config.json").read_text())
+    except Exception as error:  # safetensors, tokenizers and json each raise their own kind
+        return f"{type(error).__name__}: {str(error)[:200]}"
+    return None
 
 
 def _remove_stale_builds(root: Path, key: str) -> None:

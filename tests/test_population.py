@@ -114,6 +114,19 @@ def test_build_tiny_base_reuses_cache_and_cleans_stale_builds(tmp_path: Path) ->
     assert build_tiny_base(tmp_path, config, progress=False) == built
     assert (built / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
     assert tiny_base_key(TinyBaseConfig(steps=30)) != tiny_base_key(TinyBaseConfig(steps=40))
+    # damaged after its build (truncated weights, a lost tokenizer): built again, not served as it is
+    # (it failed every later load, and the error's advice led back to the same folder)
+    weights = built / "model.safetensors"
+    for damage in (lambda: weights.write_bytes(weights.read_bytes()[:1000]),
+                   lambda: (built / "tokenizer.json").unlink()):  # fmt: skip
+        damage()
+        assert build_tiny_base(tmp_path, config, progress=False, num_threads=1) == built
+        load_base(built)  # whole again
+    assert sorted(p.name for p in tmp_path.iterdir()) == [built.name]
+    weights.write_bytes(weights.read_bytes()[:-8])  # what only loading finds: the message says what to do
+    with pytest.raises(BaseModelLoadError, match="delete that folder") as info:
+        load_base(built)
+    assert "HF_HUB" not in str(info.value)
 
 
 def test_interrupted_build_leaves_no_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
