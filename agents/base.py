@@ -286,6 +286,8 @@ def build_tiny_base(
     Returns:
         ``<cache_dir>/tiny-base-<key>``, loadable with :func:`load_base` or ``from_pretrained``.
     """
+    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+        raise ValueError(f"num_threads must be None or an int >= 1, got {num_threads!r}")
     config = _resolved(config or TinyBaseConfig())
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     key = tiny_base_key(config)
@@ -305,7 +307,7 @@ def build_tiny_base(
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-{os.getpid()}-", dir=root))
     threads = torch.get_num_threads()
     try:
-        torch.set_num_threads(num_threads or threads)
+        torch.set_num_threads(num_threads if num_threads is not None else threads)
         _build_into(staging, config, progress)
         (staging / "populora_tiny_base.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
         try:

@@ -292,6 +292,10 @@ def _check_unsaved_start(run_dir: Path, config: PBTConfig) -> None:
         raise ValueError(
             f"{path} is not a run config ({error}): delete it or choose another run_dir"
         ) from None
+    if not isinstance(old, dict):
+        raise ValueError(
+            f"{path} is not a run config (a JSON {type(old).__name__}): delete it or choose another run_dir"
+        )
     if differ := _differences(old, config):
         raise ValueError(
             f"{config.run_dir} holds the start of a run with another config ({differ}) and no checkpoint "
@@ -333,6 +337,9 @@ def run_pbt(config: PBTConfig) -> Path:
     """
     run_dir = Path(config.run_dir)
     ckpt_dir = run_dir / "checkpoints"
+    for path in (run_dir, ckpt_dir):  # found now, not when the first generation is saved
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{path} is a file, not a folder: run_pbt writes the run's checkpoints there")
     remove_temp_files(ckpt_dir)
     remove_temp_files(run_dir, RUN_FILES)  # a kill between a temp file's write and its rename
     saved = load_latest(ckpt_dir)

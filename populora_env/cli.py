@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import signal
 import sys
@@ -187,7 +188,8 @@ class TrainArgs:
     """Write TensorBoard scalars under run_dir/tb."""
     deterministic: bool = True
     """On a GPU, GRPO updates use deterministic kernels, so a rerun or a resumed run is bit-identical;
-    --no-deterministic lets CUDA pick faster kernels whose results vary in the last bits. No effect on CPU."""
+    --no-deterministic lets CUDA pick faster kernels whose results vary in the last bits. CPU kernels are
+    deterministic either way, but the option is part of the run's config: resume with the same value."""
 
 
 def _train_config(args: TrainArgs, base: str) -> Any:
@@ -257,6 +259,10 @@ def train(args: TrainArgs) -> int:
         # path is the only part of the config that waits for it.
         if not isinstance(args.threads, int) or args.threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {args.threads!r}")
+        if not isinstance(args.group_size, int) or args.group_size < 1:  # named as the option, not the env's
+            raise ValueError(f"group_size must be an int >= 1, got {args.group_size!r}")  # two fields
+        if not (isinstance(args.learning_rate, int | float) and 0 < args.learning_rate < math.inf):
+            raise ValueError(f"learning_rate must be a finite number > 0, got {args.learning_rate!r}")
         config = _train_config(args, args.base or "tiny-base")
         lora = LoRAMemberOptions.from_member_options(config.member_options)
         grpo_config(config.member_options, lora)
@@ -265,7 +271,9 @@ def train(args: TrainArgs) -> int:
             print(
                 "tiny base: building or loading from the cache (first build: a few minutes)", file=sys.stderr
             )
-            base = str(build_tiny_base(args.cache_dir))  # its pretraining batches use every core
+            # its pretraining batches use every core; the path is resolved so that a cache reached through
+            # a link names the same base as before (a run records its base by path)
+            base = os.path.realpath(build_tiny_base(args.cache_dir))
         else:
             base = args.base
         torch.set_num_threads(args.threads)
@@ -288,7 +296,10 @@ def train(args: TrainArgs) -> int:
     print(f"  lineage      {run_dir / 'lineage.jsonl'}")
     if args.tensorboard:
         print(f"  tensorboard  tensorboard --logdir {run_dir / 'tb'}")
-    print(f"  curves       {plot_run(run_dir)}")
+    try:
+        print(f"  curves       {plot_run(run_dir)}")
+    except (OSError, ValueError) as error:  # the run is saved: a figure that cannot be drawn is no failure
+        print(f"  curves       not drawn ({error})")
     print(f"  checkpoints  {run_dir / 'checkpoints'} (rerun the same command to resume, with a larger "
           "--generations to extend)")  # fmt: skip
     return 0
@@ -343,6 +354,8 @@ def base(args: BaseArgs) -> int:
     from agents.base import TinyBaseConfig, build_tiny_base
 
     try:
+        if args.threads is not None and (not isinstance(args.threads, int) or args.threads < 1):
+            raise ValueError(f"threads must be None or an int >= 1, got {args.threads!r}")
         warmup = min(TinyBaseConfig.warmup_steps, max(args.steps, 0))  # a short build warms up less
         config = TinyBaseConfig(
             steps=args.steps, warmup_steps=warmup, corpus_documents=args.corpus_documents, seed=args.seed

@@ -311,6 +311,21 @@ def test_the_start_of_another_run_without_a_checkpoint_is_not_replaced(tmp_path:
     assert (run / "metrics.jsonl").read_bytes() == metrics
 
 
+def test_a_run_folder_in_the_way_is_refused_before_any_work(tmp_path: Path) -> None:
+    """A config.json that is JSON but no config (it was an AttributeError), and a file where the
+    checkpoints go (found only when the first generation was saved, after its work)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"config\.json is not a run config \(a JSON list\)"):
+        run_pbt(tiny_config(str(run)))
+    (run / "config.json").unlink()
+    (run / "checkpoints").write_text("")
+    with pytest.raises(ValueError, match=r"checkpoints is a file, not a folder"):
+        run_pbt(tiny_config(str(run)))
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]
+
+
 def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
     """The message names the nested values that differ (a base model's path moved with the cache, say)."""
     config = tiny_config(str(tmp_path / "run"))

@@ -319,6 +319,11 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
     ]
     assert main([*argv[:-3], "--rank", "4", "--no-tensorboard"]) == 2  # another config in that folder
     assert "another config" in capsys.readouterr().err
+    # the run is saved before its figure is drawn: a figure that cannot be written is said, not a failure
+    (run_dir / "curves.png").unlink()
+    (run_dir / "curves.png").mkdir()
+    assert main(argv) == 0
+    assert "curves       not drawn (" in capsys.readouterr().out
 
 
 def test_populora_train_refuses_bad_options_before_building_the_base(
@@ -338,7 +343,9 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
         (["--population", "0"], "population must be an int >= 1, got 0"),
         (["--threads", "0"], "threads must be an int >= 1, got 0"),
         (["--rank", "0"], "'rank'] must be an int >= 1, got 0"),
-        (["--learning-rate", "-1"], "learning_rate must be > 0"),
+        (["--learning-rate", "-1"], "learning_rate must be"),
+        (["--learning-rate", "nan"], "learning_rate must be a finite number > 0, got nan"),
+        (["--group-size", "0"], "group_size must be an int >= 1, got 0"),
         (["--run-dir", str(a_file / "run")], str(a_file / "run")),
     ):
         argv = ["train", "--run-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), *extra]
