@@ -430,13 +430,16 @@ def main(argv: list[str] | None = None) -> int:
         reconfigure = getattr(stream, "reconfigure", None)  # is printed escaped, not a UnicodeEncodeError
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
-    for _, (kind, run) in COMMANDS.items():
+    for name, (kind, run) in COMMANDS.items():
         if isinstance(parsed, kind):
             try:
                 return run(parsed)
             except BrokenPipeError:  # `populora verify --examples | head -1`: the reader has gone
                 _silence_stdout()
                 return 128 + signal.SIGPIPE
+            except KeyboardInterrupt:  # train and verify say where they stopped; base and plot stop here
+                print(f"populora {name}: interrupted", file=sys.stderr)  # (a base build leaves no cache)
+                return 128 + signal.SIGINT
     raise AssertionError(f"unhandled command {parsed!r}")
 
 
