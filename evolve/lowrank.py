@@ -121,6 +121,22 @@ def take_columns(x: torch.Tensor, rank: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, rank - x.shape[-1]))
 
 
+def take_right_vectors(v: torch.Tensor, rank: int) -> torch.Tensor:
+    """The first ``rank`` columns of the core's right vectors ``v (..., k_a, k)``, completed when there are
+    fewer (a rank above ``min(in, out)``: only ``k < rank`` components exist) by unit vectors orthogonal to
+    them (cycled when ``k_a < rank``). The extra components have ``s = 0``, so ``ΔW`` does not change, but
+    their ``A`` rows get the typical norm (``gauge``) instead of zero rows that, beside zero columns of
+    ``B``, could never be trained again."""
+    k_a, k = v.shape[-2:]
+    if k >= rank:
+        return v[..., :rank]
+    eye = torch.eye(k_a, dtype=v.dtype, device=v.device).expand(*v.shape[:-2], k_a, k_a)
+    basis = torch.linalg.qr(torch.cat([v, eye], dim=-1)).Q  # (..., k_a, k_a); its first k columns span v
+    extra = basis[..., k:] if k_a > k else basis
+    picks = [i % extra.shape[-1] for i in range(rank - k)]
+    return torch.cat([v, extra[..., picks]], dim=-1)
+
+
 def row_scale(a: torch.Tensor) -> torch.Tensor:
     """RMS row norm of ``a (..., R, n)``: ``(..., 1)``, the typical norm of one row of ``A``."""
     return torch.linalg.vector_norm(a, dim=(-2, -1)).div(a.shape[-2] ** 0.5).unsqueeze(-1)
@@ -302,7 +318,7 @@ def reproject_concatenated(
     the term weights. ``a_cat (..., R, n)`` row-major (its transpose is column-major for free).
     """
     svd = lowrank_svd(b_cat_t.mT, a_cat)
-    u, s, v = take_columns(svd.u, rank), take_columns(svd.s, rank), take_columns(svd.v, rank)
+    u, s, v = take_columns(svd.u, rank), take_columns(svd.s, rank), take_right_vectors(svd.v, rank)
     return to_factors(svd, u, s, v, row_scale(a_cat))
 
 
@@ -317,4 +333,4 @@ def adapter_svd(
     """
     rank = a.shape[-2]
     svd = lowrank_svd(b, a)
-    return svd, take_columns(svd.u, rank), take_columns(svd.s, rank), take_columns(svd.v, rank)
+    return svd, take_columns(svd.u, rank), take_columns(svd.s, rank), take_right_vectors(svd.v, rank)

@@ -121,14 +121,19 @@ def svd_spectrum(genome: Genome, *, rng: torch.Generator, strength: float = 0.1)
     def edit(b: torch.Tensor, a: torch.Tensor, noise: Noise) -> tuple[torch.Tensor, torch.Tensor]:
         spectrum, rotate_u, rotate_v = noise
         svd, u, s, v = adapter_svd(b, a)
+        k = svd.s.shape[-1]  # components that exist (< rank when the rank exceeds min(in, out))
         s = s * torch.exp(strength * spectrum)
         if not bool(torch.isfinite(s).all()):
             raise ValueError(
                 f"svd_spectrum: strength {strength:g} scales a singular value past the float range "
                 "(exp(strength * z) with z ~ N(0, 1) overflows); strengths are log-scales, a few units at most"
             )
-        u = u @ _rotation(rotate_u, strength)
-        v = v @ _rotation(rotate_v, strength)
+        if k == u.shape[-1]:
+            u = u @ _rotation(rotate_u, strength)
+            v = v @ _rotation(rotate_v, strength)
+        else:  # rotate within the components that exist: the padded ones are not orthonormal to them
+            u = torch.cat([u[..., :k] @ _rotation(rotate_u[..., :k, :k], strength), u[..., k:]], dim=-1)
+            v = torch.cat([v[..., :k] @ _rotation(rotate_v[..., :k, :k], strength), v[..., k:]], dim=-1)
         return to_factors(svd, u, s, v, row_scale(a))
 
     return _edit_lora(genome, "svd_spectrum", draw, edit)

@@ -213,6 +213,30 @@ def test_svd_spectrum_refuses_a_strength_that_overflows():
         mutate("svd_spectrum", lora_genome(1), strength=100.0)
 
 
+def test_a_rank_above_the_module_size_keeps_svd_spectrum_exact_and_no_dead_rows():
+    """Rank 4 on a module with 2 outputs: only 2 components exist. svd_spectrum rotated the zero padding
+    into the real components (its singular values came out smaller than S exp(strength z)), and every
+    ΔW-space operator returned zero A rows beside zero B columns, which no gradient can revive."""
+    g = torch.Generator().manual_seed(1)
+    parent = {"m.x.lora_A.weight": torch.randn(4, 6, generator=g, dtype=torch.float64),
+              "m.x.lora_B.weight": torch.randn(2, 4, generator=g, dtype=torch.float64)}  # fmt: skip
+    dense = parent["m.x.lora_B.weight"] @ parent["m.x.lora_A.weight"]
+    for strength in (0.3, 1.0):
+        z = torch.randn((1, 4), generator=torch.Generator().manual_seed(3), dtype=torch.float64)[0]
+        expected = (torch.linalg.svdvals(dense) * torch.exp(strength * z[:2])).sort(descending=True).values
+        child = mutate("svd_spectrum", parent, seed=3, strength=strength)
+        got = torch.linalg.svdvals(child["m.x.lora_B.weight"] @ child["m.x.lora_A.weight"])
+        torch.testing.assert_close(got, expected)
+    fresh = {**parent, "m.x.lora_B.weight": torch.zeros(2, 4, dtype=torch.float64)}
+    for child in (
+        mutate("svd_spectrum", fresh),
+        cross("interpolate", [fresh, fresh]),
+        cross("es", [parent, fresh]),
+    ):
+        assert (child["m.x.lora_A.weight"].norm(dim=1) > 0.5).all()
+    assert_same_delta(cross("interpolate", [parent, parent]), parent)
+
+
 def test_operators_take_their_first_argument_by_keyword_too():
     parents = [lora_genome(1), lora_genome(2)]
     by_position = mutate("gaussian", parents[0], seed=4)
