@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import threading
 
@@ -148,6 +149,19 @@ def test_workers_hold_only_what_they_need(bare_verifier):
     held = set(parse_args(execution.output)[0])
     assert set(VerifierConfig().preload) <= held
     assert not held & {"typing", "json", "ast", "dataclasses", "enum", "re", "statistics", "encodings.cp1252"}
+
+
+def test_each_pool_runs_under_its_configured_hash_seed():
+    """The workers were started with -I, which ignores PYTHONHASHSEED: every worker drew a random seed,
+    so outputs and determinism verdicts changed from one Verifier (or worker) to the next."""
+    value = "[hash('x'), ''.join(set('abcdefgh'))]"
+    for seed, other in ((11, 29), (3, 5)):
+        env = {"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin:/bin"}
+        want = subprocess.run([sys.executable, "-c", f"print({value})"], env=env, capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+        for _ in range(2):  # fresh workers each time: the same output
+            with Verifier(check_determinism=False, hash_seeds=(seed, other), workers=2) as v:
+                assert [v.run(f"def f():\n    return {value}", "").output for _ in range(3)] == [want] * 3
 
 
 def test_sets_of_strings_render_independently_of_hash_seed(verifier):

@@ -1,8 +1,8 @@
 """Verifier worker: a long-lived, isolated process that forks one fresh child per program.
 
-Started by the host as ``python -I -S -B _worker.py CONFIG`` with a chosen ``PYTHONHASHSEED`` (the script's
-folder is put first on ``sys.path``, so this process never imports the heavy ``populora_env`` package, torch or
-pettingzoo). It isolates itself (see ``sandbox.py``; its own seccomp filter last) and then serves requests,
+Started by the host as ``python -s -S -B _worker.py CONFIG`` with a chosen ``PYTHONHASHSEED`` in an environment
+of its own (the script's folder is put first on ``sys.path``, so this process never imports the heavy
+``populora_env`` package, torch or pettingzoo). It isolates itself (see ``sandbox.py``; its own seccomp filter last) and then serves requests,
 each a frame of a 4-byte big-endian length and a payload, on stdin/stdout:
 
     request   marshal of {"jobs": [(program, [call, ...]), ...], "mode": str, "timeout": s, "memory_mb": n, ...}
@@ -32,7 +32,7 @@ import select
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `python -I` does not add it
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # first (python also put it first: see below)
 
 import _child
 import sandbox
@@ -289,7 +289,8 @@ def _imports_through_fds(allowed: frozenset[str]) -> tuple[list[int], str | None
         ``(descriptors, error)``: the descriptors children keep, and why programs can import only what was
         preloaded (``None`` when they can import from the installation).
     """
-    roots = [p for p in sys.path[1:] if os.path.isdir(p)]  # [0] is the worker's own folder
+    own = sys.path[0]  # the worker's own folder: not for programs (python adds it a second time, as the
+    roots = [p for p in sys.path[1:] if os.path.isdir(p) and os.path.abspath(p) != own]  # script's folder)
     if not os.path.isdir("/proc/self/fd") or not roots:
         _preload(allowed)
         return [], "no /proc/self/fd: programs can import only the preloaded modules"

@@ -48,10 +48,13 @@ class WorkerHandle:
         self.hash_seed = hash_seed
         self.process = subprocess.Popen(
             # -W ignore: compiling a program can warn (`x is 1`: SyntaxWarning), and the worker's stderr is a
-            # pipe read only when it dies: 64 KiB of warnings would block the worker inside `compile`
+            # pipe read only when it dies: 64 KiB of warnings would block the worker inside `compile`.
+            # Not -I: it implies -E, which ignores PYTHONHASHSEED (every worker then drew a random seed, so
+            # a program's output and its determinism verdict changed from worker to worker); the
+            # environment is the one above, so -s (no user site) and -S (no site) give what -I gave.
             [
                 sys.executable,
-                "-I",
+                "-s",
                 "-S",
                 "-B",
                 "-W",
