@@ -164,6 +164,65 @@ def test_each_pool_runs_under_its_configured_hash_seed():
                 assert [v.run(f"def f():\n    return {value}", "").output for _ in range(3)] == [want] * 3
 
 
+def test_a_program_with_many_large_outputs_is_split_over_requests(monkeypatch):
+    """A worker's reply is one frame, refused over a cap: 1 700 calls of one program returning 10 000
+    emoji each overflowed 64 MiB, the worker was replaced twice and every call became a cached
+    `runtime`. The calls are now split so that each reply's worst case fits; here the cap is three
+    calls' worth."""
+    with Verifier(workers=1) as v:
+        monkeypatch.setattr(
+            verifier_module, "MAX_REPLY_BYTES", 3 * verifier_module._line_bytes(v.config.max_output_chars)
+        )
+        program = "def f(i):\n    return 'x' * i"
+        executions = v.run_many([(program, str(i)) for i in range(10)])
+        assert [e.output for e in executions] == [repr("x" * i) for i in range(10)]
+        assert v.check_induction(program, [(str(i), repr("x" * i)) for i in range(11, 20)]) == 1.0
+
+
+def test_a_worker_death_is_not_cached(monkeypatch):
+    """A verdict that is the worker's failure (an oversized reply here; the OOM killer, a hang under
+    load) says nothing lasting about the program: the next run of the same call runs it again."""
+    with Verifier(workers=1, max_output_chars=100_000) as v:
+        line_bytes = verifier_module._line_bytes
+        monkeypatch.setattr(verifier_module, "_line_bytes", lambda chars: 1)  # every reply "oversized"
+        program = "def f(x):\n    return 'x' * x"
+        failed = v.run(program, "80000")  # an 80 000-byte reply, over the 64 KiB least cap
+        assert failed.status == "runtime" and "oversized frame" in failed.detail, failed
+        monkeypatch.setattr(verifier_module, "_line_bytes", line_bytes)
+        assert v.run(program, "80000").ok
+
+
+def test_a_host_holding_many_descriptors_can_verify():
+    """select() refuses descriptors >= 1024: a host with that many open (data loaders, sockets) could not
+    start a Verifier. Run in a subprocess so this test's descriptors stay few."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1200:
+        pytest.skip("the hard descriptor limit is under 1 200 here")
+    script = (
+        "import os, resource\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))\n"
+        "held = [os.open('/dev/null', os.O_RDONLY) for _ in range(1100)]\n"
+        "from populora_env.verifier import Verifier\n"
+        "with Verifier(workers=1) as v:\n"
+        "    print(v.run('def f(x):\\n    return x * 2', '3').output)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "6", done.stderr[-2000:]
+
+
+def test_answer_checks_parse_within_the_configured_limits():
+    """With max_depth=80 a 60-deep output is ok, but the checks parsed answers at the default depth 50:
+    the program's own output was a wrong answer."""
+    program = "def f(n):\n    x = 0\n    for _ in range(n):\n        x = [x]\n    return x"
+    with Verifier(workers=1, max_depth=80) as v:
+        output = v.run(program, "60").output
+        assert output is not None and output.count("[") == 60
+        assert v.check_deduction(program, "60", output) and v.check_abduction(program, output, "60")
+        assert v.check_induction(program, [("60", output)]) == 1.0
+
+
 def test_sets_of_strings_render_independently_of_hash_seed(verifier):
     execution = verifier.run("def f(n):\n    return {str(i) for i in range(n)}", "30")
     assert execution.status == "ok"
@@ -173,6 +232,9 @@ def test_sets_of_strings_render_independently_of_hash_seed(verifier):
 def test_check_deduction(verifier):
     assert verifier.check_deduction(DOUBLE, "3", "6")
     assert verifier.check_deduction(DOUBLE, "3", " 6.0 ")  # Python ==, as CRUXEval
+    assert verifier.check_deduction(DOUBLE, "3", "\n6\f")  # Python's whitespace around it
+    for space in ("\xa0", "\u2028", "\u3000", "\x1c", "\v"):  # str.strip's, which Python refuses
+        assert not verifier.check_deduction(DOUBLE, "3", space + "6")
     assert not verifier.check_deduction(DOUBLE, "3", "7")
     assert not verifier.check_deduction(DOUBLE, "3", "__import__('os')")
     assert not verifier.check_deduction(STATUS_CASES["runtime"][0], "0", "None")
@@ -295,6 +357,11 @@ def test_config_validation_names_the_field():
         VerifierConfig(workers=0)
     with pytest.raises(ValueError, match="hash_seeds"):
         VerifierConfig(hash_seeds=(1, 1))
+    # values that passed and then failed every call (an rlimit or C int overflow in the child)
+    for field, value in (("hash_seeds", (-1, 3)), ("hash_seeds", (1, 1 << 32)), ("memory_mb", 1 << 44),
+                         ("recursion_limit", 1 << 31)):  # fmt: skip
+        with pytest.raises(ValueError, match=field):
+            VerifierConfig(**{field: value})
     with pytest.raises(ValueError, match=r"preload.*'os'"):
         VerifierConfig(preload=("math", "os"))
 
@@ -347,9 +414,9 @@ def test_run_many_sends_programs_in_batches_with_exact_verdicts(monkeypatch):
     sent: list[int] = []
     send = verifier_module.WorkerHandle.send
 
-    def counting_send(self, message, deadline):
+    def counting_send(self, message, deadline, max_reply):
         sent.append(len(message["jobs"]))
-        return send(self, message, deadline)
+        return send(self, message, deadline, max_reply)
 
     monkeypatch.setattr(verifier_module.WorkerHandle, "send", counting_send)
     programs = [f"def f(x):\n    return x * {i}" for i in range(40)]
@@ -469,6 +536,9 @@ def test_the_cache_is_bounded_in_characters_as_well_as_entries(monkeypatch):
         assert v._cache_chars == sum(len(p) + len(a) + len(r.output or "") + len(r.detail)
                                      for (p, a, _), r in v._cache.items())  # fmt: skip
         assert held[-1][0] == programs[-1]  # the most recent verdicts are the ones kept
+    # a text with one non-ASCII character is stored at up to 4 bytes a character: it counts so
+    wide = Execution("ok", "'" + "\U0001f600" * 10 + "'", "")
+    assert verifier_module._entry_chars(("ab", "1", "literal"), wide) == 2 + 1 + 4 * 12
 
 
 def test_the_two_pools_allocate_program_objects_at_other_offsets(bare_verifier):

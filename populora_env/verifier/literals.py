@@ -92,7 +92,8 @@ def parse_literal(
         LiteralError: The text is too long, not a literal, or holds NaN/inf or oversized data.
     """
     _check_text(text, "literal", max_chars)
-    return _eval_node(_parse_expression(text.strip()), max_depth, max_nodes)
+    # Python's own whitespace only (str.strip also took NBSP, U+2028, U+3000... that Python refuses)
+    return _eval_node(_parse_expression(text.strip(" \t\n\r\f")), max_depth, max_nodes)
 
 
 def parse_args(
@@ -186,7 +187,7 @@ def _finite(x: float) -> bool:
     return x - x == 0.0
 
 
-def outputs_equal(a: str, b: str, *, max_chars: int = MAX_TEXT_CHARS) -> bool:
+def outputs_equal(a: str, b: str, *, max_chars: int = MAX_TEXT_CHARS, max_depth: int = MAX_DEPTH) -> bool:
     """Whether two literal texts denote ``==`` values; ``False`` if either is not a plain literal.
 
     This is the comparison CRUXEval and AZR use (``f(x) == output``), applied to parsed plain values
@@ -195,12 +196,15 @@ def outputs_equal(a: str, b: str, *, max_chars: int = MAX_TEXT_CHARS) -> bool:
     if a == b:
         # Identical text parses to identical values, and plain values are == to themselves (no NaN).
         try:
-            parse_literal(a, max_chars=max_chars)
+            parse_literal(a, max_chars=max_chars, max_depth=max_depth)
         except (LiteralError, TypeError):
             return False
         return True
     try:
-        return bool(parse_literal(a, max_chars=max_chars) == parse_literal(b, max_chars=max_chars))
+        return bool(
+            parse_literal(a, max_chars=max_chars, max_depth=max_depth)
+            == parse_literal(b, max_chars=max_chars, max_depth=max_depth)
+        )
     except (LiteralError, TypeError):
         return False
 

@@ -24,6 +24,16 @@ class WorkerDied(RuntimeError):
     """A worker process ended, hung past its deadline, or spoke out of protocol."""
 
 
+def readable(fds: list[int], timeout: float) -> set[int]:
+    """The descriptors of ``fds`` ready to read (or at end of file) within ``timeout`` seconds. ``poll``,
+    not ``select``: a host holding 1 024 descriptors or more (data loaders, sockets) gives its workers'
+    pipes numbers ``select`` refuses."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return {fd for fd, _ in poller.poll(max(0.0, timeout) * 1000)}
+
+
 class WorkerHung(WorkerDied):
     """A worker did not answer before its request's deadline (its program is then a time-out)."""
 
@@ -74,7 +84,8 @@ class WorkerHandle:
         self.in_fd = self.process.stdin.fileno()
         self.out_fd = self.process.stdout.fileno()
         os.set_blocking(self.out_fd, False)
-        self._buffer = b""
+        self._buffer = bytearray()
+        self.max_frame = _MAX_FRAME  # the largest frame expected now (set per request by ``send``)
         self.busy_until: float | None = None  # deadline of the request in flight
         self.report: dict[str, Any] = {}
 
@@ -99,9 +110,9 @@ class WorkerHandle:
         """The worker's process id."""
         return self.process.pid
 
-    def send(self, message: dict[str, Any], deadline: float) -> None:
+    def send(self, message: dict[str, Any], deadline: float, max_reply: int = _MAX_FRAME) -> None:
         """Writes one request frame (marshal: the host's own data); the worker must answer before
-        ``deadline`` (monotonic)."""
+        ``deadline`` (monotonic), with a frame of at most ``max_reply`` bytes (the request's worst case)."""
         data = marshal.dumps(message)
         try:
             payload = len(data).to_bytes(4, "big") + data
@@ -111,6 +122,7 @@ class WorkerHandle:
         except OSError as e:
             raise WorkerDied(f"cannot write to verifier worker {self.pid}: {e}") from None
         self.busy_until = deadline
+        self.max_frame = max(max_reply + 4096, 1 << 16)
 
     def poll_frame(self) -> bytes | None:
         """Reads what is available; returns a complete frame's payload or ``None`` (raises if the worker
@@ -126,15 +138,18 @@ class WorkerHandle:
                 f"verifier worker {self.pid} exited (code {self.process.wait()}){self._stderr_tail()}"
             )
         if chunk:
-            self._buffer += chunk
+            self._buffer += chunk  # a bytearray: appending is amortised, a long reply is not copied over
         if len(self._buffer) < 4:
             return None
         size = int.from_bytes(self._buffer[:4], "big")
-        if size > _MAX_FRAME:
-            raise WorkerDied(f"verifier worker {self.pid} sent an oversized frame ({size} bytes)")
+        if size > self.max_frame:
+            raise WorkerDied(
+                f"verifier worker {self.pid} sent an oversized frame ({size} bytes, at most {self.max_frame})"
+            )
         if len(self._buffer) < 4 + size:
             return None
-        frame, self._buffer = self._buffer[4 : 4 + size], self._buffer[4 + size :]
+        frame = bytes(self._buffer[4 : 4 + size])
+        del self._buffer[: 4 + size]
         self.busy_until = None
         return frame
 
@@ -147,7 +162,7 @@ class WorkerHandle:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WorkerDied(f"verifier worker {self.pid} did not answer in time")
-            select.select([self.out_fd], [], [], left)
+            readable([self.out_fd], left)
 
     def _stderr_tail(self) -> str:
         stream = self.process.stderr

@@ -96,10 +96,21 @@ class VerifierConfig:
             raise ValueError(
                 f"VerifierConfig.memory_mb must be >= 64 (a Python process needs it), got {self.memory_mb}"
             )
+        for name, most in (("memory_mb", 1 << 20), ("recursion_limit", 1_000_000)):  # rlimits and C ints
+            if getattr(self, name) > most:
+                raise ValueError(f"VerifierConfig.{name} must be at most {most}, got {getattr(self, name)!r}")
         if self.workers is not None and not (isinstance(self.workers, int) and self.workers >= 1):
             raise ValueError(f"VerifierConfig.workers must be None or an int >= 1, got {self.workers!r}")
-        if len(self.hash_seeds) != 2 or self.hash_seeds[0] == self.hash_seeds[1]:
-            raise ValueError(f"VerifierConfig.hash_seeds must be two different ints, got {self.hash_seeds!r}")
+        seeds = self.hash_seeds
+        if (
+            len(seeds) != 2
+            or seeds[0] == seeds[1]
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 32 for x in seeds)
+        ):
+            raise ValueError(
+                f"VerifierConfig.hash_seeds must be two different ints in [0, 2**32) (PYTHONHASHSEED's range), "
+                f"got {seeds!r}"
+            )
         if self.cache_size < 0:
             raise ValueError(f"VerifierConfig.cache_size must be >= 0, got {self.cache_size}")
         unknown = sorted(set(self.preload) - ALLOWED_MODULES)

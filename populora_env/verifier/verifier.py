@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import threading
 import time
 from collections import OrderedDict
@@ -14,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .literals import LiteralError, outputs_equal, parse_args, parse_literal
-from .pool import WorkerDied, WorkerHandle, WorkerHung
+from .pool import WorkerDied, WorkerHandle, WorkerHung, readable
 from .prefilter import ALLOWED_MODULES, compile_guard, prefilter, prefilter_expression
 from .records import Execution, IsolationReport, VerifierConfig
 from .sandbox import build_seccomp_programs
@@ -38,6 +37,7 @@ class _Task:
     results: list[list[Any]] | None = None
     attempts: int = 0
     alone: bool = False  # sent in a request of its own (after a worker died on a batch holding it)
+    lost: bool = False  # its results are its worker's death or hang, not the program's: never cached
 
 
 MAX_BATCH = 8
@@ -46,9 +46,15 @@ children in a row before running them one by one (see ``_worker.Worker.handle``)
 the page faults it pays on every page it writes after a fork; more than a few per request gains little
 and leaves workers idle at the end of a ``run_many``."""
 
+MAX_REPLY_BYTES = 64 << 20
+"""Most bytes a request's reply may take at worst (every call at ``max_output_chars``): a program's calls
+are split over requests, and requests hold fewer programs, to stay under it. The worker's reply is one frame
+read whole, and a frame over the request's worst case is a broken worker."""
+
 CACHE_MAX_CHARS = 1 << 27
-"""Most characters (programs, argument texts, outputs, details) the verdict cache holds, whatever
-``cache_size`` allows: 65 536 entries of 20 000-character programs would otherwise be gigabytes."""
+"""Most characters (programs, argument texts, outputs, details; a non-ASCII text counts 4 a character, its
+storage at worst) the verdict cache holds, whatever ``cache_size`` allows: 65 536 entries of 20 000-character
+programs would otherwise be gigabytes."""
 
 
 class Verifier:
@@ -186,10 +192,11 @@ class Verifier:
                 raise RuntimeError("this Verifier is closed; create a new one")
             self._parsed.clear()
             known: list[Execution | None] = [self._cached(p, a, mode) for p, a in items]
-            todo: dict[str, list[str]] = {}
+            pending: dict[str, dict[str, None]] = {}  # program -> its distinct argument texts, in order
             for (program, args), verdict in zip(items, known):
-                if verdict is None and args not in todo.setdefault(program, []):
-                    todo[program].append(args)
+                if verdict is None:
+                    pending.setdefault(program, {})[args] = None
+            todo = {program: list(calls) for program, calls in pending.items()}
             fresh = self._execute(todo, mode) if todo else {}
             return [v if v is not None else fresh[(p, a)] for (p, a), v in zip(items, known)]
 
@@ -243,13 +250,18 @@ class Verifier:
                         to_run.append(args)
                     else:
                         fresh[(program, args)] = verdict
-                if to_run:
-                    yield _Task(program, to_run, 0, mode)
+                per_request = self._calls_per_request()
+                for start in range(0, len(to_run), per_request):  # a reply stays under MAX_REPLY_BYTES
+                    yield _Task(program, to_run[start : start + per_request], 0, mode)
+
+        lost: set[tuple[str, str]] = set()
 
         def finished(task: _Task) -> _Task | None:
             results = task.results or []
             for args, result in zip(task.calls, results):
                 runs.setdefault((task.program, args), []).append(result)
+                if task.lost:
+                    lost.add((task.program, args))
             if task.pool + 1 < len(self._pools):
                 again = [args for args, result in zip(task.calls, results) if result[0] == "ok"]
                 if again:
@@ -263,8 +275,14 @@ class Verifier:
         for key, results in runs.items():
             verdict = self._parsed_back(_combine(results, self._seeds), mode)
             fresh[key] = verdict
-            self._cache_put((*key, mode), verdict)
+            if key not in lost:  # a worker's death or hang says nothing lasting about the program
+                self._cache_put((*key, mode), verdict)
         return fresh
+
+    def _calls_per_request(self) -> int:
+        """Most calls one request may carry: its reply's worst case (each call's line at
+        ``max_output_chars``, 4 bytes a character, and a detail) within ``MAX_REPLY_BYTES``."""
+        return max(1, MAX_REPLY_BYTES // _line_bytes(self.config.max_output_chars))
 
     def _parsed_back(self, verdict: Execution, mode: str) -> Execution:
         """An ``ok`` verdict whose output does not parse back as a literal (an argument list in
@@ -323,7 +341,9 @@ class Verifier:
                             draw(MAX_BATCH)
                         if not queue[p]:
                             break
-                        batch = self._take(queue[p], len(self._pools[p]), coming(p))
+                        batch = self._take(
+                            queue[p], len(self._pools[p]), coming(p), self._calls_per_request()
+                        )
                         self._send(idle[p].pop(), batch, busy)
                 if not busy:
                     if drained and not any(queue):
@@ -333,7 +353,7 @@ class Verifier:
                 spare = not drained and len(queue[0]) < MAX_BATCH * len(self._pools[0])
                 deadline = min(w.busy_until or 0.0 for w, _ in busy.values())
                 wait = 0.0 if spare else max(0.0, deadline - time.monotonic())
-                ready = select.select(list(busy), [], [], wait)[0]
+                ready = readable(list(busy), wait)
                 if spare and not ready:
                     draw(len(queue[0]) + 1)
                     continue
@@ -376,14 +396,19 @@ class Verifier:
         busy.clear()
 
     @staticmethod
-    def _take(queue: list[_Task], workers: int, coming: bool) -> list[_Task]:
-        """The next request's tasks: up to ``MAX_BATCH``; when no more are ``coming``, fewer as the queue
-        runs short so that every worker of the pool keeps getting work; a task marked ``alone`` by itself."""
+    def _take(queue: list[_Task], workers: int, coming: bool, max_calls: int) -> list[_Task]:
+        """The next request's tasks: up to ``MAX_BATCH`` holding up to ``max_calls`` calls (at least one
+        task); when no more are ``coming``, fewer as the queue runs short so that every worker of the pool
+        keeps getting work; a task marked ``alone`` by itself."""
         if queue[0].alone:
             return [queue.pop(0)]
         size = MAX_BATCH if coming else max(1, min(MAX_BATCH, len(queue) // (2 * workers)))
         batch: list[_Task] = []
+        calls = 0
         while queue and len(batch) < size and not queue[0].alone:
+            if batch and calls + len(queue[0].calls) > max_calls:
+                break
+            calls += len(queue[0].calls)
             batch.append(queue.pop(0))
         return batch
 
@@ -406,14 +431,15 @@ class Verifier:
         # The worker enforces each call's wall time itself; this deadline only catches a stuck worker.
         n_calls = sum(len(task.calls) for task in batch)
         deadline = time.monotonic() + cfg.timeout * n_calls * 1.5 + 10.0 * len(batch)
+        largest = n_calls * _line_bytes(cfg.max_output_chars)  # the reply's worst case
         busy[worker.out_fd] = (worker, batch)  # before sending: an interrupted send leaves it abandoned
         try:
-            worker.send(request, deadline)
+            worker.send(request, deadline, largest)
         except WorkerDied:
             del busy[worker.out_fd]
             worker = self._replace(worker, batch[0].pool)
             busy[worker.out_fd] = (worker, batch)
-            worker.send(request, deadline)
+            worker.send(request, deadline, largest)
 
     def _pool_config(self, pool: int) -> dict[str, Any]:
         """The workers' config for a pool: ``heap_shift`` makes each pool's children allocate at other
@@ -434,17 +460,13 @@ class Verifier:
         """Whether ``answer`` (literal text) equals ``f(<args>)``; ``False`` if the program fails."""
         _require_str("answer", answer)
         execution = self.run(program, args)
-        return execution.ok and outputs_equal(
-            execution.output or "", answer, max_chars=self.config.max_literal_chars
-        )
+        return execution.ok and self._equal(execution.output or "", answer)
 
     def check_abduction(self, program: str, output: str, answer: str) -> bool:
         """Whether ``f(<answer>)`` equals ``output``; any argument list that produces it counts."""
         _require_str("output", output)
         execution = self.run(program, answer)
-        return execution.ok and outputs_equal(
-            execution.output or "", output, max_chars=self.config.max_literal_chars
-        )
+        return execution.ok and self._equal(execution.output or "", output)
 
     def check_induction(self, answer_program: str, pairs: Sequence[tuple[str, str]]) -> float:
         """The fraction of ``(args, output)`` pairs that ``answer_program`` reproduces."""
@@ -456,12 +478,19 @@ class Verifier:
                 raise TypeError(f"pairs[{i}] must be an (args, output) tuple of str")
             _require_str(f"pairs[{i}] output", pair[1])
         executions = self.run_many([(answer_program, args) for args, _ in pairs])
-        limit = self.config.max_literal_chars
-        hits = sum(
-            e.ok and outputs_equal(e.output or "", out, max_chars=limit)
-            for e, (_, out) in zip(executions, pairs)
-        )
+        hits = sum(e.ok and self._equal(e.output or "", out) for e, (_, out) in zip(executions, pairs))
         return hits / len(pairs)
+
+    def _equal(self, output: str, expected: str) -> bool:
+        """``outputs_equal`` within this verifier's limits: any output it returns ``ok`` parses (up to
+        ``max_output_chars`` and ``max_depth``), and so does an answer within them."""
+        cfg = self.config
+        return outputs_equal(
+            output,
+            expected,
+            max_chars=max(cfg.max_literal_chars, cfg.max_output_chars),
+            max_depth=cfg.max_depth,
+        )
 
 
 def _require_str(name: str, value: object) -> None:
@@ -487,7 +516,14 @@ def _after_death(batch: list[_Task], error: WorkerDied, queue: list[_Task]) -> l
         queue.insert(0, task)
         return []
     task.results = [["timeout" if hung else "runtime", None, str(error)]] * len(task.calls)
+    task.lost = True
     return [task]
+
+
+def _line_bytes(max_output_chars: int) -> int:
+    """Most bytes of one verdict line as the worker passes it on: its cap on what one child writes (the
+    output at 4 UTF-8 bytes a character, a detail, status and separators within 4096), plus the newline."""
+    return 4 * max_output_chars + 4096 + 1
 
 
 def _checked_results(payload: bytes, n: int) -> list[list[Any]]:
@@ -501,7 +537,11 @@ def _checked_results(payload: bytes, n: int) -> list[list[Any]]:
 
 
 def _entry_chars(key: tuple[str, str, str], verdict: Execution) -> int:
-    return len(key[0]) + len(key[1]) + len(verdict.output or "") + len(verdict.detail)
+    """An entry's size in ASCII characters: a text with any other character is stored at up to 4 bytes
+    each (CPython's widest form), so it counts 4 a character (``isascii`` reads a flag: O(1))."""
+    return sum(
+        len(t) * (1 if t.isascii() else 4) for t in (key[0], key[1], verdict.output or "", verdict.detail)
+    )
 
 
 def _combine(runs: list[list[Any]], seeds: list[int]) -> Execution:
