@@ -16,6 +16,7 @@ between format errors and well-formed wrong answers; research runs use a real ba
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -53,8 +54,10 @@ class Args:
     """Prefill the env's answer scaffold so the tiny base only writes the answer bodies."""
     base_dir: str | None = None
     """A local causal-LM directory to use instead of building the tiny base."""
-    base_steps: int = 120
-    """Pretraining steps of the tiny base (fewer builds faster and answers worse)."""
+    base_steps: int = TinyBaseConfig.steps
+    """Pretraining steps of the tiny base. The default is the base `populora train` and `populora base build`
+    cache (reused when present); fewer build faster and answer worse (at 120, every proposal of the first
+    iterations was invalid, so the student never played)."""
     cache_dir: str | None = None
     """Cache of tiny bases (default: $POPULORA_CACHE_DIR or ~/.cache/populora)."""
     threads: int = 1
@@ -74,10 +77,15 @@ def role_means(rollouts: list[EpisodeRollout]) -> dict[str, float]:
 
 
 def main(args: Args) -> None:
+    # PEFT calls a transformers method deprecated in v5 on every adapter it adds: noise, not a problem here
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     torch.set_num_threads(args.threads)
-    base_dir = args.base_dir or build_tiny_base(
-        args.cache_dir, dataclasses.replace(TinyBaseConfig(), steps=args.base_steps, warmup_steps=5)
-    )
+    config = TinyBaseConfig()
+    if args.base_steps != config.steps:  # another base than the default one (built and cached apart)
+        config = dataclasses.replace(
+            config, steps=args.base_steps, warmup_steps=min(config.warmup_steps, args.base_steps)
+        )
+    base_dir = args.base_dir or build_tiny_base(args.cache_dir, config)
     adapters = (
         {"teacher_0": "self", "student_0": "self"}
         if args.self_play

@@ -6,7 +6,7 @@ Usage:
 
 Each generation the teachers and students (only the students with ``--teachers scripted``) play the game
 (deduction tasks), learn from it with REINFORCE, are rated with OpenSkill, and the worst quarter of each
-role is replaced by crossover and mutation of the best. The run folder holds ``metrics.jsonl``, ``lineage.jsonl``, checkpoints (kill the
+role is replaced by crossover and mutation of the best (``--self-play`` has one member: nothing to replace). The run folder holds ``metrics.jsonl``, ``lineage.jsonl``, checkpoints (kill the
 script and run it again: it resumes exactly) and TensorBoard logs (``tensorboard --logdir <run-dir>/tb``).
 ``--self-play`` is AZR's single-agent baseline: one member plays both seats of a 1x1 game. CPU-sized: the
 defaults take about half a minute.
@@ -45,7 +45,9 @@ class Args:
 
 def main(args: Args) -> None:
     if args.self_play:
-        env = TeacherStudentConfig(mode="structured", n_teachers=1, n_students=1, rounds=2, n_slots=3)
+        env = TeacherStudentConfig(
+            mode="structured", n_teachers=1, n_students=1, rounds=2, n_slots=3, task_types=("deduction",)
+        )
         extra = {"self_play": True, "population": 1, "teachers": "torch"}
     else:
         env = TeacherStudentConfig(

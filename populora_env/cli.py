@@ -51,7 +51,7 @@ class VerifyArgs:
     json: bool = False
     """Print one JSON object per record, then the summary, instead of text."""
     strict: bool = False
-    """Exit with status 1 when any record errors or mismatches its claimed output."""
+    """Exit with status 1 when any record errors or mismatches its claimed output, or a line is malformed."""
     workers: int | None = None
     """Worker processes per hash-seed pool (default: number of CPUs)."""
 

@@ -60,7 +60,8 @@ class VerifierConfig:
     max_output_chars: int = 10_000
     """Return values whose canonical text is longer are ``bad_output``."""
     max_depth: int = 50
-    """Deepest nesting of containers in arguments and return values."""
+    """Deepest nesting of containers in arguments and return values, counted below the outermost value:
+    ``[[1]]`` nests 1 deep, so ``max_depth=3`` admits ``[[[[]]]]`` and refuses one more level."""
     recursion_limit: int = 3_000
     """Python recursion limit inside the program's process."""
     cache_size: int = 65_536
