@@ -265,6 +265,8 @@ POLICIES: Registry = LazyRegistry(
 """Member kinds by name. A kind whose policies have ``get_genome``/``set_genome`` (``EvolvablePolicy``)
 evolves and gets the run's learner; others (scripted) only play. ``sb3`` (``evolve.sb3_members``) and
 ``lora`` (``agents.members``) are imported on first lookup, so ``evolve`` needs neither extra unless a run
-uses them. Other packages plug in their members with ``POLICIES["mine"] = factory``. On the Ray backend, a
-kind registered at run time must also be registered in the actors' processes (register it in a module
-they import)."""
+uses them. Other packages plug in their members with ``POLICIES["mine"] = factory``; a policy that draws
+random numbers needs ``reseed(seed)`` (the loop calls it before each generation with a seed from the run's
+generator), or a resumed, extended or Ray run differs from an uninterrupted local one (a warning says so).
+On the Ray backend, a kind registered at run time must also be registered in the actors' processes
+(register it in a module they import)."""

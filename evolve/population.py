@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -23,6 +25,9 @@ from evolve.selection import CLONE, plan_replacements
 if TYPE_CHECKING:
     from evolve.backends import Backend, PlayOutcome
     from evolve.pbt import PBTConfig
+
+logger = logging.getLogger(__name__)
+_WARNED_RESEED: set[str] = set()  # policy kinds warned about, once a process
 
 
 @dataclass
@@ -88,6 +93,13 @@ class Population:
         member_id, self.next_id = self.next_id, self.next_id + 1
         self.lineage.append(LineageRecord(member_id, cast(MemberRole, role), -1, "initial"))
         policy = POLICIES[kind](env, role, seed, self.config)
+        if not hasattr(policy, "reseed") and kind not in _WARNED_RESEED:
+            _WARNED_RESEED.add(kind)
+            logger.warning(
+                "policy kind %r has no reseed(seed): if its policies draw random numbers, a resumed, extended "
+                "or Ray run differs from an uninterrupted local one (their generators are not replayed)",
+                kind,
+            )
         if not is_evolvable(policy):
             return Member(member_id, role, kind, slot, policy, None)
         learner = LEARNERS[self.config.learner_for(role)](policy, self.config.learner_config)
@@ -164,31 +176,47 @@ def seatings(pop: Population, episodes: int) -> list[dict[str, int]]:
 
 def _role_fitness(
     role: str, member: int, transitions: Sequence[Transition], results: Sequence[MatchResult]
-) -> float:
+) -> float | None:
     if role == "student":
         attempts = [r.solved for r in results if r.student == member]
-        return sum(attempts) / len(attempts) if attempts else 0.0
+        return sum(attempts) / len(attempts) if attempts else None
     rewards = [t.reward for t in transitions if t.role == "teacher"]
-    return sum(rewards) / len(rewards) if rewards else 0.0
+    return sum(rewards) / len(rewards) if rewards else None
 
 
-def fitness_of(pop: Population, member: Member, outcome: PlayOutcome) -> float:
+def fitness_of(pop: Population, member: Member, outcome: PlayOutcome) -> float | None:
     """Student: solve rate of its attempts; teacher: mean reward per proposal (AZR's learnability);
-    self-play member: their sum; or the OpenSkill ordinal when ``fitness="rating"``."""
+    self-play member: their sum; or the OpenSkill ordinal when ``fitness="rating"``.
+
+    ``None`` when the generation did not evaluate the member: a student that attempted nothing (PFSP
+    matchmaking gave it no task, or every task of its episodes was invalid), a teacher that proposed
+    nothing. Such a member is neither replaced nor a parent that generation (it scored 0.0 before, tied
+    with a member that failed everything, and a child could be retired before it had played)."""
     if pop.config.fitness == "rating":
         return pop.table.get(member.id).ordinal
     transitions = outcome.transitions.get(member.id, [])
     roles = ("teacher", "student") if member.role == "both" else (member.role,)
-    return sum(_role_fitness(role, member.id, transitions, outcome.results) for role in roles)
+    values = [
+        v for v in (_role_fitness(r, member.id, transitions, outcome.results) for r in roles) if v is not None
+    ]
+    return sum(values) if values else None
 
 
-def _replace(pop: Population, role: str, fitness: list[float], generation: int) -> list[LineageRecord]:
+def _replace(pop: Population, role: str, fitness: list[float | None], generation: int) -> list[LineageRecord]:
     cfg = pop.config
     group = pop.groups[role]
-    plan = plan_replacements(
-        fitness, replace_fraction=cfg.replace_fraction, n_elites=cfg.n_elites, tournament_size=cfg.tournament_size,
-        n_parents=cfg.n_parents, crossovers=cfg.crossovers, mutations=cfg.mutations, rng=pop.rng,
+    evaluated = [i for i, f in enumerate(fitness) if f is not None]  # the others sit this selection out
+    planned = plan_replacements(
+        [fitness[i] for i in evaluated], replace_fraction=cfg.replace_fraction, n_elites=cfg.n_elites,  # type: ignore[misc]
+        tournament_size=cfg.tournament_size, n_parents=cfg.n_parents, crossovers=cfg.crossovers,
+        mutations=cfg.mutations, rng=pop.rng,
     )  # fmt: skip
+    plan = [
+        dataclasses.replace(
+            step, slot=evaluated[step.slot], parents=tuple(evaluated[p] for p in step.parents)
+        )
+        for step in planned
+    ]
     children = []
     for step in plan:  # all children from the pre-replacement genomes (top and bottom are disjoint)
         parents = [group[p].policy.get_genome() for p in step.parents]
@@ -196,7 +224,9 @@ def _replace(pop: Population, role: str, fitness: list[float], generation: int) 
             child = {key: value.clone() for key, value in parents[0].items()}
         else:
             child = operators.CROSSOVERS[step.crossover](
-                parents, rng=pop.torch_rng, fitness=[fitness[p] for p in step.parents]
+                parents,
+                rng=pop.torch_rng,
+                fitness=[fitness[p] for p in step.parents],
             )
         child = operators.MUTATIONS[step.mutation](child, rng=pop.torch_rng, strength=cfg.mutation_strength)
         children.append((step, child))
@@ -226,7 +256,9 @@ def _replace(pop: Population, role: str, fitness: list[float], generation: int) 
     return records
 
 
-def replace_weakest(pop: Population, fitness: Mapping[int, float], generation: int) -> list[LineageRecord]:
+def replace_weakest(
+    pop: Population, fitness: Mapping[int, float | None], generation: int
+) -> list[LineageRecord]:
     """Select and replace in every evolving role from the generation's fitness (by member id); the new
     members' lineage records are added to ``pop.lineage`` and returned."""
     children: list[LineageRecord] = []
@@ -275,8 +307,9 @@ def run_generation(
     fitness = {m.id: fitness_of(pop, m, outcome) for m in pop.members()}
     role_fitness = {}
     for role, group in pop.groups.items():
-        values = [fitness[m.id] for m in group]
-        role_fitness[role] = {"mean": sum(values) / len(values), "max": max(values)}
+        values = [v for v in (fitness[m.id] for m in group) if v is not None]  # members that were evaluated
+        if values:
+            role_fitness[role] = {"mean": sum(values) / len(values), "max": max(values)}
     ratings = {
         str(m.id): {"mu": pop.table.get(m.id).mu, "sigma": pop.table.get(m.id).sigma} for m in pop.members()
     }

@@ -38,8 +38,10 @@ class GenerationMetrics:
 
     Attributes:
         generation: index (0-based).
-        fitness: fitness by member id (as a string key, JSON-ready).
-        role_fitness: ``{role: {"mean", "max"}}`` over that role's members (fixed ones included).
+        fitness: fitness by member id (as a string key, JSON-ready); ``None`` for a member the generation
+            did not evaluate (no attempt or proposal of its role).
+        role_fitness: ``{role: {"mean", "max"}}`` over that role's evaluated members (fixed ones included);
+            a role none of whose members was evaluated is absent.
         ratings: ``{member: {"mu", "sigma"}}`` after this generation's matches.
         mean_reward: mean reward per decision, by role.
         solve_rate: fraction of correct student attempts, averaged over the generation's episodes (each
@@ -55,7 +57,7 @@ class GenerationMetrics:
     """
 
     generation: int
-    fitness: dict[str, float]
+    fitness: dict[str, float | None]
     role_fitness: dict[str, dict[str, float]]
     ratings: dict[str, dict[str, float]]
     mean_reward: dict[str, float]

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def rank_order(fitness: Sequence[float]) -> list[int]:
-    """Indices from best to worst; ties keep index order (a stable sort, so plans are reproducible).
+def rank_order(fitness: Sequence[float], tiebreak: Sequence[int] | None = None) -> list[int]:
+    """Indices from best to worst; ties go to the lower ``tiebreak`` value (default: the lower index).
 
     Raises:
         ValueError: a fitness value is NaN.
@@ -18,39 +18,47 @@ def rank_order(fitness: Sequence[float]) -> list[int]:
     values = np.asarray(fitness, dtype=np.float64)
     if np.isnan(values).any():
         raise ValueError(f"fitness must not contain NaN, got {list(fitness)}")
-    return [int(i) for i in np.argsort(-values, kind="stable")]
+    second = np.arange(len(values)) if tiebreak is None else np.asarray(tiebreak)
+    return [int(i) for i in np.lexsort((second, -values))]
 
 
-def elites(fitness: Sequence[float], count: int) -> list[int]:
+def elites(fitness: Sequence[float], count: int, tiebreak: Sequence[int] | None = None) -> list[int]:
     """The ``count`` best indices (elitism: they survive a generation unchanged)."""
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
-    return rank_order(fitness)[:count]
+    return rank_order(fitness, tiebreak)[:count]
 
 
-def truncation(fitness: Sequence[float], fraction: float) -> tuple[list[int], list[int]]:
+def truncation(
+    fitness: Sequence[float], fraction: float, tiebreak: Sequence[int] | None = None
+) -> tuple[list[int], list[int]]:
     """Truncation selection: the top and bottom ``fraction`` of the population.
 
     ``k = floor(fraction * n)`` members each, best first for the top and worst first for the bottom; with
-    ``fraction <= 0.5`` the two sets are disjoint.
+    ``fraction <= 0.5`` the two sets are disjoint. Ties are ordered by ``tiebreak`` (see ``rank_order``).
 
     Raises:
         ValueError: ``fraction`` outside ``[0, 0.5]``.
     """
     if not 0.0 <= fraction <= 0.5:
         raise ValueError(f"fraction must be in [0, 0.5], got {fraction}")
-    order = rank_order(fitness)
+    order = rank_order(fitness, tiebreak)
     # the product rounded first: 0.29 * 100 is 28.999999999999996 in binary floating point, 29 members
     k = math.floor(round(fraction * len(order), 9))
     return order[:k], order[::-1][:k]
 
 
 def tournament(
-    fitness: Sequence[float], size: int, rng: np.random.Generator, candidates: Sequence[int] | None = None
+    fitness: Sequence[float],
+    size: int,
+    rng: np.random.Generator,
+    candidates: Sequence[int] | None = None,
+    tiebreak: Sequence[int] | None = None,
 ) -> int:
     """Tournament selection: the fittest of ``size`` entrants drawn without replacement from ``candidates``.
 
-    Ties go to the lower index. ``size`` is capped at the number of candidates.
+    Ties go to the lower ``tiebreak`` value (default: the lower index). ``size`` is capped at the number of
+    candidates.
 
     Raises:
         ValueError: ``size < 1`` or no candidates.
@@ -61,7 +69,8 @@ def tournament(
     if not pool:
         raise ValueError("tournament needs at least one candidate")
     entrants = sorted(int(pool[i]) for i in rng.choice(len(pool), size=min(size, len(pool)), replace=False))
-    return min(entrants, key=lambda i: (-float(fitness[i]), i))
+    second = range(len(fitness)) if tiebreak is None else tiebreak
+    return min(entrants, key=lambda i: (-float(fitness[i]), int(second[i])))
 
 
 CLONE = "clone"
@@ -74,7 +83,7 @@ class Replacement:
 
     Attributes:
         slot: index (in the role's member list) of the member replaced.
-        parents: indices of the parents, tournament winners from the top.
+        parents: indices of the parents, tournament winners from the top, best first.
         crossover: name in ``operators.CROSSOVERS``.
         mutation: name in ``operators.MUTATIONS``.
     """
@@ -100,24 +109,31 @@ def plan_replacements(
 
     Elites are never replaced. Parents are distinct tournament winners among the best
     ``max(k, n_parents)`` members (``k`` = the replaced count), never among the replaced ones, so a small
-    population still gets two-parent children. Each child draws its crossover and mutation uniformly; with
-    a single possible parent the crossover is ``clone`` (mutation only).
+    population still gets two-parent children, listed best first. Each child draws its crossover and
+    mutation uniformly; with a single possible parent the crossover is ``clone`` (mutation only).
+
+    Ties in fitness (frequent: a solve rate over a few attempts takes few values) are broken by a random
+    order drawn from ``rng`` once per plan, not by slot: children take the slots they replace, and a
+    by-slot rule made the members of the highest slots lose every tie.
     """
-    top, bottom = truncation(fitness, replace_fraction)
-    order = rank_order(fitness)
+    tiebreak = [int(i) for i in rng.permutation(len(fitness))]
+    top, bottom = truncation(fitness, replace_fraction, tiebreak)
+    order = rank_order(fitness, tiebreak)
     top = order[: max(len(top), min(n_parents, len(order) - len(bottom)))]
-    protected = set(elites(fitness, n_elites))
+    position = {index: rank for rank, index in enumerate(order)}
+    protected = set(elites(fitness, n_elites, tiebreak))
     plan = []
     for slot in bottom:
         if slot in protected:
             continue
         pool, parents = list(top), list[int]()
         while pool and len(parents) < n_parents:
-            winner = tournament(fitness, tournament_size, rng, pool)
+            winner = tournament(fitness, tournament_size, rng, pool, tiebreak)
             parents.append(winner)
             pool.remove(winner)
         if not parents:
             continue
+        parents.sort(key=position.__getitem__)  # best first: the lineage's order, the rating inherited
         crossover = crossovers[int(rng.integers(len(crossovers)))] if len(parents) > 1 else CLONE
         mutation = mutations[int(rng.integers(len(mutations)))]
         plan.append(Replacement(slot, tuple(parents), crossover, mutation))

@@ -271,6 +271,23 @@ def teacher_reward(solve_rate: float | None, config: TeacherStudentConfig) -> fl
     return config.teacher_extreme_reward
 
 
+def constant_teacher_reward(config: TeacherStudentConfig) -> str | None:
+    """Why a valid proposal's reward cannot vary under ``config`` (None when it can).
+
+    With the ``learnability`` scheme and one attempt per task (``students_per_task * student_group_size``
+    is 1), the solve rate is 0 or 1, both paid ``teacher_extreme_reward``: every valid proposal earns the
+    same and a learning teacher gets no signal (AZR estimates the rate from several solver rollouts).
+    ``run_pbt`` with learning teachers and a teacher's ``SingleRoleEnv`` log this once.
+    """
+    if config.reward_scheme != "learnability" or config.students_per_task * config.student_group_size > 1:
+        return None
+    return (
+        "one attempt per task (students_per_task * student_group_size = 1) under the learnability reward: the "
+        f"solve rate is 0 or 1, both paid teacher_extreme_reward ({config.teacher_extreme_reward:g}), so every "
+        "valid proposal earns the same and teachers get no signal; raise student_group_size (e.g. 4)"
+    )
+
+
 def _scheme_value(scheme: Callable[[float], float], solve_rate: float) -> float:
     """A callable ``reward_scheme``'s reward for ``solve_rate``, as a finite float, or a ValueError saying so."""
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,7 +11,11 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from populora_env.game import constant_teacher_reward
 from populora_env.play import Policy
+
+logger = logging.getLogger(__name__)
+_WARNED: set[str] = set()  # warnings already given in this process
 
 
 class SingleRoleEnv(gymnasium.Env):
@@ -18,7 +23,11 @@ class SingleRoleEnv(gymnasium.Env):
 
     Each ``step`` plays the learner's action, then the other agents until the learner's next turn or the
     end of the episode. The reward is the learner's accumulated reward over that stretch (a teacher's
-    proposal rewards arrive when its round resolves). Observations and infos are fresh objects every
+    proposal rewards arrive when its round resolves: with ``teacher_group_size > 1`` the whole group's
+    rewards arrive together, at the step of its last proposal, so use a discount near 1, or
+    ``teacher_group_size=1`` for per-proposal credit; the per-proposal split is in ``info["resolved"]``).
+    A teacher seat under a config whose valid proposals all earn the same (see
+    ``game.constant_teacher_reward``) is warned about once. Observations and infos are fresh objects every
     call. On ``reset(seed=s)`` the other policies that have ``reseed(seed)`` are reseeded with ``s + i``,
     so a seeded reset is reproducible.
 
@@ -49,6 +58,13 @@ class SingleRoleEnv(gymnasium.Env):
         self.action_space = aec_env.action_space(agent)
         self.render_mode = getattr(aec_env.unwrapped, "render_mode", None)
         self._episode_seed: int | None = None
+        config = getattr(aec_env.unwrapped, "config", None)
+        problem = (
+            constant_teacher_reward(config) if agent.startswith("teacher") and config is not None else None
+        )
+        if problem and problem not in _WARNED:
+            _WARNED.add(problem)
+            logger.warning("SingleRoleEnv(%r): %s", agent, problem)
 
     def _advance(self) -> tuple[float, bool]:
         """Plays the other agents until the learner's turn; returns (learner reward, episode over)."""

@@ -572,13 +572,91 @@ def test_fitness_definitions_per_role() -> None:
 
     assert fitness_of(pop, member(2, "student"), outcome) == pytest.approx(2 / 3)  # type: ignore[arg-type]
     assert fitness_of(pop, member(1, "teacher"), outcome) == pytest.approx(-0.25)  # type: ignore[arg-type]
-    assert fitness_of(pop, member(5, "student"), outcome) == 0.0  # type: ignore[arg-type]  # no attempts
+    # no attempts: not evaluated (it scored 0.0, tied with failing everything, and could be retired unplayed)
+    assert fitness_of(pop, member(5, "student"), outcome) is None  # type: ignore[arg-type]
+    assert fitness_of(pop, member(6, "teacher"), outcome) is None  # type: ignore[arg-type]  # no proposal
     # a self-play member (id 4) proposed once (reward 1.0) and attempted nothing here
     assert fitness_of(pop, member(4, "both"), outcome) == pytest.approx(1.0)  # type: ignore[arg-type]
     pop.config.fitness = "rating"
     rating = table.get(2)
     assert fitness_of(pop, member(2, "student"), outcome) == pytest.approx(rating.mu - 3 * rating.sigma)  # type: ignore[arg-type]
     assert rating.mu - 3 * rating.sigma != pytest.approx(table.get(3).mu - 3 * table.get(3).sigma)
+
+
+def test_a_member_not_evaluated_is_neither_replaced_nor_a_parent(tmp_path: Path) -> None:
+    """Under PFSP matchmaking a student can get no task in a generation: it scored 0.0, tied with one
+    that failed everything, and children were retired before they had played."""
+    config = PBTConfig(
+        run_dir=str(tmp_path / "run"), seed=0, generations=6, episodes_per_generation=2, env=_env(2),
+        population=4, pfsp=True, teachers="scripted", progress=False, tensorboard=False,
+    )  # fmt: skip
+    history = [json.loads(line) for line in (run_pbt(config) / "metrics.jsonl").read_text().splitlines()]
+    unevaluated = [(r["generation"], int(k)) for r in history for k, v in r["fitness"].items() if v is None]
+    assert unevaluated, "the seed no longer leaves a student without a task: pick another"
+    for generation, member in unevaluated:
+        record = history[generation]
+        assert all(
+            member != child["replaced"] and member not in child["parents"] for child in record["lineage"]
+        )
+        assert all(v is not None for v in record["role_fitness"]["student"].values())
+
+
+def test_a_plugged_in_kind_without_reseed_is_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its generator is not replayed on resume, extension or Ray: the run silently stopped being exact."""
+    import logging
+
+    from evolve import members, population
+    from evolve.ratings import RatingTable
+
+    class NoReseed:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def act(self, *args: Any, **kwargs: Any) -> Any:
+            return self.inner.act(*args, **kwargs)
+
+    def factory(env: Any, role: str, seed: int, config: Any) -> Any:
+        return NoReseed(members.POLICIES["random"](env, role, seed, config))
+
+    monkeypatch.setitem(members.POLICIES, "noreseed", factory)
+    monkeypatch.setattr(population, "_WARNED_RESEED", set())
+    config = PBTConfig(run_dir=str(tmp_path / "run"), generations=1, episodes_per_generation=1, env=_env(1),
+                       population=1, teachers="scripted", students="noreseed", progress=False, tensorboard=False)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="evolve.population"):
+        population.Population.create(config, teacher_student_v0.raw_env(config=config.env), RatingTable())
+    assert [r.getMessage() for r in caplog.records if "no reseed" in r.getMessage()] == [
+        "policy kind 'noreseed' has no reseed(seed): if its policies draw random numbers, a resumed, extended "
+        "or Ray run differs from an uninterrupted local one (their generators are not replayed)"
+    ]
+
+
+def test_a_config_whose_teachers_cannot_earn_different_rewards_is_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One attempt per task under learnability: the solve rate is 0 or 1, both paid the extreme reward,
+    so evolving teachers learn nothing and are selected by ties (PFSP's default did this silently)."""
+    import logging
+
+    from evolve import pbt
+    from populora_env import wrappers
+    from populora_env.policies import RandomPolicy
+
+    monkeypatch.setattr(pbt, "_WARNED", set())
+    monkeypatch.setattr(wrappers, "_WARNED", set())
+    with caplog.at_level(logging.WARNING):
+        PBTConfig(run_dir=str(tmp_path), env=_env(2, student_group_size=2), pfsp=True)  # two attempts: fine
+        PBTConfig(run_dir=str(tmp_path), env=_env(2), teachers="scripted")  # fixed teachers: nothing to learn
+        assert not caplog.records
+        PBTConfig(run_dir=str(tmp_path), env=_env(2), pfsp=True)
+        PBTConfig(run_dir=str(tmp_path), env=_env(2), pfsp=True)  # once
+        env = teacher_student_v0.env(config=_env(1))
+        wrappers.SingleRoleEnv(env, "teacher_0", {"student_0": RandomPolicy(env.unwrapped)})
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and all("one attempt per task" in m and "no signal" in m for m in messages), (
+        messages
+    )
 
 
 def test_tensorboard_scalars_match_the_jsonl_metrics(tmp_path: Path) -> None:

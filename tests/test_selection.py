@@ -92,3 +92,32 @@ def test_plan_with_a_single_possible_parent_clones() -> None:
         crossovers=["es"], mutations=["gaussian"], rng=np.random.default_rng(0),
     )  # fmt: skip
     assert len(plan) == 1 and plan[0].slot == 1 and plan[0].parents == (0,) and plan[0].crossover == CLONE
+
+
+def test_plan_lists_parents_best_first() -> None:
+    """The lineage's parents[0] is the one whose rating a child inherits: it was whichever won its
+    tournament first (a less fit parent for 334 children in 800)."""
+    fitness = [0.1, 0.9, 0.8, 0.7, 0.6, 0.2, 0.3, 0.0]
+    for seed in range(100):
+        plan = plan_replacements(fitness, replace_fraction=0.5, n_elites=0, tournament_size=2, n_parents=2,
+                                 crossovers=["x"], mutations=["m"], rng=np.random.default_rng(seed))  # fmt: skip
+        for step in plan:
+            assert [fitness[p] for p in step.parents] == sorted(
+                (fitness[p] for p in step.parents), reverse=True
+            )
+
+
+def test_plan_breaks_fitness_ties_at_random_not_by_slot() -> None:
+    """Ties are common (a solve rate over a few attempts): the slot order sent the highest slots, where
+    children land, out first every time. The random order comes from the plan's generator."""
+    fitness = [0.5] * 8
+    replaced = np.zeros(8, dtype=int)
+    for seed in range(400):
+        plan = plan_replacements(fitness, replace_fraction=0.25, n_elites=0, tournament_size=2, n_parents=2,
+                                 crossovers=["x"], mutations=["m"], rng=np.random.default_rng(seed))  # fmt: skip
+        for step in plan:
+            replaced[step.slot] += 1
+    assert replaced.sum() == 800 and replaced.min() > 60, replaced  # ~100 each, not all on slots 6 and 7
+    again = [plan_replacements(fitness, replace_fraction=0.25, n_elites=0, tournament_size=2, n_parents=2,
+                               crossovers=["x"], mutations=["m"], rng=np.random.default_rng(3)) for _ in range(2)]  # fmt: skip
+    assert again[0] == again[1]
