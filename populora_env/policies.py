@@ -87,18 +87,33 @@ class ScriptedTeacher:
         self.rng = random.Random(seed)
 
     def act(self, observation: Any, agent: str) -> Any:
-        """A proposal for the task type in ``observation``."""
+        """A proposal for the task type in ``observation``; in text mode one that fits ``max_action_chars``
+        (programs are drawn again, at last at difficulty 0, when one renders too long)."""
         cfg = self.config
         program = dsl.random_program(self.rng, cfg.n_slots, self.difficulty)
         if cfg.mode == "structured":
             return program.encode()
         task_type = TASK_TYPES[int(observation["task_type"])]
+        for attempt in range(_PROPOSAL_DRAWS):
+            text = self._text(program, task_type)
+            if len(text) <= cfg.max_action_chars:
+                return text
+            difficulty = self.difficulty if attempt + 2 < _PROPOSAL_DRAWS else 0.0
+            program = dsl.random_program(self.rng, cfg.n_slots, difficulty)
+        return text  # even a one-op program is too long: the env says so (format error)
+
+    def _text(self, program: Any, task_type: str) -> str:
+        cfg = self.config
         source, args = dsl.render(program)
         if task_type != "induction":
             return format_proposal(source, [args], reasoning="scripted")
         n = max(cfg.induction_min_inputs, min(4, cfg.induction_max_inputs))
         kind = dsl.VALUE_TYPES[program.input_type]
         return format_proposal(source, dsl.induction_inputs(program, n), message=f"f takes a {kind}.")
+
+
+_PROPOSAL_DRAWS = 20
+"""Programs ``ScriptedTeacher`` draws, at most, for a text proposal within ``max_action_chars``."""
 
 
 class _SkilledStudent:

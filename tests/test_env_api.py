@@ -291,3 +291,24 @@ def test_pfsp_episodes_replay_on_the_same_env_unless_the_arms_race_persists(veri
         assert not all(replays) and env.unwrapped._matchmaker.ratings
     else:
         assert all(replays)
+
+
+def test_scripted_teacher_stays_within_max_action_chars():
+    """At the smallest allowed max_action_chars (256) a difficult scripted proposal rendered too long (17
+    of 45 format errors at difficulty 1): a reference baseline that pays format penalties distorts runs."""
+    env = teacher_student_v0.env(mode="text", n_teachers=3, n_students=1, rounds=3, max_action_chars=256)
+    for difficulty in (0.3, 1.0):
+        teacher = ScriptedTeacher(env, difficulty, seed=0)
+        for episode in range(3):
+            env.reset(seed=episode)
+            for agent in env.agent_iter():
+                observation, _, terminated, truncated, _ = env.last()
+                if terminated or truncated:
+                    env.step(None)
+                elif agent.startswith("teacher"):
+                    action = teacher.act(observation, agent)
+                    assert len(action) <= 256
+                    env.step(action)
+                    assert env.infos[agent]["verdict"] != "format_error", env.infos[agent]
+                else:
+                    env.step("x")
