@@ -129,6 +129,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     difficulty.plot(gens, [r["difficulty"]["cyclomatic"] for r in rows], marker="s", label="cyclomatic")
     difficulty.plot(gens, [r["difficulty"]["lines"] for r in rows], marker="^", label="lines")
     difficulty.plot(gens, [r["coverage"] for r in rows], marker="x", label="coverage (AST shapes)")
+    if any("op_coverage" in r for r in rows):  # runs from before it was measured have none
+        difficulty.plot(gens, [r.get("op_coverage", float("nan")) for r in rows], marker="+",
+                        label="coverage (op sets)")  # fmt: skip
     difficulty.set_title("valid proposals")
 
     bred = [r["generation"] for r in rows if r["lineage"]]

@@ -50,6 +50,8 @@ class GenerationMetrics:
         difficulty: mean AST depth, cyclomatic complexity and lines of valid proposals, averaged over the
             episodes that had any (0.0 when none had).
         coverage: mean distinct AST shapes per episode.
+        op_coverage: mean distinct op sets (``populora_env.metrics.op_set``) per episode (0.0 in records
+            written before it existed).
         losses: learner loss by member (``nan`` written as ``null``).
         learner_failures: learners that raised.
         operator_use: operators used by this generation's children.
@@ -69,6 +71,7 @@ class GenerationMetrics:
     learner_failures: list[dict[str, Any]]
     operator_use: dict[str, int]
     lineage: list[dict[str, Any]]
+    op_coverage: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -93,6 +96,7 @@ def summarize_episodes(metrics: Sequence[EpisodeMetrics]) -> dict[str, Any]:
             "lines": _mean([m.mean_lines for m in valid]),
         },
         "coverage": _mean([float(m.coverage) for m in metrics]),
+        "op_coverage": _mean([float(m.op_coverage) for m in metrics]),
     }
 
 
@@ -150,6 +154,7 @@ class RunLog:
             "env/solve_rate": record.solve_rate,
             "env/invalid_rate": record.invalid_rate,
             "env/coverage": record.coverage,
+            "env/op_coverage": record.op_coverage,
             **{f"difficulty/{k}": v for k, v in record.difficulty.items()},
             **{f"reward/{role}": v for role, v in record.mean_reward.items()},
             **{f"fitness/{role}_{k}": v for role, d in record.role_fitness.items() for k, v in d.items()},

@@ -1,4 +1,4 @@
-"""Static difficulty measures of proposed programs: AST depth, cyclomatic complexity, lines, AST shape.
+"""Static difficulty measures of proposed programs: AST depth, cyclomatic complexity, lines, AST shape, op set.
 
 All functions parse with ``ast.parse`` only (nothing is executed) and return neutral values on source that
 does not parse, so they are safe on adversarial text.
@@ -27,12 +27,14 @@ class ProgramStats:
         cyclomatic: McCabe cyclomatic complexity of the whole source.
         lines: non-blank source lines.
         shape: hash of the AST node-type structure with names and constants erased.
+        ops: the program's op set (``op_set``), e.g. ``"Add,For,call:len"``.
     """
 
     depth: int
     cyclomatic: int
     lines: int
     shape: str
+    ops: str = ""
 
 
 def _parse(source: str) -> ast.AST | None:
@@ -94,13 +96,40 @@ def ast_shape(tree: ast.AST) -> str:
     return hashlib.sha1(" ".join(tokens).encode()).hexdigest()[:12]
 
 
+_OP_NODES = (ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+_STRUCTURE_NODES = (ast.For, ast.While, ast.If, ast.IfExp, ast.ListComp, ast.SetComp, ast.DictComp,
+                    ast.GeneratorExp, ast.Subscript, ast.Slice, ast.Lambda, ast.Try, ast.With, ast.Match)  # fmt: skip
+
+
+def op_set(tree: ast.AST) -> str:
+    """The operations a program uses, sorted and comma-joined: operators (``Add``, ``Lt``, ``And``...),
+    the names it calls (``call:sorted``, ``call:append`` for a method) and its control and data structure
+    (``For``, ``ListComp``, ``Subscript``...). ``ast_shape`` erases names, so ``sorted(x)`` and ``len(x)``
+    share a shape; they differ here (DESIGN.md's "op sets" of problem-space coverage)."""
+    ops: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, _OP_NODES + _STRUCTURE_NODES):
+            ops.add(type(node).__name__)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = (
+                func.id
+                if isinstance(func, ast.Name)
+                else func.attr
+                if isinstance(func, ast.Attribute)
+                else ""
+            )
+            ops.add(f"call:{name}" if name else "call")
+    return ",".join(sorted(ops))
+
+
 def program_stats(source: str) -> ProgramStats:
     """All difficulty measures of a source text (zeros and an empty shape if it does not parse)."""
     tree = _parse(source)
     lines = sum(1 for line in source[:MAX_SOURCE_CHARS].splitlines() if line.strip())
     if tree is None:
         return ProgramStats(0, 0, lines, "")
-    return ProgramStats(ast_depth(tree), cyclomatic_complexity(tree), lines, ast_shape(tree))
+    return ProgramStats(ast_depth(tree), cyclomatic_complexity(tree), lines, ast_shape(tree), op_set(tree))
 
 
 @dataclass(frozen=True)
@@ -118,6 +147,7 @@ class EpisodeMetrics:
         solve_rate: fraction of correct student attempts overall (``None`` without attempts).
         teacher_solve_rate: per teacher, mean solve rate of its matched valid tasks.
         student_solve_rate: per student, fraction of its attempts that were correct.
+        op_coverage: distinct op sets (``op_set``) among valid proposals.
     """
 
     n_proposals: int
@@ -130,6 +160,7 @@ class EpisodeMetrics:
     solve_rate: float | None
     teacher_solve_rate: dict[str, float | None]
     student_solve_rate: dict[str, float | None]
+    op_coverage: int = 0
 
 
 def _mean(values: list[float]) -> float | None:
@@ -168,4 +199,5 @@ def summarize_episode(
         solve_rate=_mean([float(ok) for _, ok in attempts]),
         teacher_solve_rate=teacher_rates,
         student_solve_rate=student_rates,
+        op_coverage=len({s.ops for s in stats if s.shape}),
     )

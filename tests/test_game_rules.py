@@ -10,7 +10,7 @@ import pytest
 from populora_env import dsl
 from populora_env.game import TeacherStudentConfig, teacher_reward
 from populora_env.matchmaking import AllPairs, RandomMatch, RatingPFSP, make_matchmaker
-from populora_env.metrics import program_stats
+from populora_env.metrics import program_stats, summarize_episode
 from populora_env.tasks import Task, TaskBuffer, task_id_for
 from populora_env.text_format import (
     CHARSET,
@@ -222,6 +222,24 @@ def test_dsl_difficulty_grows():
 def test_program_stats_table(source, depth, cyclomatic, lines):
     stats = program_stats(source)
     assert (stats.depth, stats.cyclomatic, stats.lines) == (depth, cyclomatic, lines)
+
+
+def test_op_sets_tell_apart_what_shapes_do_not():
+    """DESIGN.md's coverage counts op sets as well as AST shapes: shapes erase names, so sorted(x) and
+    len(x) are one shape; their op sets differ."""
+    sort, size = (
+        program_stats("def f(x):\n    return sorted(x)"),
+        program_stats("def f(x):\n    return len(x)"),
+    )
+    assert sort.shape == size.shape and (sort.ops, size.ops) == ("call:sorted", "call:len")
+    loop = "def f(xs):\n    t = 0\n    for x in xs[1:]:\n        if x > 2 and x != 5:\n            t += x\n    return t"
+    assert program_stats(loop).ops == "Add,And,For,Gt,If,NotEq,Slice,Subscript"
+    assert program_stats("def f(:").ops == ""
+    proposals = [("teacher_0", "valid", "def f(x):\n    return sorted(x)", 0.5),
+                 ("teacher_0", "valid", "def f(x):\n    return len(x)", 0.5),
+                 ("teacher_1", "invalid", "", None)]  # fmt: skip
+    metrics = summarize_episode(proposals, [], ["teacher_0", "teacher_1"], [])
+    assert (metrics.coverage, metrics.op_coverage) == (1, 2)
 
 
 def test_ast_shape_ignores_names_and_constants():

@@ -676,6 +676,8 @@ def test_tensorboard_scalars_match_the_jsonl_metrics(tmp_path: Path) -> None:
         return [e.value for e in events.Scalars(tag)]
 
     assert series("env/solve_rate") == pytest.approx([h["solve_rate"] for h in history])
+    assert series("env/op_coverage") == pytest.approx([h["op_coverage"] for h in history])
+    assert all(h["op_coverage"] > 0 for h in history)
     assert series("lineage/children") == [float(len(h["lineage"])) for h in history]
     for member, rating in history[-1]["ratings"].items():
         assert series(f"rating_mu/{member}")[-1] == pytest.approx(rating["mu"])
