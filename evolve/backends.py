@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -351,18 +352,18 @@ class RayBackend:
             for m in members
         ]
         args = (specs, self.table.state(), list(seatings), list(seeds))
+        lost = (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError)
         for retry in (False, True):
             try:
-                return self.ray.get(self.episodes.play.remote(*args))
-            except self.ray.exceptions.RayActorError as error:
+                return self.ray.get(self.episodes.play.remote(*args), timeout=self.config.ray_timeout_s)
+            except lost as error:
+                what = self._lost(error)
                 if retry:
+                    twice = "died" if isinstance(error, self.ray.exceptions.RayActorError) else "was lost"
                     raise RuntimeError(
-                        f"the Ray episode actor died twice playing one generation: {_first_line(error)}"
+                        f"the Ray episode actor {twice} twice playing one generation (the second time it {what})"
                     ) from None
-                logger.warning(
-                    "the Ray episode actor died (%s); a fresh one plays the generation again",
-                    _first_line(error),
-                )
+                logger.warning("the Ray episode actor %s; a fresh one plays the generation again", what)
                 self._kill(self.episodes)
                 self.episodes = None  # close() must not wait on the dead one if the next line raises
                 self.episodes = self._episode_actor()
@@ -390,12 +391,15 @@ class RayBackend:
             pending.append((member, ref))
         losses: Losses = {}
         failures = []
+        lost = (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError)
+        deadline = None if self.config.ray_timeout_s is None else time.monotonic() + self.config.ray_timeout_s
         for member, ref in pending:
-            try:
-                reply = self.ray.get(ref)
-            except self.ray.exceptions.RayActorError as error:  # its process died (os._exit, OOM killer)
+            try:  # the learners run at once: one deadline for them all
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                reply = self.ray.get(ref, timeout=left)
+            except lost as error:  # its process died (os._exit, OOM killer), or it hung
                 self._kill(self.workers.pop(member.slot, None))  # the next generation gets a fresh actor
-                message = f"the learner's Ray actor died: {_first_line(error)}"
+                message = f"the learner's Ray actor {self._lost(error)}"
                 failures.append(LearnerFailure(member.id, generation, type(error).__name__, message))
                 continue
             if reply[0] == "error":
@@ -408,6 +412,12 @@ class RayBackend:
             member.learner.load_state_dict(state)
             losses[str(member.id)] = finite_or_none(loss)
         return losses, failures
+
+    def _lost(self, error: BaseException) -> str:
+        """How an actor was lost, for messages: it died, or it did not answer within ``ray_timeout_s``."""
+        if isinstance(error, self.ray.exceptions.GetTimeoutError):
+            return f"did not answer within ray_timeout_s={self.config.ray_timeout_s:g} s (killed)"
+        return f"died: {_first_line(error)}"
 
     def _kill(self, actor: Any) -> None:
         """Kills ``actor`` (if any), whatever state it is in (dead already, hung)."""

@@ -46,7 +46,7 @@ KIND_MODES = {"torch": "structured", "sb3": "structured", "lora": "text"}
 PLAIN_GENOME_KINDS = ("torch", "sb3")
 """Built-in kinds whose genome is a plain parameter dict (``operators.LORA_ONLY`` cannot act on it)."""
 _NOT_RESULTS = ("run_dir", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "backend",
-                "ray_address", "ray_num_cpus")  # fmt: skip
+                "ray_address", "ray_num_cpus", "ray_timeout_s")  # fmt: skip
 """Fields that change where and how often a run is written or shown, or where it runs, not its results."""
 _INT_MINIMUMS = {
     "generations": 1, "population": 1, "episodes_per_generation": 1, "tournament_size": 1, "n_parents": 1,
@@ -136,6 +136,11 @@ class PBTConfig:
     """Ray cluster to join (``"auto"``, ``"ray://<head>:10001"``); ``None`` starts a local instance."""
     ray_num_cpus: int | None = None
     """CPUs of a local Ray instance (``None``: all)."""
+    ray_timeout_s: float | None = None
+    """Seconds one Ray call may take (a generation's episodes, one member's learner) before its actor is
+    taken for hung and killed: the episodes are then played again on a fresh actor (a second hang is a
+    ``RuntimeError``), the learner is reported and its member skipped, as for an actor that died. ``None``
+    waits for ever (a hung actor, e.g. on a lost node, then hangs the run)."""
     progress: bool = True
     """Show a tqdm progress bar."""
     tensorboard: bool = True
@@ -219,6 +224,12 @@ class PBTConfig:
             raise ValueError(f"ray_num_cpus must be None or an int >= 1, got {self.ray_num_cpus!r}")
         if self.ray_num_cpus is not None:
             object.__setattr__(self, "ray_num_cpus", int(self.ray_num_cpus))
+        if self.ray_timeout_s is not None:
+            if not (is_finite_number(self.ray_timeout_s) and self.ray_timeout_s > 0):
+                raise ValueError(
+                    f"ray_timeout_s must be None or a finite number > 0, got {self.ray_timeout_s!r}"
+                )
+            object.__setattr__(self, "ray_timeout_s", float(self.ray_timeout_s))
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be None or a non-empty string, got {self.ray_address!r}")
         # evolving teachers learn from, and are selected by, their rewards: constant ones teach nothing

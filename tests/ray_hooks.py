@@ -4,6 +4,7 @@ that a member whose learner raises, or whose learner actor dies, is reported and
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -44,7 +45,23 @@ def dying_first_param(policy: Any, config: LearnerConfig) -> Any:
     return learner
 
 
+def hanging_first_param(policy: Any, config: LearnerConfig) -> Any:
+    """As ``dying_first_param``, but the failing members' learner hangs (a lost node, a deadlock): only ever
+    run on a Ray actor, with ``ray_timeout_s``."""
+    learner = ReinforceLearner(policy, config)
+    update = learner.update
+
+    def hanging(policy: Any, experience: Any) -> Any:
+        if float(next(iter(policy.parameters())).flatten()[0]) > 0:
+            time.sleep(3600)
+        return update(policy, experience)
+
+    learner.update = hanging  # type: ignore[method-assign]
+    return learner
+
+
 def register() -> None:
     """Registers the learners above in ``evolve.learners.LEARNERS`` (in this process)."""
     LEARNERS["flaky_first_param"] = flaky_first_param
     LEARNERS["dying_first_param"] = dying_first_param
+    LEARNERS["hanging_first_param"] = hanging_first_param

@@ -426,6 +426,37 @@ def test_a_dying_learner_actor_is_reported_and_skipped_like_a_raising_learner(tm
             assert all(torch.equal(v, other["genome"][k]) for k, v in mine["genome"].items())
 
 
+@pytest.mark.slow
+def test_a_hanging_learner_actor_is_killed_after_ray_timeout_s(tmp_path: Path) -> None:
+    """A learner whose Ray actor never answers (a lost node) hung the run for ever: with ray_timeout_s it
+    is killed, reported and skipped like a dead one, and the run finishes."""
+    ray = pytest.importorskip("ray")
+    from tests import ray_hooks
+
+    ray_hooks.register()
+    try:
+        root = str(Path(__file__).resolve().parents[1])
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env={"worker_process_setup_hook": "tests.ray_hooks.register",
+                              "env_vars": {"PYTHONPATH": root}})  # fmt: skip
+        try:
+            run_dir = run_pbt(PBTConfig(
+                run_dir=str(tmp_path / "ray"), seed=5, generations=2, episodes_per_generation=2, env=_env(2),
+                population=3, learner="hanging_first_param", progress=False, tensorboard=False, backend="ray",
+                ray_timeout_s=20,
+            ))  # fmt: skip
+        finally:
+            ray.shutdown()
+    finally:
+        for name in ("flaky_first_param", "dying_first_param", "hanging_first_param"):
+            LEARNERS.pop(name, None)
+    hung = [f for h in _history(run_dir) for f in h["learner_failures"]]
+    assert hung and all("did not answer within ray_timeout_s=20 s" in f["message"] for f in hung)
+    assert len(_history(run_dir)) == 2
+    with pytest.raises(ValueError, match="ray_timeout_s"):
+        PBTConfig(run_dir=str(tmp_path), ray_timeout_s=0)
+
+
 def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
     import matplotlib.image
 
