@@ -300,7 +300,10 @@ def build_tiny_base(
         logger.warning("the cached tiny base %s is damaged (%s): building it again", final, damage)
         aside = root / f".tmp-{key}-{os.getpid()}-damaged"
         shutil.rmtree(aside, ignore_errors=True)
-        os.rename(final, aside)
+        try:
+            os.rename(final, aside)
+        except FileNotFoundError:
+            pass  # another process sharing the cache moved it first (and builds it too; the rename decides)
         shutil.rmtree(aside, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_builds(root, key)

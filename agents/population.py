@@ -35,8 +35,8 @@ from evolve.checkpoint import atomic_write_bytes
 Strategy = Literal["stacked", "peft_mixed", "loop"]
 MANIFEST = "population.json"
 MANIFEST_FORMAT = "populora-lora-population"
-_SAVE_FOLDER = re.compile(r"adapters|adapters-[0-9a-f]{12}|\.adapters-[0-9a-z_]+")
-"""Folders of a run that ``save`` writes: version 1's, version 2's, and its staging folders."""
+_SAVE_FOLDER = re.compile(r"adapters|adapters-[0-9a-f]{12}")
+"""Adapter folders a manifest may name: version 1's, version 2's."""
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 
 
@@ -417,7 +417,8 @@ class LoRAPopulation:
     # ----------------------------------------------------------------------------------------------------
     def save(self, run_dir: str | os.PathLike[str]) -> Path:
         """Write every adapter in PEFT's format to a fresh folder ``run_dir/adapters-<id>/<name>``, then the
-        manifest ``population.json`` naming that folder, then remove the folders of earlier saves.
+        manifest ``population.json`` naming that folder, then remove the folder the previous manifest named
+        (and staging folders left by interrupted saves; nothing else in ``run_dir`` is touched).
 
         The adapters are written to a hidden folder first and renamed in whole; the manifest is replaced
         atomically (temporary file, fsync, rename) and is what :meth:`load` follows. A save interrupted at
@@ -428,6 +429,10 @@ class LoRAPopulation:
         """
         run = Path(run_dir)
         run.mkdir(parents=True, exist_ok=True)
+        try:
+            previous: Path | None = _read_manifest(run)[1]
+        except (OSError, ValueError):  # no manifest, or not one of ours: nothing of an earlier save to remove
+            previous = None
         staging = Path(tempfile.mkdtemp(prefix=".adapters-", dir=run))
         folder = f"adapters-{uuid.uuid4().hex[:12]}"
         try:
@@ -450,8 +455,10 @@ class LoRAPopulation:
             "seed": self._seed,
         }
         atomic_write_bytes(run / MANIFEST, json.dumps(manifest, indent=2).encode())
-        for old in run.iterdir():  # earlier saves (version 1 wrote "adapters"), interrupted ones
-            if old.name != folder and old.is_dir() and _SAVE_FOLDER.fullmatch(old.name):
+        if previous is not None and previous.name != folder:
+            shutil.rmtree(previous, ignore_errors=True)
+        for old in run.glob(".adapters-*"):  # staging folders of saves interrupted before their rename
+            if old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
         return run / MANIFEST
 
@@ -594,6 +601,6 @@ def _read_manifest(run: Path) -> tuple[dict[str, Any], Path]:
     if not isinstance(manifest.get("base"), str):
         raise ValueError(f"{path}: 'base' must be a path or Hub id, got {manifest.get('base')!r}")
     folder = manifest.get("adapters_dir", "adapters")  # version 1 wrote every save to "adapters"
-    if not (isinstance(folder, str) and _SAVE_FOLDER.fullmatch(folder) and not folder.startswith(".")):
+    if not (isinstance(folder, str) and _SAVE_FOLDER.fullmatch(folder)):
         raise ValueError(f"{path}: 'adapters_dir' must name an adapters folder of {run}, got {folder!r}")
     return manifest, run / folder

@@ -209,7 +209,7 @@ def _replace(pop: Population, role: str, fitness: list[float | None], generation
     planned = plan_replacements(
         [fitness[i] for i in evaluated], replace_fraction=cfg.replace_fraction, n_elites=cfg.n_elites,  # type: ignore[misc]
         tournament_size=cfg.tournament_size, n_parents=cfg.n_parents, crossovers=cfg.crossovers,
-        mutations=cfg.mutations, rng=pop.rng,
+        mutations=cfg.mutations, rng=pop.rng, of=len(group),
     )  # fmt: skip
     plan = [
         dataclasses.replace(

@@ -30,12 +30,14 @@ def elites(fitness: Sequence[float], count: int, tiebreak: Sequence[int] | None 
 
 
 def truncation(
-    fitness: Sequence[float], fraction: float, tiebreak: Sequence[int] | None = None
+    fitness: Sequence[float], fraction: float, tiebreak: Sequence[int] | None = None, of: int | None = None
 ) -> tuple[list[int], list[int]]:
     """Truncation selection: the top and bottom ``fraction`` of the population.
 
-    ``k = floor(fraction * n)`` members each, best first for the top and worst first for the bottom; with
-    ``fraction <= 0.5`` the two sets are disjoint. Ties are ordered by ``tiebreak`` (see ``rank_order``).
+    ``k = floor(fraction * n)`` members each (``n`` = ``of`` when given, the size of the whole group these
+    are the evaluated members of; ``k`` at most half of them), best first for the top and worst first for
+    the bottom; with ``fraction <= 0.5`` the two sets are disjoint. Ties are ordered by ``tiebreak`` (see
+    ``rank_order``).
 
     Raises:
         ValueError: ``fraction`` outside ``[0, 0.5]``.
@@ -44,7 +46,7 @@ def truncation(
         raise ValueError(f"fraction must be in [0, 0.5], got {fraction}")
     order = rank_order(fitness, tiebreak)
     # the product rounded first: 0.29 * 100 is 28.999999999999996 in binary floating point, 29 members
-    k = math.floor(round(fraction * len(order), 9))
+    k = min(math.floor(round(fraction * (len(order) if of is None else of), 9)), len(order) // 2)
     return order[:k], order[::-1][:k]
 
 
@@ -104,6 +106,7 @@ def plan_replacements(
     crossovers: Sequence[str],
     mutations: Sequence[str],
     rng: np.random.Generator,
+    of: int | None = None,
 ) -> list[Replacement]:
     """Replace the bottom ``replace_fraction`` by children of the top (truncation, then tournaments).
 
@@ -112,12 +115,15 @@ def plan_replacements(
     population still gets two-parent children, listed best first. Each child draws its crossover and
     mutation uniformly; with a single possible parent the crossover is ``clone`` (mutation only).
 
+    ``of``: the size of the whole group when ``fitness`` holds only its evaluated members (the replaced
+    count is then ``replace_fraction`` of the group, at most half of those evaluated).
+
     Ties in fitness (frequent: a solve rate over a few attempts takes few values) are broken by a random
     order drawn from ``rng`` once per plan, not by slot: children take the slots they replace, and a
     by-slot rule made the members of the highest slots lose every tie.
     """
     tiebreak = [int(i) for i in rng.permutation(len(fitness))]
-    top, bottom = truncation(fitness, replace_fraction, tiebreak)
+    top, bottom = truncation(fitness, replace_fraction, tiebreak, of)
     order = rank_order(fitness, tiebreak)
     top = order[: max(len(top), min(n_parents, len(order) - len(bottom)))]
     position = {index: rank for rank, index in enumerate(order)}

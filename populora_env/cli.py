@@ -271,9 +271,8 @@ def train(args: TrainArgs) -> int:
             print(
                 "tiny base: building or loading from the cache (first build: a few minutes)", file=sys.stderr
             )
-            # its pretraining batches use every core; the path is resolved so that a cache reached through
-            # a link names the same base as before (a run records its base by path)
-            base = os.path.realpath(build_tiny_base(args.cache_dir))
+            built = build_tiny_base(args.cache_dir)  # its pretraining batches use every core
+            base = _recorded_base(Path(args.run_dir), built) or str(built)
         else:
             base = args.base
         torch.set_num_threads(args.threads)
@@ -303,6 +302,19 @@ def train(args: TrainArgs) -> int:
     print(f"  checkpoints  {run_dir / 'checkpoints'} (rerun the same command to resume, with a larger "
           "--generations to extend)")  # fmt: skip
     return 0
+
+
+def _recorded_base(run_dir: Path, built: Path) -> str | None:
+    """The base path the run in ``run_dir`` recorded, when it names the folder just built by another path
+    (a cache reached through a link, a relative ``--cache-dir``): a run records its base by path, and the
+    same base under another name read as another config."""
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())["member_options"]["lora"]["base"]
+        if isinstance(saved, str) and os.path.samefile(saved, built):
+            return saved
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no run there yet, or not one of populora train's
+    return None
 
 
 class _Terminated(BaseException):

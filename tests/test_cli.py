@@ -99,6 +99,11 @@ def test_verify_refuses_bytes_that_are_not_utf8_and_prints_any_text(tmp_path):
     ]
     done = populora("verify", str(bad), "--strict")
     assert done.returncode == 1 and "not UTF-8" in done.stderr and "pass 0" in done.stdout
+    old_mac = tmp_path / "cr.jsonl"  # lines ended by a lone CR, as text mode read them
+    old_mac.write_bytes(
+        b'{"code": "def f(x):\\n    return x", "input": "1"}\r{"code": "def f(x):\\n    return x", "input": "2"}\r\n'
+    )
+    assert [r.input for r in load_records(old_mac)[0]] == ["1", "2"]
     bom = tmp_path / "bom.jsonl"  # a byte-order mark (Windows editors) is not a malformed line
     bom.write_bytes(b"\xef\xbb\xbf" + b'{"code": "def f(x):\\n    return x", "input": "1", "output": "1"}\n')
     assert len(load_records(bom)[0]) == 1

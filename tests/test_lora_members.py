@@ -355,6 +355,26 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
         assert not (tmp_path / "cache").exists()
 
 
+def test_populora_train_resumes_when_the_cached_base_is_reached_by_another_path(
+    tmp_path: Path, tiny_base_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run records its base by path: the same cached base reached through a link (a linked ~/.cache, a
+    relative --cache-dir) read as another config and the run would not resume."""
+    import agents.base
+
+    link = tmp_path / "linked-cache"
+    link.symlink_to(tiny_base_dir)
+    paths = iter([link, tiny_base_dir])
+    monkeypatch.setattr(agents.base, "build_tiny_base", lambda *args, **kwargs: next(paths))
+    run_dir = tmp_path / "run"
+    argv = ["train", "--preset", "self-play", "--run-dir", str(run_dir), "--generations", "1",
+            "--max-new-tokens", "4", "--rank", "2", "--no-tensorboard"]  # fmt: skip
+    assert main(argv) == 0
+    assert main([*argv[:6], "2", *argv[7:]]) == 0, capsys.readouterr().err  # extended, by the real path
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["member_options"]["lora"]["base"] == str(link) and config["generations"] == 2
+
+
 def test_lora_options_take_numpy_numbers_as_python_ones() -> None:
     import numpy as np
 

@@ -506,6 +506,9 @@ def test_an_interrupted_save_leaves_the_previous_one_whole(
     save loadable as it was (it wrote over the first save's adapters in place: a mix of two saves loaded
     without a word); a finished save removes the earlier save's folders."""
     run = tmp_path / "run"
+    mine = run / "adapters" / "my_finetune" / "adapter_model.safetensors"  # not a save's: it stays
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(b"user data")
     pop.save(run)
     before = {name: pop.get_genome(name) for name in NAMES}
     first_folder = json.loads((run / "population.json").read_text())["adapters_dir"]
@@ -527,10 +530,10 @@ def test_an_interrupted_save_leaves_the_previous_one_whole(
         loaded = LoRAPopulation.load(run, dtype=torch.float32, device="cpu")
         for other in NAMES:
             assert all(torch.equal(v, before[other][k]) for k, v in loaded.get_genome(other).items()), other
-        assert sorted(p.name for p in run.iterdir()) == sorted([first_folder, "population.json"])
+        assert sorted(p.name for p in run.iterdir()) == sorted([first_folder, "adapters", "population.json"])
         pop.save(run)  # a whole save replaces the first, and its folder goes
         assert json.loads((run / "population.json").read_text())["adapters_dir"] != first_folder
-        assert len([p for p in run.iterdir() if p.is_dir()]) == 1
+        assert not (run / first_folder).exists() and mine.read_bytes() == b"user data"
         changed = LoRAPopulation.load(run, dtype=torch.float32, device="cpu").get_genome(name)
         assert all(torch.equal(v, before[name][k] + 1.0) for k, v in changed.items())
     finally:

@@ -121,3 +121,14 @@ def test_plan_breaks_fitness_ties_at_random_not_by_slot() -> None:
     again = [plan_replacements(fitness, replace_fraction=0.25, n_elites=0, tournament_size=2, n_parents=2,
                                crossovers=["x"], mutations=["m"], rng=np.random.default_rng(3)) for _ in range(2)]  # fmt: skip
     assert again[0] == again[1]
+
+
+def test_plan_over_the_evaluated_members_replaces_the_groups_share() -> None:
+    """With one member of four not evaluated, floor(0.25 * 3) replaced nobody: the count is the whole
+    group's share, at most half of the members evaluated."""
+    kwargs = dict(replace_fraction=0.25, n_elites=0, tournament_size=2, n_parents=2, crossovers=["x"],
+                  mutations=["m"])  # fmt: skip
+    plan = plan_replacements([0.1, 0.5, 0.9], rng=np.random.default_rng(0), of=4, **kwargs)  # type: ignore[arg-type]
+    assert [step.slot for step in plan] == [0]
+    assert plan_replacements([0.1, 0.5, 0.9], rng=np.random.default_rng(0), **kwargs) == []  # type: ignore[arg-type]
+    assert len(plan_replacements([0.1, 0.5], rng=np.random.default_rng(0), of=8, **kwargs)) == 1  # type: ignore[arg-type]

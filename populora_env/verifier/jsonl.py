@@ -91,10 +91,17 @@ def load_records(path: str | os.PathLike[str]) -> tuple[list[Record], list[LoadE
         return _read_lines(f)
 
 
+def _lines(f: BinaryIO) -> Iterator[bytes]:
+    """The lines of a binary file as text mode splits them (universal newlines: ``\n``, ``\r\n``, ``\r``)."""
+    for raw in f:
+        body = raw[:-2] if raw.endswith(b"\r\n") else raw.rstrip(b"\n")
+        yield from body.split(b"\r")
+
+
 def _read_lines(f: BinaryIO) -> tuple[list[Record], list[LoadError]]:
     records: list[Record] = []
     errors: list[LoadError] = []
-    for number, raw in enumerate(f, start=1):
+    for number, raw in enumerate(_lines(f), start=1):
         if number == 1 and raw.startswith(codecs.BOM_UTF8):
             raw = raw[len(codecs.BOM_UTF8) :]
         try:

@@ -60,8 +60,9 @@ class VerifierConfig:
     max_output_chars: int = 10_000
     """Return values whose canonical text is longer are ``bad_output``."""
     max_depth: int = 50
-    """Deepest nesting of containers in arguments and return values, counted below the outermost value:
-    ``[[1]]`` nests 1 deep, so ``max_depth=3`` admits ``[[[[]]]]`` and refuses one more level."""
+    """Deepest nesting in arguments and return values: the most containers any value sits inside (``[1]``
+    and ``[[]]`` nest 1 deep, ``[[1]]`` 2), so ``max_depth=3`` admits ``[[[1]]]`` and ``[[[[]]]]`` and
+    refuses ``[[[[1]]]]``."""
     recursion_limit: int = 3_000
     """Python recursion limit inside the program's process."""
     cache_size: int = 65_536
