@@ -37,6 +37,8 @@ MANIFEST = "population.json"
 MANIFEST_FORMAT = "populora-lora-population"
 _SAVE_FOLDER = re.compile(r"adapters|adapters-[0-9a-f]{12}")
 """Adapter folders a manifest may name: version 1's, version 2's."""
+_LEFT_BY_SAVE = re.compile(r"adapters-[0-9a-f]{12}|\.adapters-[0-9a-z_]+")
+"""Folders only ``save`` makes (a bare ``adapters`` may be a user's: removed only when a manifest names it)."""
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 
 
@@ -418,7 +420,8 @@ class LoRAPopulation:
     def save(self, run_dir: str | os.PathLike[str]) -> Path:
         """Write every adapter in PEFT's format to a fresh folder ``run_dir/adapters-<id>/<name>``, then the
         manifest ``population.json`` naming that folder, then remove the folder the previous manifest named
-        (and staging folders left by interrupted saves; nothing else in ``run_dir`` is touched).
+        and the folders of interrupted saves (``adapters-<12 hex digits>``, ``.adapters-*``); nothing else in
+        ``run_dir`` is touched.
 
         The adapters are written to a hidden folder first and renamed in whole; the manifest is replaced
         atomically (temporary file, fsync, rename) and is what :meth:`load` follows. A save interrupted at
@@ -457,8 +460,8 @@ class LoRAPopulation:
         atomic_write_bytes(run / MANIFEST, json.dumps(manifest, indent=2).encode())
         if previous is not None and previous.name != folder:
             shutil.rmtree(previous, ignore_errors=True)
-        for old in run.glob(".adapters-*"):  # staging folders of saves interrupted before their rename
-            if old.is_dir():
+        for old in run.iterdir():  # folders of saves interrupted before their manifest, or their rename
+            if old.name != folder and old.is_dir() and _LEFT_BY_SAVE.fullmatch(old.name):
                 shutil.rmtree(old, ignore_errors=True)
         return run / MANIFEST
 

@@ -328,7 +328,19 @@ class RayBackend:
 
     def _episode_actor(self) -> Any:
         # zero-CPU actors: scheduled regardless of their number; Ray's OS processes share the CPUs
-        return self.ray.remote(num_cpus=0)(EpisodeWorker).remote(self.config)
+        actor = self.ray.remote(num_cpus=0)(EpisodeWorker).remote(self.config)
+        self._await_ready([actor])
+        return actor
+
+    def _await_ready(self, actors: Sequence[Any]) -> None:
+        """With ``ray_timeout_s``, waits (without a limit) until new actors are constructed, so that their
+        start-up (a process, imports, a base model loaded) is not counted in a call's time. An actor that
+        died starting is left for its call to report."""
+        if self.config.ray_timeout_s is None or not actors:
+            return
+        for ready in [actor.__ray_ready__.remote() for actor in actors]:
+            with contextlib.suppress(self.ray.exceptions.RayActorError):
+                self.ray.get(ready)
 
     def play(
         self,
@@ -380,10 +392,12 @@ class RayBackend:
     ) -> tuple[Losses, list[LearnerFailure]]:
         """All learners at once on their actors; results applied in member order. A learner that raises,
         or whose actor's process dies, is reported and its member left as it was (as locally)."""
+        todo = [m for m in members if m.learner is not None and outcome.transitions.get(m.id)]
+        new = [m for m in todo if m.slot not in self.workers]
+        self._await_ready([self._worker(m) for m in new])  # the deadline below counts the learning only
         pending = []
-        for member in members:
-            if member.learner is None or not outcome.transitions.get(member.id):
-                continue
+        for member in todo:
+            assert member.learner is not None
             state = member.learner.state_dict()
             ref = self._worker(member).learn.remote(
                 member.policy.get_genome(), state, outcome.transitions[member.id]

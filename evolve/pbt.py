@@ -47,7 +47,8 @@ PLAIN_GENOME_KINDS = ("torch", "sb3")
 """Built-in kinds whose genome is a plain parameter dict (``operators.LORA_ONLY`` cannot act on it)."""
 _NOT_RESULTS = ("run_dir", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "backend",
                 "ray_address", "ray_num_cpus", "ray_timeout_s")  # fmt: skip
-"""Fields that change where and how often a run is written or shown, or where it runs, not its results."""
+"""Fields that change where and how often a run is written or shown, where it runs, or how long it waits
+for a hung Ray actor, not its results."""
 _INT_MINIMUMS = {
     "generations": 1, "population": 1, "episodes_per_generation": 1, "tournament_size": 1, "n_parents": 1,
     "checkpoint_every": 1, "keep_checkpoints": 1, "seed": 0, "n_elites": 0,
@@ -137,10 +138,12 @@ class PBTConfig:
     ray_num_cpus: int | None = None
     """CPUs of a local Ray instance (``None``: all)."""
     ray_timeout_s: float | None = None
-    """Seconds one Ray call may take (a generation's episodes, one member's learner) before its actor is
-    taken for hung and killed: the episodes are then played again on a fresh actor (a second hang is a
-    ``RuntimeError``), the learner is reported and its member skipped, as for an actor that died. ``None``
-    waits for ever (a hung actor, e.g. on a lost node, then hangs the run)."""
+    """Seconds a generation's Ray calls may take before an actor that has not answered is taken for hung
+    and killed: the episodes (one call), and the learners (running at once, one deadline for all of them).
+    Counted from when the actors are ready (starting one, e.g. loading a base model, is not counted). A
+    hung episode actor is replaced and the generation played again (a second hang is a ``RuntimeError``);
+    a hung learner is reported and its member skipped, as for an actor that died. ``None`` waits for ever
+    (a hung actor, e.g. on a lost node, then hangs the run)."""
     progress: bool = True
     """Show a tqdm progress bar."""
     tensorboard: bool = True

@@ -272,7 +272,8 @@ def train(args: TrainArgs) -> int:
                 "tiny base: building or loading from the cache (first build: a few minutes)", file=sys.stderr
             )
             built = build_tiny_base(args.cache_dir)  # its pretraining batches use every core
-            base = _recorded_base(Path(args.run_dir), built) or str(built)
+            # absolute, so that the run resumes (and its base loads) from any folder
+            base = _recorded_base(Path(args.run_dir), built) or os.path.abspath(built)
         else:
             base = args.base
         torch.set_num_threads(args.threads)

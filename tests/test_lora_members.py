@@ -74,11 +74,13 @@ def test_lora_members_evolve_and_learn_on_a_frozen_base(tmp_path: Path, tiny_bas
     history = records(run_dir / "metrics.jsonl")
     assert [h["generation"] for h in history] == [0, 1]
     # generation 0: every teacher learned (a GRPO update on its proposals; the tiny test base writes no
-    # valid task, so students had nothing to solve), the worst of each role was replaced by a mutated clone
+    # valid task, so students had nothing to solve), the worst teacher was replaced by a mutated clone;
+    # the students, never evaluated, were not judged (neither replaced nor parents)
     assert sorted(history[0]["losses"]) == ["0", "1"]
     assert all(loss is not None for loss in history[0]["losses"].values())
     children = [r for r in records(run_dir / "lineage.jsonl") if r["origin"] == "offspring"]
-    assert {c["role"] for c in children} == {"teacher", "student"} and all(c["parents"] for c in children)
+    assert {c["role"] for c in children} == {"teacher"} and all(c["parents"] for c in children)
+    assert all(history[0]["fitness"][str(m)] is None for m in (2, 3))  # the two students
     assert history[0]["operator_use"] and history[1]["operator_use"] == {}
     # 2 proposals per episode, each with its own transition and reward
     assert history[0]["mean_reward"]["teacher"] <= -0.5
@@ -373,6 +375,18 @@ def test_populora_train_resumes_when_the_cached_base_is_reached_by_another_path(
     assert main([*argv[:6], "2", *argv[7:]]) == 0, capsys.readouterr().err  # extended, by the real path
     config = json.loads((run_dir / "config.json").read_text())
     assert config["member_options"]["lora"]["base"] == str(link) and config["generations"] == 2
+    # a relative --cache-dir: the run records the absolute path, and resumes from another folder
+    (tmp_path / "here").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    paths = iter([Path(os.path.relpath(tiny_base_dir)), tiny_base_dir])
+    second = ["train", "--preset", "self-play", "--run-dir", str(tmp_path / "run2"), "--generations", "1",
+              *argv[7:]]  # fmt: skip
+    assert main(second) == 0
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main([*second[:6], "2", *second[7:]]) == 0, capsys.readouterr().err
+    saved = json.loads((tmp_path / "run2" / "config.json").read_text())["member_options"]["lora"]["base"]
+    assert Path(saved).is_absolute() and os.path.samefile(saved, tiny_base_dir)
 
 
 def test_lora_options_take_numpy_numbers_as_python_ones() -> None:

@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from agents import base as base_module  # noqa: E402
+from agents import population as population_module  # noqa: E402
 from agents.base import BaseModelLoadError, TinyBaseConfig, build_tiny_base, load_base, tiny_base_key  # noqa: E402
 from agents.batched_lora import lora_linear_layers, stacked_lora  # noqa: E402
 from agents.corpus import EXAMPLE_KINDS, generate_examples  # noqa: E402
@@ -531,8 +532,26 @@ def test_an_interrupted_save_leaves_the_previous_one_whole(
         for other in NAMES:
             assert all(torch.equal(v, before[other][k]) for k, v in loaded.get_genome(other).items()), other
         assert sorted(p.name for p in run.iterdir()) == sorted([first_folder, "adapters", "population.json"])
-        pop.save(run)  # a whole save replaces the first, and its folder goes
+
+        # killed after its folder's rename, before the manifest: the first save still loads, and the orphan
+        # folder goes with the next whole save
+        def no_manifest(*args: Any, **kwargs: Any) -> None:
+            raise KeyboardInterrupt("killed before the manifest")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(population_module, "atomic_write_bytes", no_manifest)
+            with pytest.raises(KeyboardInterrupt):
+                pop.save(run)
+        assert len([p for p in run.iterdir() if p.name.startswith("adapters-")]) == 2
+        assert all(
+            torch.equal(v, before[NAMES[1]][k])
+            for k, v in LoRAPopulation.load(run, dtype=torch.float32, device="cpu")
+            .get_genome(NAMES[1])
+            .items()
+        )
+        pop.save(run)  # a whole save replaces the first, and its folder (and the orphan) goes
         assert json.loads((run / "population.json").read_text())["adapters_dir"] != first_folder
+        assert len([p for p in run.iterdir() if p.name.startswith("adapters-")]) == 1
         assert not (run / first_folder).exists() and mine.read_bytes() == b"user data"
         changed = LoRAPopulation.load(run, dtype=torch.float32, device="cpu").get_genome(name)
         assert all(torch.equal(v, before[name][k] + 1.0) for k, v in changed.items())
