@@ -107,7 +107,7 @@ class Prefiltered:
     detail: str = ""
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1024)  # keys are whole programs: 1 024 of 20 000 non-ASCII characters is ~80 MB
 def prefilter(program: str) -> Prefiltered:
     """Statically checks a program's source; results are cached by source text.
 
@@ -156,7 +156,7 @@ def prefilter_expression(args: str) -> Prefiltered:
     return Prefiltered("ok")
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1024)  # as prefilter's
 def compile_guard(program: str) -> Prefiltered:
     """The one static check made with the language guards off too: whether ``program`` would compile to
     more than ``MAX_COMPILED_NODES`` (the worker compiles it before any limit of a child applies).
