@@ -180,7 +180,10 @@ def decode_tokens(
     shared = share_prefill and len(first) < len(prompts)
     device = next(model.parameters()).device
     prefill_rows = first if shared else every_row
-    enc = tokenizer([prompts[i] for i in prefill_rows], return_tensors="pt", padding=True).to(device)
+    # prompts hold text others wrote (a teacher's task): "</s>" in it is text, not the EOS token
+    enc = tokenizer(
+        [prompts[i] for i in prefill_rows], return_tensors="pt", padding=True, split_special_tokens=True
+    ).to(device)
     _warn_past_context(model, int(enc["attention_mask"].sum(dim=1).max()), max_new_tokens)
     state = _DecodeState(growing_cache(), cache_kwarg(model), enc["attention_mask"], enc["input_ids"])
     steps: dict[str, Any] = dict(

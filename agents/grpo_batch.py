@@ -47,14 +47,20 @@ def encode_batch(
     position = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
     distinct = list(position)
     prompt_index = torch.tensor([position[p] for p in prompts], dtype=torch.long)
-    encoded = [list(x) for x in tok(distinct, add_special_tokens=True)["input_ids"]]
+    # as generation tokenises them: special-token text in a prompt (a teacher's task) stays text
+    encoded = [
+        list(x) for x in tok(distinct, add_special_tokens=True, split_special_tokens=True)["input_ids"]
+    ]
     if any(not x for x in encoded):
         raise ValueError("a prompt encodes to no tokens; the learner needs at least one prompt token")
     prompt_ids = pad_tokens(encoded, tok.pad_token_id, "left")
     if completion_ids is not None:
         comp_ids = [list(x)[:cap] for x in completion_ids]
     else:
-        comp_ids = [list(x)[:cap] for x in tok(list(completions), add_special_tokens=False)["input_ids"]]
+        comp_ids = [
+            list(x)[:cap]
+            for x in tok(list(completions), add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        ]
         comp_ids = [[*x, tok.eos_token_id] if len(x) < cap else x for x in comp_ids]
     completion = pad_tokens(comp_ids, tok.pad_token_id, "right")
     return TokenBatch(prompt_ids[0], prompt_ids[1], prompt_index, completion[0], completion[1].float())

@@ -127,8 +127,12 @@ class StepRecord:
 
     @property
     def group_key(self) -> tuple[str, int, str, str]:
-        """Same key, same observation: ``(agent, round, phase, task id for a solve / "" for a proposal)``."""
-        return (self.agent, self.round, self.phase, self.task_id if self.phase == "solve" else "")
+        """Same key, same observation: ``(agent, round, phase, the prompt for a solve / "" for a proposal)``.
+
+        A solve is keyed by its prompt, not its task id: an induction task's id leaves out the teacher's
+        message, which the student sees, so two proposals of one program and inputs with different
+        messages are two observations (they were one GRPO group, normalised together)."""
+        return (self.agent, self.round, self.phase, self.prompt if self.phase == "solve" else "")
 
     @property
     def task_key(self) -> tuple[Role, str]:

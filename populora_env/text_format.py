@@ -4,7 +4,9 @@ Answer format (after Absolute Zero Reasoner, arXiv 2505.03335, their prompt temp
 ``<think>...</think>``, then ``<answer>...</answer>`` holding fenced blocks whose info string names the
 field: ```` ```python ````, ```` ```input ````, ```` ```output ````, ```` ```message ````. Parsing is tolerant
 about whitespace, case of the tags and text around the blocks, and strict about what counts: the last
-``<answer>`` element must be closed and hold the required blocks, or the action is a format error.
+closed ``<answer>`` element is the answer (text after it, an unclosed ``<answer>`` included, is ignored,
+so a generation that rambles on after answering is judged by that answer), and it must hold the
+required blocks, or the action is a format error.
 """
 
 from __future__ import annotations

@@ -583,3 +583,27 @@ def test_a_step_that_raises_can_be_retried_with_the_same_samples(tiny_base_dir: 
         learner.step("p0", ["def f(x):\n    return"], failing)
     result = learner.step("p0", ["def f(x):\n    return"], lambda p, c: float(len(c) % 2))
     assert result.completions[0] == seen[0][1]
+
+
+def test_special_token_text_in_a_prompt_stays_text(tiny_base_dir: Any) -> None:
+    """A teacher's task is shown to students: its text "</s><pad>" was tokenised as the EOS and pad
+    tokens inside every matched student's prompt (an injection surface), in generation and learner alike."""
+    from agents.base import load_base
+    from agents.generation import decode_tokens
+
+    model, tokenizer = load_base(tiny_base_dir, dtype=torch.float32, device="cpu")
+    prompt = "f('</s><pad>') == "
+    batch = encode_batch(tokenizer, [prompt], ["x"], None, max_new_tokens=4)
+    real = batch.prompt_ids[batch.prompt_mask.bool()].tolist()
+    assert real[0] == tokenizer.bos_token_id
+    assert tokenizer.eos_token_id not in real[1:] and tokenizer.pad_token_id not in real[1:]
+    assert tokenizer.decode(real, skip_special_tokens=True) == prompt
+    seen: list[torch.Tensor] = []
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append(kwargs.get("input_ids")), with_kwargs=True
+    )
+    try:
+        decode_tokens(model, tokenizer, [prompt], max_new_tokens=1, temperature=0.0, seed=0)
+    finally:
+        hook.remove()
+    assert seen[0][0].tolist() == real  # generation saw the same ids as the learner

@@ -267,7 +267,9 @@ def test_grpo_groups_and_teacher_rewards_by_hand(verifier: Any) -> None:
         (1, "teacher_0", 1, "propose", ""), (1, "teacher_0", 1, "propose", ""),
     )  # fmt: skip
     assert t.rewards == (0.5, -1.0) * 4 and s.rewards == (1.0, -0.5) * 4
-    assert s.group_ids[:2] == ((0, "student_0", 0, "solve", task_id),) * 2
+    solve = next(step for step in steps if step.phase == "solve")
+    assert s.group_ids[:2] == ((0, "student_0", 0, "solve", solve.prompt),) * 2  # keyed by observation
+    assert solve.task_id == task_id
     assert len(set(s.group_ids)) == 4  # 2 episodes x 2 rounds, each a group of 2 attempts
     assert set(t.task_keys) == {("teacher", "deduction")} and set(s.task_keys) == {("student", "deduction")}
     assert t.prompts[0].startswith("## Propose a deduction task") and t.completions[1] == "oops"
@@ -358,3 +360,36 @@ def test_example_02_runs_with_tiny_flags(tiny_base_dir: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("iteration ")]
     assert len(lines) == 2 and all("self/teacher" in line and "self loss" in line for line in lines)
+
+
+class _TwoMessages:
+    """A teacher proposing one program and inputs twice with two messages; a student answering."""
+
+    adapter_names = ("T", "S")
+
+    def generate(self, prompts: Sequence[str], adapters: Sequence[str], **kwargs: Any) -> list[str]:
+        out = []
+        for i, adapter in enumerate(adapters):
+            if adapter == "T":
+                out.append(format_proposal("def f(x):\n    return x + 1", ["1", "2", "3", "4"],
+                                           message=("add one", "increment")[i % 2]))  # fmt: skip
+            else:
+                out.append(format_answer("induction", "def f(x):\n    return x + 1"))
+        return out
+
+
+def test_a_student_group_holds_one_observation_when_task_ids_coincide(verifier: Any) -> None:
+    """An induction task's id leaves out the teacher's message, which the student sees: two proposals of
+    one program and inputs with different messages were one GRPO group of two observations."""
+    env = make_env(verifier, n_teachers=1, n_students=1, rounds=1, teacher_group_size=2, student_group_size=2,
+                   task_types=("induction",))  # fmt: skip
+    [rollout] = RolloutCollector(
+        _TwoMessages(), {"teacher_0": "T", "student_0": "S"}, RolloutConfig()
+    ).collect(env, seed=0)
+    solves = [step for step in rollout.steps if step.phase == "solve"]
+    assert len({step.task_id for step in solves}) == 1 and len({step.prompt for step in solves}) == 2
+    batch = grpo_batches([rollout])["S"]
+    by_group: dict[Any, set[str]] = {}
+    for gid, prompt in zip(batch.group_ids, batch.prompts, strict=True):
+        by_group.setdefault(gid, set()).add(prompt)
+    assert len(by_group) == 2 and all(len(prompts) == 1 for prompts in by_group.values())
