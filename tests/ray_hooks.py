@@ -30,34 +30,31 @@ def flaky_first_param(policy: Any, config: LearnerConfig) -> Any:
     return learner
 
 
-def dying_first_param(policy: Any, config: LearnerConfig) -> Any:
-    """As ``flaky_first_param``, but the failing members' learner ends its process (``os._exit``) instead of
-    raising: only ever run on a Ray actor."""
+def _failing_first_param(policy: Any, config: LearnerConfig, fail: Any) -> Any:
+    """REINFORCE, except that for a member whose first weight is positive ``fail()`` runs first (as in
+    ``flaky_first_param``, the failing members depend only on their genomes)."""
     learner = ReinforceLearner(policy, config)
     update = learner.update
 
-    def dying(policy: Any, experience: Any) -> Any:
+    def failing(policy: Any, experience: Any) -> Any:
         if float(next(iter(policy.parameters())).flatten()[0]) > 0:
-            os._exit(3)
+            fail()
         return update(policy, experience)
 
-    learner.update = dying  # type: ignore[method-assign]
+    learner.update = failing  # type: ignore[method-assign]
     return learner
+
+
+def dying_first_param(policy: Any, config: LearnerConfig) -> Any:
+    """As ``flaky_first_param``, but the failing members' learner ends its process (``os._exit``) instead of
+    raising: only ever run on a Ray actor."""
+    return _failing_first_param(policy, config, lambda: os._exit(3))
 
 
 def hanging_first_param(policy: Any, config: LearnerConfig) -> Any:
     """As ``dying_first_param``, but the failing members' learner hangs (a lost node, a deadlock): only ever
     run on a Ray actor, with ``ray_timeout_s``."""
-    learner = ReinforceLearner(policy, config)
-    update = learner.update
-
-    def hanging(policy: Any, experience: Any) -> Any:
-        if float(next(iter(policy.parameters())).flatten()[0]) > 0:
-            time.sleep(3600)
-        return update(policy, experience)
-
-    learner.update = hanging  # type: ignore[method-assign]
-    return learner
+    return _failing_first_param(policy, config, lambda: time.sleep(3600))
 
 
 def register() -> None:
