@@ -35,10 +35,9 @@ from evolve.members import POLICIES, NetConfig, is_finite_number, is_int_at_leas
 from evolve.population import Population, extend, run_generation
 from evolve.ratings import RatingTable
 from evolve.runlog import GenerationMetrics, RunLog
-from populora_env.game import TeacherStudentConfig, constant_teacher_reward
+from populora_env.game import TeacherStudentConfig, warn_constant_teacher_reward
 
 logger = logging.getLogger(__name__)
-_WARNED: set[str] = set()  # config warnings already given in this process
 
 FIXED_KINDS = ("scripted", "random")
 KIND_MODES = {"torch": "structured", "sb3": "structured", "lora": "text"}
@@ -235,14 +234,8 @@ class PBTConfig:
             object.__setattr__(self, "ray_timeout_s", float(self.ray_timeout_s))
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be None or a non-empty string, got {self.ray_address!r}")
-        # evolving teachers learn from, and are selected by, their rewards: constant ones teach nothing
-        if (
-            self.teachers not in FIXED_KINDS
-            and (problem := constant_teacher_reward(self.env))
-            and problem not in _WARNED
-        ):
-            _WARNED.add(problem)
-            logger.warning("PBTConfig: %s", problem)
+        if self.teachers not in FIXED_KINDS:  # evolving teachers learn from, and are selected by, rewards
+            warn_constant_teacher_reward(self.env, "PBTConfig")
 
     def learner_for(self, role: str) -> str:
         """The learner of a role's members (``teacher``, ``student`` or ``both``)."""

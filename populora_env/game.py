@@ -8,6 +8,7 @@ the solve rates and valid tasks join the buffer. The AEC env in ``teacher_studen
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import os
@@ -31,6 +32,8 @@ __all__ = ["Game", "ResolvedProposal", "StepOutcome", "TeacherStudentConfig", "T
 _INDEX_TYPES = (int, np.integer)  # a structured student's candidate index
 Phase = Literal["propose", "solve"]
 TeacherVerdict = Literal["valid", "invalid", "format_error"]
+
+logger = logging.getLogger(__name__)
 
 
 class Turn(NamedTuple):
@@ -277,7 +280,7 @@ def constant_teacher_reward(config: TeacherStudentConfig) -> str | None:
     With the ``learnability`` scheme and one attempt per task (``students_per_task * student_group_size``
     is 1), the solve rate is 0 or 1, both paid ``teacher_extreme_reward``: every valid proposal earns the
     same and a learning teacher gets no signal (AZR estimates the rate from several solver rollouts).
-    ``run_pbt`` with learning teachers and a teacher's ``SingleRoleEnv`` log this once.
+    ``PBTConfig`` with evolving teachers and a teacher's ``SingleRoleEnv`` log it (``warn_constant_teacher_reward``).
     """
     if config.reward_scheme != "learnability" or config.students_per_task * config.student_group_size > 1:
         return None
@@ -286,6 +289,18 @@ def constant_teacher_reward(config: TeacherStudentConfig) -> str | None:
         f"solve rate is 0 or 1, both paid teacher_extreme_reward ({config.teacher_extreme_reward:g}), so every "
         "valid proposal earns the same and teachers get no signal; raise student_group_size (e.g. 4)"
     )
+
+
+def warn_constant_teacher_reward(config: TeacherStudentConfig, where: str) -> None:
+    """Logs ``constant_teacher_reward(config)``, if any, once a process for each ``where`` (who asks)."""
+    problem = constant_teacher_reward(config)
+    message = f"{where}: {problem}"
+    if problem and message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning("%s", message)
+
+
+_WARNED: set[str] = set()  # warnings given in this process
 
 
 def _scheme_value(scheme: Callable[[float], float], solve_rate: float) -> float:

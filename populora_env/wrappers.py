@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,11 +10,8 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from populora_env.game import constant_teacher_reward
+from populora_env.game import warn_constant_teacher_reward
 from populora_env.play import Policy
-
-logger = logging.getLogger(__name__)
-_WARNED: set[str] = set()  # warnings already given in this process
 
 
 class SingleRoleEnv(gymnasium.Env):
@@ -59,12 +55,8 @@ class SingleRoleEnv(gymnasium.Env):
         self.render_mode = getattr(aec_env.unwrapped, "render_mode", None)
         self._episode_seed: int | None = None
         config = getattr(aec_env.unwrapped, "config", None)
-        problem = (
-            constant_teacher_reward(config) if agent.startswith("teacher") and config is not None else None
-        )
-        if problem and problem not in _WARNED:
-            _WARNED.add(problem)
-            logger.warning("SingleRoleEnv(%r): %s", agent, problem)
+        if agent.startswith("teacher") and config is not None:
+            warn_constant_teacher_reward(config, f"SingleRoleEnv({agent!r})")
 
     def _advance(self) -> tuple[float, bool]:
         """Plays the other agents until the learner's turn; returns (learner reward, episode over)."""

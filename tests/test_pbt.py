@@ -680,12 +680,10 @@ def test_a_config_whose_teachers_cannot_earn_different_rewards_is_warned_about(
     so evolving teachers learn nothing and are selected by ties (PFSP's default did this silently)."""
     import logging
 
-    from evolve import pbt
-    from populora_env import wrappers
+    from populora_env import game, wrappers
     from populora_env.policies import RandomPolicy
 
-    monkeypatch.setattr(pbt, "_WARNED", set())
-    monkeypatch.setattr(wrappers, "_WARNED", set())
+    monkeypatch.setattr(game, "_WARNED", set())
     with caplog.at_level(logging.WARNING):
         PBTConfig(run_dir=str(tmp_path), env=_env(2, student_group_size=2), pfsp=True)  # two attempts: fine
         PBTConfig(run_dir=str(tmp_path), env=_env(2), teachers="scripted")  # fixed teachers: nothing to learn
