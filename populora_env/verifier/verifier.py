@@ -250,7 +250,6 @@ class Verifier:
                         to_run.append(args)
                     else:
                         fresh[(program, args)] = verdict
-                per_request = self._calls_per_request()
                 for start in range(0, len(to_run), per_request):  # a reply stays under MAX_REPLY_BYTES
                     yield _Task(program, to_run[start : start + per_request], 0, mode)
 
@@ -271,18 +270,15 @@ class Verifier:
                     return _Task(task.program, again[::-1], task.pool + 1, mode)
             return None
 
-        self._dispatch(first_runs(), finished)
+        # a request's calls, at most: its reply's worst case (each call's line at max_output_chars)
+        per_request = max(1, MAX_REPLY_BYTES // _line_bytes(self.config.max_output_chars))
+        self._dispatch(first_runs(), finished, per_request)
         for key, results in runs.items():
             verdict = self._parsed_back(_combine(results, self._seeds), mode)
             fresh[key] = verdict
             if key not in lost:  # a worker's death or hang says nothing lasting about the program
                 self._cache_put((*key, mode), verdict)
         return fresh
-
-    def _calls_per_request(self) -> int:
-        """Most calls one request may carry: its reply's worst case (each call's line at
-        ``max_output_chars``, 4 bytes a character, and a detail) within ``MAX_REPLY_BYTES``."""
-        return max(1, MAX_REPLY_BYTES // _line_bytes(self.config.max_output_chars))
 
     def _parsed_back(self, verdict: Execution, mode: str) -> Execution:
         """An ``ok`` verdict whose output does not parse back as a literal (an argument list in
@@ -311,10 +307,13 @@ class Verifier:
         while len(self._cache) > self.config.cache_size or self._cache_chars > CACHE_MAX_CHARS:
             self._cache_chars -= _entry_chars(*self._cache.popitem(last=False))
 
-    def _dispatch(self, source: Iterator[_Task], finished: Callable[[_Task], _Task | None]) -> None:
+    def _dispatch(
+        self, source: Iterator[_Task], finished: Callable[[_Task], _Task | None], max_calls: int
+    ) -> None:
         """Feeds tasks to idle workers of their pool, a few programs per request, until every task has
         results. Tasks come from ``source`` (drawn as workers need them) and from ``finished``, called on
-        each task with results, which may return a follow-up task."""
+        each task with results, which may return a follow-up task. A request carries at most
+        ``max_calls`` calls (one task's, whatever their number: tasks are split to fit)."""
         n_pools = len(self._pools)
         queue: list[list[_Task]] = [[] for _ in range(n_pools)]
         busy: dict[int, tuple[WorkerHandle, list[_Task]]] = {}  # out_fd -> (worker, its batch)
@@ -341,9 +340,7 @@ class Verifier:
                             draw(MAX_BATCH)
                         if not queue[p]:
                             break
-                        batch = self._take(
-                            queue[p], len(self._pools[p]), coming(p), self._calls_per_request()
-                        )
+                        batch = self._take(queue[p], len(self._pools[p]), coming(p), max_calls)
                         self._send(idle[p].pop(), batch, busy)
                 if not busy:
                     if drained and not any(queue):
