@@ -169,14 +169,23 @@ def test_a_program_with_many_large_outputs_is_split_over_requests(monkeypatch):
     emoji each overflowed 64 MiB, the worker was replaced twice and every call became a cached
     `runtime`. The calls are now split so that each reply's worst case fits; here the cap is three
     calls' worth."""
+    sent: list[int] = []  # calls per request
+    send = verifier_module.WorkerHandle.send
+
+    def counting_send(self, message, deadline, max_reply):
+        sent.append(sum(len(calls) for _, calls in message["jobs"]))
+        return send(self, message, deadline, max_reply)
+
     with Verifier(workers=1) as v:
         monkeypatch.setattr(
             verifier_module, "MAX_REPLY_BYTES", 3 * verifier_module._line_bytes(v.config.max_output_chars)
         )
+        monkeypatch.setattr(verifier_module.WorkerHandle, "send", counting_send)
         program = "def f(i):\n    return 'x' * i"
         executions = v.run_many([(program, str(i)) for i in range(10)])
         assert [e.output for e in executions] == [repr("x" * i) for i in range(10)]
         assert v.check_induction(program, [(str(i), repr("x" * i)) for i in range(11, 20)]) == 1.0
+    assert max(sent) == 3 and sum(sent) == 2 * (10 + 9)  # two hash seeds; no request over three calls
 
 
 def test_a_worker_death_is_not_cached(monkeypatch):
