@@ -235,7 +235,8 @@ class PBTConfig:
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be None or a non-empty string, got {self.ray_address!r}")
         if self.teachers not in FIXED_KINDS:  # evolving teachers learn from, and are selected by, rewards
-            warn_constant_teacher_reward(self.env, "PBTConfig")
+            # run_pbt's matchmaker: PFSP with `pfsp`, else every student attempts every task
+            warn_constant_teacher_reward(self.env, "PBTConfig", "pfsp" if self.pfsp else "all_pairs")
 
     def learner_for(self, role: str) -> str:
         """The learner of a role's members (``teacher``, ``student`` or ``both``)."""

@@ -117,7 +117,7 @@ _SCHEMES = ("learnability", "adversarial")
 _INT_MINIMUMS = {
     "n_teachers": 1, "n_students": 1, "rounds": 1, "n_references": 0, "teacher_group_size": 1,
     "student_group_size": 1, "students_per_task": 1, "n_seed_tasks": 0, "buffer_capacity": 1,
-    "induction_min_inputs": 1, "induction_max_inputs": 2, "max_action_chars": 256, "max_prompt_chars": 256,
+    "induction_min_inputs": 2, "induction_max_inputs": 2, "max_action_chars": 256, "max_prompt_chars": 256,
     "n_slots": 1, "n_candidates": 2,
 }  # fmt: skip
 _REWARD_FIELDS = ("teacher_extreme_reward", "teacher_invalid_penalty", "teacher_format_penalty",
@@ -174,7 +174,8 @@ class TeacherStudentConfig:
     """Keep the buffer (and the ratings of the env's own ``"pfsp"`` matchmaker) across ``reset()``: an arms
     race over many episodes; off makes episodes independent (the same seed plays the same episode)."""
     induction_min_inputs: int = 2
-    """Fewest distinct inputs of a text induction proposal."""
+    """Fewest distinct inputs of a text induction proposal (at least 2: half are shown, the rest test the
+    student's program)."""
     induction_max_inputs: int = 6
     """Most inputs of a text induction proposal; structured induction tasks use exactly this many."""
     max_action_chars: int = 8192
@@ -274,26 +275,48 @@ def teacher_reward(solve_rate: float | None, config: TeacherStudentConfig) -> fl
     return config.teacher_extreme_reward
 
 
-def constant_teacher_reward(config: TeacherStudentConfig) -> str | None:
+def attempts_per_task(config: TeacherStudentConfig, matching: str | None = None) -> int:
+    """Attempts a valid task gets in a round: its students (every student under ``all_pairs``, else
+    ``students_per_task`` of them, at most all) times ``student_group_size``.
+
+    Args:
+        matching: The matching scheme in use, when it is not ``config.matching`` (``run_pbt`` matches by
+            PFSP or all-pairs, as its own ``pfsp`` says).
+    """
+    scheme = config.matching if matching is None else matching
+    students = (
+        config.n_students if scheme == "all_pairs" else min(config.students_per_task, config.n_students)
+    )
+    return students * config.student_group_size
+
+
+def constant_teacher_reward(config: TeacherStudentConfig, matching: str | None = None) -> str | None:
     """Why a valid proposal's reward cannot vary under ``config`` (None when it can).
 
-    With the ``learnability`` scheme and one attempt per task (``students_per_task * student_group_size``
-    is 1), the solve rate is 0 or 1, both paid ``teacher_extreme_reward``: every valid proposal earns the
-    same and a learning teacher gets no signal (AZR estimates the rate from several solver rollouts).
-    ``PBTConfig`` with evolving teachers and a teacher's ``SingleRoleEnv`` log it (``warn_constant_teacher_reward``).
+    With the ``learnability`` scheme and one attempt per task (``attempts_per_task``), the solve rate is 0
+    or 1, both paid ``teacher_extreme_reward``: every valid proposal earns the same and a learning teacher
+    gets no signal (AZR estimates the rate from several solver rollouts). ``PBTConfig`` with evolving
+    teachers and a teacher's ``SingleRoleEnv`` log it (``warn_constant_teacher_reward``).
+
+    Args:
+        matching: As for ``attempts_per_task``.
     """
-    if config.reward_scheme != "learnability" or config.students_per_task * config.student_group_size > 1:
+    if config.reward_scheme != "learnability" or attempts_per_task(config, matching) > 1:
         return None
     return (
-        "one attempt per task (students_per_task * student_group_size = 1) under the learnability reward: the "
-        f"solve rate is 0 or 1, both paid teacher_extreme_reward ({config.teacher_extreme_reward:g}), so every "
-        "valid proposal earns the same and teachers get no signal; raise student_group_size (e.g. 4)"
+        "one attempt per task (students matched to a task times student_group_size is 1) under the "
+        f"learnability reward: the solve rate is 0 or 1, both paid teacher_extreme_reward "
+        f"({config.teacher_extreme_reward:g}), so every valid proposal earns the same and teachers get no "
+        "signal; raise student_group_size (e.g. 4)"
     )
 
 
-def warn_constant_teacher_reward(config: TeacherStudentConfig, where: str) -> None:
-    """Logs ``constant_teacher_reward(config)``, if any, once a process for each ``where`` (who asks)."""
-    problem = constant_teacher_reward(config)
+def warn_constant_teacher_reward(
+    config: TeacherStudentConfig, where: str, matching: str | None = None
+) -> None:
+    """Logs ``constant_teacher_reward(config, matching)``, if any, once a process for each ``where`` (who
+    asks)."""
+    problem = constant_teacher_reward(config, matching)
     message = f"{where}: {problem}"
     if problem and message not in _WARNED:
         _WARNED.add(message)
@@ -346,6 +369,7 @@ class Game:
         self.done = True
         self.history: list[ResolvedProposal] = []
         self.attempt_log: list[tuple[str, str, bool]] = []  # (student, task_id, correct)
+        self._resolved_attempts = 0  # attempt_log's entries from resolved rounds
         self._proposals: list[tuple[Turn, Task | None, TeacherVerdict, str]] = []
         self._attempts: dict[int, list[tuple[str, bool]]] = {}  # by proposal index in the round
         self._solve_infos: dict[str, dict[str, Any]] = {}  # each student's latest step info this round
@@ -375,6 +399,7 @@ class Game:
         self.done = False
         self.history = []
         self.attempt_log = []
+        self._resolved_attempts = 0
         self._start_round()
 
     def metrics(self) -> EpisodeMetrics:
@@ -382,7 +407,7 @@ class Game:
         proposals = [
             (r.teacher, r.verdict, r.task.program if r.task else "", r.solve_rate) for r in self.history
         ]
-        attempts = [(student, ok) for student, _, ok in self.attempt_log]
+        attempts = [(student, ok) for student, _, ok in self.attempt_log[: self._resolved_attempts]]
         return summarize_episode(proposals, attempts, self.teachers, self.students)
 
     @property
@@ -418,11 +443,37 @@ class Game:
         """
         if not self.queue:
             raise RuntimeError("the episode is over; call reset()")
-        turn = self.queue.popleft()
+        # The turn leaves the queue only once it has been played: an error while playing it (a verifier or
+        # matchmaker that raises) leaves the game as it was, the same turn pending.
+        turn = self.queue[0]
+        solve_info = self._solve_infos.get(turn.agent)
         outcome = self._propose(turn, action) if turn.phase == "propose" else self._solve(turn, action)
+        self.queue.popleft()
         if not self.queue:
-            outcome = self._after_phase(outcome)
+            try:
+                outcome = self._after_phase(outcome)
+            except BaseException:
+                self._take_back(turn, solve_info)
+                raise
         return outcome
+
+    def _take_back(self, turn: Turn, solve_info: dict[str, Any] | None) -> None:
+        """Undoes the record of the last turn of a phase whose end raised (``_after_phase`` changes nothing
+        before its last call that can raise), and puts the turn back."""
+        if turn.phase == "propose":
+            self._proposals.pop()
+            self._phase = "propose"
+        else:
+            attempts = self._attempts[turn.proposal]
+            attempts.pop()
+            if not attempts:
+                del self._attempts[turn.proposal]
+            self.attempt_log.pop()
+            if solve_info is None:
+                self._solve_infos.pop(turn.agent, None)
+            else:
+                self._solve_infos[turn.agent] = solve_info
+        self.queue.appendleft(turn)
 
     def _propose(self, turn: Turn, action: Any) -> StepOutcome:
         task, verdict, status = self._validate(turn, action)
@@ -452,6 +503,8 @@ class Game:
         bad = next((r for r in runs if r.status != "ok" or r.output is None), None)
         if bad is not None:
             return None, "invalid", str(bad.status)
+        if turn.task_type == "induction" and len(runs) < 2:  # no pair left to test the student's program
+            return None, "invalid", "too_few_inputs"
         task = Task(
             task_id=task_id_for(turn.task_type, action.program, action.inputs),
             task_type=turn.task_type,
@@ -529,7 +582,7 @@ class Game:
             return
         matches = self.matchmaker.assign([turn.agent for _, turn, _ in valid], self.students, self._rng)
         per_student: dict[str, list[tuple[int, Task]]] = {s: [] for s in self.students}
-        for (index, _, task), students in zip(valid, matches, strict=True):
+        for (index, _, task), students in zip(valid, self._checked_matches(matches, len(valid)), strict=True):
             for student in students:
                 per_student[student].append((index, task))
         for student in self.students:
@@ -539,19 +592,50 @@ class Game:
                         Turn(student, "solve", task.task_type, g, self.round, task=task, proposal=index)
                     )
 
+    def _checked_matches(self, matches: Any, n_tasks: int) -> list[tuple[str, ...]]:
+        """The matchmaker's ``assign`` result, checked before anything is queued: one group of distinct
+        students of this game per task.
+
+        Raises:
+            ValueError: naming the matchmaker and what is wrong.
+        """
+        where = f"{type(self.matchmaker).__name__}.assign"
+        try:
+            groups = [tuple(students) for students in matches]
+        except TypeError as e:
+            raise ValueError(f"{where} must return one sequence of students per task: {e}") from None
+        if len(groups) != n_tasks:
+            raise ValueError(f"{where} returned {len(groups)} groups of students for {n_tasks} tasks")
+        known = set(self.students)
+        for students in groups:
+            if any(not isinstance(s, str) or s not in known for s in students) or len(set(students)) < len(
+                students
+            ):
+                raise ValueError(
+                    f"{where} returned {students!r}: each task's students must be distinct names among "
+                    f"{self.students}"
+                )
+        return groups
+
     def _resolve(self, outcome: StepOutcome) -> StepOutcome:
         rewards = dict(outcome.rewards)
         infos = dict(outcome.infos)
         resolved: dict[str, list[tuple[int, ResolvedProposal]]] = {t: [] for t in self.teachers}
         results: list[tuple[str, str, bool]] = []
-        for index, (turn, task, verdict, status) in enumerate(self._proposals):
-            record = self._resolve_one(turn, task, verdict, status, self._attempts.get(index, []))
+        # Everything that can raise (a reward scheme, the matchmaker's update) before the game changes.
+        records = [
+            self._resolve_one(turn, task, verdict, status, self._attempts.get(index, []))
+            for index, (turn, task, verdict, status) in enumerate(self._proposals)
+        ]
+        for index, (turn, task, _, _) in enumerate(self._proposals):
+            if task is not None:
+                results += [(turn.agent, s, ok) for s, ok in self._attempts.get(index, [])]
+        self.matchmaker.update(results)
+        for index, ((turn, task, _, _), record) in enumerate(zip(self._proposals, records, strict=True)):
             resolved[turn.agent].append((index, record))
             rewards[turn.agent] = rewards.get(turn.agent, 0.0) + record.reward
             if task is not None:
-                results += [(turn.agent, s, ok) for s, ok in self._attempts.get(index, [])]
                 self.buffer.add(task)
-        self.matchmaker.update(results)
         solved: dict[str, list[dict[str, Any]]] = {}
         for teacher, indexed in resolved.items():
             records = [record for _, record in indexed]
@@ -571,6 +655,7 @@ class Game:
                     )  # fmt: skip
         for student, entries in solved.items():  # the tasks it attempted, next to its last step's info
             infos[student] = {**self._solve_infos[student], "resolved": entries}
+        self._resolved_attempts = len(self.attempt_log)
         self.round += 1
         self.done = self.round >= self.config.rounds
         if not self.done:

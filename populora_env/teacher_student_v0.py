@@ -443,7 +443,11 @@ class raw_env(AECEnv):
             key = ("propose", turn.task_type, *(r.task_id for r in turn.references))
         prompt = self._prompt_cache.get(key)
         if prompt is None:  # prompts are pure functions of the key: cache them across agents and attempts
-            raw = student_prompt(turn.task) if turn.task else teacher_prompt(turn.task_type, turn.references)
+            raw = (
+                student_prompt(turn.task)
+                if turn.task
+                else teacher_prompt(turn.task_type, turn.references, self.config.max_prompt_chars)
+            )
             prompt = sanitize(raw, self.config.max_prompt_chars)
             if len(self._prompt_cache) >= 512:
                 self._prompt_cache.clear()

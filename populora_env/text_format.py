@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from populora_env.tasks import Task, TaskType
+from populora_env.verifier.literals import LiteralError, canonical_text, parse_args
 
 # The deliberate printable charset of every Text space: tab, newline and printable ASCII.
 CHARSET = frozenset("\t\n" + "".join(chr(c) for c in range(32, 127)))
@@ -25,6 +26,7 @@ MAX_MESSAGE_CHARS = 500
 _NON_CHARSET = re.compile(r"[^\t\n\x20-\x7e]")
 _OPEN = re.compile(r"<answer>", re.IGNORECASE)
 _CLOSE = re.compile(r"</answer>", re.IGNORECASE)
+_MARKUP = re.compile(r"```|</?answer>", re.IGNORECASE)
 _BLOCK = re.compile(r"```[ \t]*([A-Za-z]+)[ \t]*\r?\n(.*?)```", re.DOTALL)
 
 
@@ -132,13 +134,26 @@ def parse_proposal(
         return FormatError("missing_or_bad_input")
     if task_type != "induction":
         return Proposal(program, (inputs[0],))
-    distinct = tuple(dict.fromkeys(inputs))
+    first_of_each: dict[str, str] = {}  # distinct by value, not by text: "5" and "(5)" are one input
+    for args in inputs:
+        first_of_each.setdefault(_value_key(args), args)
+    distinct = tuple(first_of_each.values())
     if not min_inputs <= len(distinct) <= max_inputs:
         return FormatError("wrong_number_of_inputs")
     messages = found.get("message", [])
     if not messages or len(messages[0]) > MAX_MESSAGE_CHARS:
         return FormatError("missing_or_bad_message")
     return Proposal(program, distinct, messages[0].strip())
+
+
+def _value_key(args: str) -> str:
+    """What makes two argument lists the same input: their canonical literal text (``"5"`` and ``"(5)"``
+    are one input), or the text itself where it is not a plain literal argument list (the verifier judges
+    those)."""
+    try:
+        return "v" + canonical_text(parse_args(args, max_chars=MAX_LITERAL_CHARS))
+    except (LiteralError, TypeError, RecursionError, MemoryError):
+        return "t" + args
 
 
 def parse_answer(text: str, task_type: TaskType, *, max_chars: int) -> Answer | FormatError:
@@ -197,33 +212,49 @@ _PROPOSE_GOAL = {
 }
 
 
-def teacher_prompt(task_type: TaskType, references: Sequence[Task]) -> str:
-    """The prompt a teacher sees: the goal, reference tasks from the buffer and the answer format."""
-    parts = [f"## Propose a {task_type} task", _PROPOSE_GOAL[task_type]]
-    parts.append("The function must be deterministic, take plain literals and return a plain literal.")
-    for i, ref in enumerate(references):
-        if task_type == "induction":
-            parts.append(f"### Reference {i + 1}\n```python\n{ref.program}\n```\n{_task_block(ref, True)}")
-        else:
-            parts.append(f"### Reference {i + 1}\n{_task_block(ref)}")
+def teacher_prompt(task_type: TaskType, references: Sequence[Task], max_chars: int | None = None) -> str:
+    """The prompt a teacher sees: the goal, reference tasks from the buffer and the answer format.
+
+    Args:
+        max_chars: With a limit, a reference that would take the prompt over it is left out (the next
+            ones may still fit), so that a long reference never pushes the answer format out of a prompt
+            cut to that length.
+    """
+    head = [f"## Propose a {task_type} task", _PROPOSE_GOAL[task_type]]
+    head.append("The function must be deterministic, take plain literals and return a plain literal.")
     fmt = "```python\ndef f(...):\n    ...\n```\n```input\narguments\n```"
     if task_type == "induction":
         fmt += "\n```input\nother arguments\n```\n```message\nhint\n```"
-    parts.append(f"## Answer format\n<think>reasoning</think>\n<answer>\n{fmt}\n</answer>")
-    return "\n\n".join(parts)
+    tail = f"## Answer format\n<think>reasoning</think>\n<answer>\n{fmt}\n</answer>"
+    size = sum(len(part) + 2 for part in head) + len(tail)  # parts are joined by blank lines
+    shown: list[str] = []
+    for ref in references:
+        number = f"### Reference {len(shown) + 1}\n"
+        if task_type == "induction":
+            part = f"{number}```python\n{ref.program}\n```\n{_task_block(ref, True)}"
+        else:
+            part = f"{number}{_task_block(ref)}"
+        if max_chars is None or size + len(part) + 2 <= max_chars:
+            shown.append(part)
+            size += len(part) + 2
+    return "\n\n".join([*head, *shown, tail])
 
 
 def unshowable(task: Task, max_prompt_chars: int) -> str | None:
     """Why a text-mode student could not see ``task`` as it is, or ``None``: a character outside ``CHARSET``
     in what its prompt shows or in its gold answer (the prompt would show ``?``: ``'é'`` could not be
-    answered; an induction task's hidden program and pairs need not be shown), or a prompt over
-    ``max_prompt_chars`` (it would be cut short)."""
+    answered; an induction task's hidden program and pairs need not be shown), the answer format's own
+    markup (a ```` ``` ```` fence, ``<answer>`` or ``</answer>``) in what it shows or in the gold answer
+    (the gold, written in the answer format, would not parse back), or a prompt over ``max_prompt_chars``
+    (it would be cut short)."""
     if task.task_type == "induction":
         texts: tuple[str, ...] = (task.message, *(text for pair in task.shown_pairs for text in pair))
     else:
         texts = (task.program, task.inputs[0], task.outputs[0])
     if any(_NON_CHARSET.search(text) for text in texts):
         return "unshowable_characters"
+    if any(_MARKUP.search(text) for text in (*texts, task.gold)):
+        return "answer_markup"
     if len(student_prompt(task)) > max_prompt_chars:
         return "prompt_too_long"
     return None

@@ -55,7 +55,8 @@ class SingleRoleEnv(gymnasium.Env):
         self.render_mode = getattr(aec_env.unwrapped, "render_mode", None)
         self._episode_seed: int | None = None
         config = getattr(aec_env.unwrapped, "config", None)
-        if agent.startswith("teacher") and config is not None:
+        own_matching = getattr(aec_env.unwrapped, "_own_matchmaker", True)  # a custom one: attempts unknown
+        if agent.startswith("teacher") and config is not None and own_matching:
             warn_constant_teacher_reward(config, f"SingleRoleEnv({agent!r})")
 
     def _advance(self) -> tuple[float, bool]:

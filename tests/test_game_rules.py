@@ -73,8 +73,9 @@ def test_teacher_reward_table(config, solve_rate, reward):
         ({"max_prompt_chars": None}, "max_prompt_chars must be an int >= 256"),
         ({"max_action_chars": 300.5}, "max_action_chars must be an int >= 256"),
         ({"induction_max_inputs": 2.5}, "induction_max_inputs must be an int >= 2"),
-        ({"induction_max_inputs": 1, "induction_min_inputs": 1}, "induction_max_inputs must be an int >= 2"),
-        ({"induction_min_inputs": 0}, "induction_min_inputs must be an int >= 1"),
+        ({"induction_max_inputs": 1}, "induction_max_inputs must be an int >= 2"),
+        # one input would leave no hidden pair to test the student's program on
+        ({"induction_min_inputs": 1}, "induction_min_inputs must be an int >= 2"),
         ({"teacher_extreme_reward": "a"}, "teacher_extreme_reward must be a finite real number"),
         ({"student_correct_reward": None}, "student_correct_reward must be a finite real number"),
         ({"student_wrong_reward": float("nan")}, "student_wrong_reward must be a finite real number"),
@@ -122,6 +123,16 @@ GOOD = f"<think>easy</think>\n<answer>\n```python\n{PROGRAM}\n```\n```input\n3\n
             format_proposal(PROGRAM, ["1", "2", "1"], message="adds one"),
             "induction",
             Proposal(PROGRAM, ("1", "2"), "adds one"),
+        ),
+        (  # the same value written twice is one input (else the hidden pair repeats a shown one)
+            format_proposal(PROGRAM, ["5", "(5)", " 5,", "[1, 2]", "[1,2]", "dict(a=1)"], message="m"),
+            "induction",
+            Proposal(PROGRAM, ("5", "[1, 2]", "dict(a=1)"), "m"),
+        ),
+        (
+            format_proposal(PROGRAM, ["5", "(5)"], message="m"),
+            "induction",
+            FormatError("wrong_number_of_inputs"),
         ),
         (format_proposal(PROGRAM, ["1", "2"]), "induction", FormatError("missing_or_bad_message")),
         (
@@ -413,6 +424,10 @@ def test_every_int_and_float_config_field_is_validated():
         ("def f(x):\n    return 'é' + x", ["'ü'"], "unshowable_characters"),  # the prompt would show '?'
         ("def f(x):\n    return x + chr(233)", ["'a'"], "unshowable_characters"),  # in the output only
         ("def f(x):\n    return x * 2" + "  # pad" * 80, ["1"], "prompt_too_long"),  # cut short in the prompt
+        # the gold answer, written in the answer format, would not parse back
+        ("def f(x):\n    return '<' + 'answer>'", ["1"], "answer_markup"),
+        ("def f(x):\n    return 'a' + '`' * 3 + 'b'", ["1"], "answer_markup"),
+        ("def f(x):\n    return '</ANSWER' + '>'", ["1"], "answer_markup"),
     ],
 )
 def test_text_tasks_a_student_could_not_read_are_invalid(verifier, program, inputs, status):
@@ -445,3 +460,168 @@ def test_an_induction_program_is_not_shown_so_its_characters_do_not_matter(verif
     program = "def f(x):\n    return x + 1  # é, the hidden program's comment"
     env.step(format_proposal(program, ["1", "2", "3"], message="adds one"))
     assert env.unwrapped.infos["teacher_0"]["verdict"] == "valid", env.unwrapped.infos["teacher_0"]
+
+
+def _text_game(verifier, matchmaker=None, **kwargs):
+    from populora_env.game import Game
+
+    fields = {"n_teachers": 1, "n_students": 2, "rounds": 2, "task_types": ("deduction",), "n_references": 0}
+    config = TeacherStudentConfig(**{**fields, **kwargs})
+    game = Game(config, verifier, matchmaker or AllPairs(), seed_tasks=())
+    game.reset(np.random.default_rng(0))
+    return game
+
+
+def _play(game, answer="1"):
+    """Plays the game to its end (valid proposals, the same answer from every student); its rewards."""
+    from populora_env.text_format import Answer, Proposal
+
+    totals: dict[str, float] = {}
+    while not game.done:
+        turn = game.current
+        action = Proposal("def f(x):\n    return 1", ("0",)) if turn.phase == "propose" else Answer(answer)
+        for agent, reward in game.step(action).rewards.items():
+            totals[agent] = totals.get(agent, 0.0) + reward
+    return totals
+
+
+class _FailsOnce:
+    """Raises from the first call of ``method``, then behaves as ``inner``."""
+
+    def __init__(self, inner, method):
+        self.inner, self.method, self.failed = inner, method, False
+
+    def __getattr__(self, name):
+        target = getattr(self.inner, name)
+        if name != self.method or self.failed:
+            return target
+
+        def fail(*args, **kwargs):
+            self.failed = True
+            raise RuntimeError(f"{name} failed")
+
+        return fail
+
+
+@pytest.mark.parametrize(
+    ("part", "method"),
+    [
+        ("verifier", "check_deduction"),  # a student's turn
+        ("verifier", "run_many"),  # a teacher's turn
+        ("matchmaker", "assign"),  # the end of the propose phase
+        ("matchmaker", "update"),  # the end of the round
+    ],
+)
+def test_a_turn_that_raises_stays_pending_and_the_game_goes_on_unchanged(part, method):
+    """An error while a turn is played (here one raised by the verifier or the matchmaker) leaves the game
+    as it was before the step: the same turn pending, nothing of it recorded; played again, the episode
+    ends as one that never failed (the env was left unusable: the turn had left the queue)."""
+    from populora_env.text_format import Answer, Proposal
+
+    reference = _play(_text_game(TableVerifier()))
+    parts = {"verifier": TableVerifier(), "matchmaker": AllPairs()}
+    parts[part] = _FailsOnce(parts[part], method)
+    game = _text_game(parts["verifier"], parts["matchmaker"])
+    raised = 0
+    while not game.done:
+        turn, queued, log = game.current, list(game.queue), list(game.attempt_log)
+        action = Proposal("def f(x):\n    return 1", ("0",)) if turn.phase == "propose" else Answer("1")
+        try:
+            game.step(action)
+        except RuntimeError as e:
+            assert str(e) == f"{method} failed"
+            raised += 1
+            assert (game.current, list(game.queue), game.attempt_log) == (turn, queued, log)
+            continue
+    assert raised == 1
+    game.reset(np.random.default_rng(0))
+    assert _play(game) == reference
+
+
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        ([], "returned 0 groups of students for 1 tasks"),
+        ([("student_7",)], "returned ('student_7',): each task's students must be distinct names"),
+        ([("student_0", "student_0")], "each task's students must be distinct"),
+        (None, "must return one sequence of students per task"),
+    ],
+)
+def test_a_matchmaker_assignment_is_checked_before_anything_is_queued(groups, message):
+    from populora_env.text_format import Proposal
+
+    class Broken(AllPairs):
+        def assign(self, teachers, students, rng):
+            return groups
+
+    game = _text_game(TableVerifier(), Broken())
+    turn = game.current
+    with pytest.raises(ValueError, match=r"Broken\.assign") as caught:
+        game.step(Proposal("def f(x):\n    return 1", ("0",)))
+    assert message in str(caught.value) and game.current == turn and not game.attempt_log
+
+
+def test_an_induction_proposal_needs_a_pair_to_test_on():
+    """A pre-parsed proposal (the game takes those) with one input: no hidden pair is left, so it is
+    invalid, never a task whose students' turn cannot be scored."""
+    from populora_env.text_format import Proposal
+
+    game = _text_game(TableVerifier(), task_types=("induction",), rounds=1)
+    game.step(Proposal("def f(x):\n    return 1", ("0",), "m"))
+    assert game.done and [(r.verdict, r.status) for r in game.history] == [("invalid", "too_few_inputs")]
+
+
+def test_episode_metrics_count_the_attempts_of_resolved_rounds_only():
+    from populora_env.text_format import Answer, Proposal
+
+    game = _text_game(TableVerifier())
+    game.step(Proposal("def f(x):\n    return 1", ("0",)))
+    game.step(Answer("1"))  # round 0 is not resolved yet: student_1 has still to play
+    metrics = game.metrics()
+    assert (metrics.n_proposals, metrics.solve_rate, metrics.student_solve_rate["student_0"]) == (
+        0,
+        None,
+        None,
+    )
+    game.step(Answer("2"))
+    metrics = game.metrics()
+    assert (metrics.n_proposals, metrics.solve_rate) == (1, 0.5)
+    assert metrics.student_solve_rate == {"student_0": 1.0, "student_1": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "matching", "attempts"),
+    [
+        ({"n_students": 4}, None, 4),  # all-pairs: every student attempts every task
+        ({"n_students": 4, "student_group_size": 3}, None, 12),
+        ({"n_students": 4, "matching": "random", "students_per_task": 2}, None, 2),
+        ({"n_students": 1, "matching": "random", "students_per_task": 3}, None, 1),  # capped at the students
+        ({"n_students": 4}, "pfsp", 1),  # run_pbt's PFSP, whatever the env's own matching
+        ({"n_students": 1}, None, 1),
+    ],
+)
+def test_attempts_per_task_and_the_constant_teacher_reward_follow_the_matching(kwargs, matching, attempts):
+    from populora_env.game import attempts_per_task, constant_teacher_reward
+
+    config = TeacherStudentConfig(**kwargs)
+    assert attempts_per_task(config, matching) == attempts
+    problem = constant_teacher_reward(config, matching)
+    assert (problem is not None) == (attempts == 1), problem
+    assert (
+        constant_teacher_reward(TeacherStudentConfig(**kwargs, reward_scheme="adversarial"), matching) is None
+    )
+
+
+def test_a_long_reference_never_pushes_the_answer_format_out_of_a_teacher_prompt():
+    """References that would take the teacher's prompt over its length are left out (later, shorter ones
+    still shown, numbered in order); without a limit every reference is shown."""
+    from populora_env.text_format import teacher_prompt
+
+    def task(program: str) -> Task:
+        return Task(task_id_for("deduction", program, ("1",)), "deduction", program, ("1",), ("2",))
+
+    short, long = task("def f(x):\n    return x + 1"), task("def f(x):\n    return x + 1  # " + "c" * 3000)
+    prompt = teacher_prompt("deduction", [short, long, short], max_chars=1000)
+    assert len(prompt) <= 1000 and prompt.endswith("</answer>") and "## Answer format" in prompt
+    assert "c" * 100 not in prompt and prompt.count("### Reference") == 2 and "### Reference 2\n" in prompt
+    assert teacher_prompt("deduction", [short, long]).count("### Reference") == 2
