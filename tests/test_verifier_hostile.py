@@ -154,6 +154,12 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         "def f(x):\n" + "".join(" " * (i + 1) + "try:\n" + " " * (i + 2) + "x += 1\n" + " " * (i + 1) + "finally:\n"
                                 for i in range(19)) + " " * 20 + "x += 2\n    return x\n",
         {"forbidden"}, {"forbidden"}),
+    # CPython 3.11 folds `'a'*4096 + 'a'*4096 + ...` while compiling, keeping every intermediate: 8 GB
+    "constant_folding_blowup": ("def f(x):\n    return len(" + "+".join(["'a'*4096"] * 2000) + ")\n",
+                                {"forbidden"}, {"forbidden"}),
+    # NormalDist.samples draws from `random`'s generator, seeded by the OS: a coin flip passed half the time
+    "statistics_random_draw": (_p("return statistics.NormalDist().samples(1)[0] > 0", "import statistics\n"),
+                               {"forbidden"}, {"ok", "nondeterministic"}),
     "frame_walk_to_the_child_globals": (
         _p("def g():\n    yield gen.gi_frame.f_back\ngen = g()\n"
            "return sorted(next(gen).f_globals)[:3]"), {"forbidden"}, {"ok"}),
@@ -394,3 +400,57 @@ def test_an_output_that_does_not_parse_back_is_bad_output(bare_verifier):
     execution = bare_verifier.run(program, "1")
     assert (execution.status, execution.output) == ("bad_output", None), execution
     assert "does not parse back" in execution.detail
+
+
+def test_a_compile_the_prefilter_misses_is_stopped_by_the_worker_memory_cap(monkeypatch):
+    """The worker compiles programs before any limit of a child applies; its own address space is capped
+    (a soft limit its children lower again), so a compile that would take gigabytes is a ``memory``
+    verdict and the worker serves on. The pre-filter's folding estimate is switched off to reach it."""
+    from populora_env.verifier import Verifier
+
+    monkeypatch.setattr(prefilter_module, "MAX_FOLDED_CHARS", 10**15)
+    prefilter_module.prefilter.cache_clear()
+    try:
+        with Verifier(workers=1, cache_size=0) as v:
+            program = "def f(x):\n    return len(" + "+".join(["'a'*4096"] * 1200) + ")\n"  # 2.8 GB peak
+            execution = v.run(program, "1")
+            assert (execution.status, execution.detail) == (
+                "memory",
+                "MemoryError while compiling the program",
+            )
+            assert v.run("def f(x):\n    return x + 1", "1").output == "2"
+            # a child's limit is its program's, not the worker's
+            big = v.run("def f(x):\n    return len(bytearray(300 * 2**20))", "1")
+            assert (big.status, big.output) == ("ok", str(300 * 2**20))
+    finally:
+        prefilter_module.prefilter.cache_clear()
+
+
+def test_folding_estimate_follows_what_cpython_folds():
+    """The estimate counts what ``compile`` folds (a ``*`` past 4 096 characters is not folded, so the
+    ``+`` after it is not either), and expression arguments are checked like programs."""
+    from populora_env.verifier.prefilter import folded_chars, prefilter_expression
+
+    assert folded_chars(ast.parse("'a' * 4096 + 'b'")) == 4096 + 4097
+    assert folded_chars(ast.parse("'a' * 4097 + 'b'")) == 0
+    assert folded_chars(ast.parse("(1,) * 256 + (2,)")) == 8 * 256 + 8 * 257
+    assert folded_chars(ast.parse("x + 'a' * 2")) == 2
+    chain = "+".join(["'a'*4096"] * 1200)
+    assert prefilter_expression(f"len({chain})").status == "forbidden"
+    assert prefilter(f"def f(x):\n    return len({chain})").status == "forbidden"
+    assert prefilter("def f(x):\n    return len(" + "+".join(["'ab'*4"] * 400) + ")").status == "ok"
+
+
+def test_a_long_elif_chain_with_a_finally_is_not_refused_for_the_callers_stack():
+    """``elif`` branches are nested ``If`` nodes: the size estimate walked them by recursion, so 1 000 of
+    them (a program CPython runs) were ``forbidden``, and a shorter chain too when checked from deep in
+    the caller's stack (a verdict the cache then kept)."""
+    branches = "".join(f"    elif x == {i}:\n        y = {i}\n" for i in range(1, 1000))
+    program = f"def f(x):\n    try:\n        y = 0\n    finally:\n        pass\n    if x == 0:\n        y = 0\n{branches}    return y\n"
+
+    def deep(n: int):
+        return deep(n - 1) if n else prefilter(program)
+
+    prefilter.cache_clear()
+    assert deep(sys.getrecursionlimit() - 100).status == "ok"
+    assert prefilter(program).status == "ok"

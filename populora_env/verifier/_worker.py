@@ -83,6 +83,7 @@ class Worker:
         if programs is None and not seccomp_error:
             seccomp_error = "the worker was given no seccomp filter"
         self.devnull = os.open("/dev/null", os.O_RDWR)
+        size = sandbox.address_space_bytes()  # before Landlock hides /proc
         self.report = sandbox.isolate_worker() if isolate else {"errors": []}
         if imports_error is None and self.keep_fds:
             imports_error = _check_import_fds(self.keep_fds)
@@ -100,17 +101,20 @@ class Worker:
         if seccomp_error:
             self.report["errors"].append(seccomp_error)
         self.report["rlimits"] = True
-        # A pool's workers keep `heap_shift` more small blocks of every allocator size class than the first
-        # pool's (16 to 512 bytes), so that a program's objects (those not taken from a type's own free
-        # list: instances, functions, classes) land at other offsets in each pool: an output that depends
-        # on their addresses (the order of a set of objects hashed by address) is then far more likely to
-        # differ between the determinism check's two runs, as it would between machines.
+        # A pool's workers keep `heap_shift` more blocks of every small-object allocator size class than the
+        # first pool's (16 to 512 bytes: an object, a float, bytes of 2 to 466; `bytes(0)` and `bytes(1)`
+        # are shared singletons) and of a few of glibc's (larger objects: classes, big containers), so that
+        # a program's objects (those not taken from a type's own free list: instances, iterators,
+        # functions, classes) land at other offsets in each pool: an output that depends on their
+        # addresses (the order of a set of objects hashed by address) is then far more likely to differ
+        # between the determinism check's two runs, as it would between machines.
         shift = int(config.get("heap_shift", 0))
-        self._held = [
-            v for _ in range(shift) for v in (object(), 0.5 + shift, *(bytes(n) for n in range(0, 480, 16)))
-        ]
+        sizes = (*range(2, 480, 16), 600, 1100, 2100, 4200)
+        self._held = [v for _ in range(shift) for v in (object(), 0.5 + shift, *(bytes(n) for n in sizes))]
         self._warm_up()
         gc.freeze()  # children then leave the worker's objects alone instead of copying their pages
+        if isolate and not sandbox.limit_worker_memory(size):
+            self.report["errors"].append("cannot cap the worker's own memory (no /proc/self/statm)")
 
     def _warm_up(self) -> None:
         """Runs the children's code path here, on a program of ours, until CPython 3.11 has specialised

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, wraps
 from typing import Any, Literal
 
 __all__ = [
@@ -50,7 +52,8 @@ BANNED_NAMES = frozenset(
 #: modules), attribute access by name at run time (``attrgetter``; a ``Formatter`` subclass's hooks get
 #: the objects a format string walks to), the evaluators of string annotations (``get_type_hints``, which
 #: ``singledispatch`` calls, runs them through ``eval`` with the real built-ins), and the modules that the
-#: allowed ones import under a public name (``typing.sys.modules`` holds every module).
+#: allowed ones import under a public name (``typing.sys.modules`` holds every module), and
+#: ``NormalDist.samples`` of ``statistics``, which draws from ``random``'s generator, seeded by the OS.
 #: ``FORBIDDEN_ATTRIBUTES`` is checked against the running Python's allowed modules by the tests.
 FORBIDDEN_ATTRIBUTES = frozenset(
     {
@@ -59,7 +62,7 @@ FORBIDDEN_ATTRIBUTES = frozenset(
         "Formatter", "get_type_hints", "ForwardRef", "singledispatch", "singledispatchmethod",
         "update_wrapper", "wraps", "WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES",
         "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
-        "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
+        "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time", "samples",
     }
 )  # fmt: skip
 
@@ -107,7 +110,49 @@ class Prefiltered:
     detail: str = ""
 
 
+_FRESH = threading.local()
+"""``on`` is set on the threads ``_on_a_fresh_stack`` starts."""
+
+
+def _too_deep(error: RecursionError) -> RecursionError:
+    """``error`` again, unless this thread's stack is a fresh one: a check that ran out of recursion deep
+    in its caller's stack is run again on a fresh one (``_on_a_fresh_stack``), so that a verdict (and the
+    cache keeping it) never depends on where the caller stood."""
+    if not getattr(_FRESH, "on", False):
+        raise error
+    return error
+
+
+def _on_a_fresh_stack(check: Callable[[str], Prefiltered]) -> Callable[[str], Prefiltered]:
+    """``check`` run on this thread, or again on a new thread (a fresh stack) if it ran out of recursion."""
+
+    @wraps(check)
+    def run(text: str) -> Prefiltered:
+        try:
+            return check(text)
+        except RecursionError:
+            pass
+        outcome: list[Prefiltered | BaseException] = []
+
+        def fresh() -> None:
+            _FRESH.on = True
+            try:
+                outcome.append(check(text))
+            except BaseException as e:  # handed back to the caller's thread
+                outcome.append(e)
+
+        thread = threading.Thread(target=fresh, name="populora-prefilter")
+        thread.start()
+        thread.join()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    return run
+
+
 @lru_cache(maxsize=1024)  # keys are whole programs: 1 024 of 20 000 non-ASCII characters is ~80 MB
+@_on_a_fresh_stack
 def prefilter(program: str) -> Prefiltered:
     """Statically checks a program's source; results are cached by source text.
 
@@ -119,7 +164,9 @@ def prefilter(program: str) -> Prefiltered:
     """
     try:
         tree = ast.parse(program)
-    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
+    except RecursionError as e:
+        return Prefiltered("syntax", f"RecursionError: {_too_deep(e)}"[:200])
+    except (SyntaxError, ValueError, MemoryError, OverflowError) as e:
         line = getattr(e, "lineno", None)
         where = f" (line {line})" if line else ""
         return Prefiltered("syntax", f"{type(e).__name__}{where}: {getattr(e, 'msg', str(e))}"[:200])
@@ -138,15 +185,20 @@ def prefilter(program: str) -> Prefiltered:
 
 
 @lru_cache(maxsize=4096)
+@_on_a_fresh_stack
 def prefilter_expression(args: str) -> Prefiltered:
     """Statically checks an argument-list *expression* (``"dict(a=1), 'x'.upper()"``) like a program."""
     try:
         tree = ast.parse(f"f(\n{args}\n)", mode="eval")
-    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
+    except RecursionError as e:
+        return Prefiltered("syntax", f"args: RecursionError: {_too_deep(e)}"[:200])
+    except (SyntaxError, ValueError, MemoryError, OverflowError) as e:
         return Prefiltered("syntax", f"args: {type(e).__name__}: {getattr(e, 'msg', str(e))}"[:200])
     body = tree.body
     if not (isinstance(body, ast.Call) and isinstance(body.func, ast.Name) and body.func.id == "f"):
         return Prefiltered("syntax", "args must be an argument list, like '[1, 2], 3'")
+    if _folding_may_be_big(args) and (folded := folded_chars(tree)) > MAX_FOLDED_CHARS:
+        return Prefiltered("forbidden", f"args: {_folding_detail(folded)}")
     if not _needs_walk(args):
         return Prefiltered("ok")
     for node in ast.walk(tree):
@@ -157,25 +209,114 @@ def prefilter_expression(args: str) -> Prefiltered:
 
 
 @lru_cache(maxsize=1024)  # as prefilter's
+@_on_a_fresh_stack
 def compile_guard(program: str) -> Prefiltered:
     """The one static check made with the language guards off too: whether ``program`` would compile to
     more than ``MAX_COMPILED_NODES`` (the worker compiles it before any limit of a child applies).
     ``"ok"`` for a program that does not parse (its child reports the syntax error)."""
-    if "finally" not in program:  # the keyword is never written otherwise (not even in look-alike letters)
+    # the keyword is never written otherwise (not even in look-alike letters)
+    if "finally" not in program and not _folding_may_be_big(program):
         return Prefiltered("ok")
     try:
         tree = ast.parse(program)
-    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError):
+    except RecursionError as e:
+        _too_deep(e)
+        return Prefiltered("ok")
+    except (SyntaxError, ValueError, MemoryError, OverflowError):
         return Prefiltered("ok")
     return _too_big(program, tree) or Prefiltered("ok")
 
 
+#: Most characters (bytes, tuple items) of all the constants CPython 3.11's optimiser folds a program's
+#: constant expressions into while compiling it. It keeps every intermediate until the compile ends, so a
+#: chain ``'a'*4096 + 'a'*4096 + ...`` of n terms costs O(n²): 2 000 terms, in 18 000 characters, took
+#: 30 s and 8 GB in the worker, before any limit of a child applies (50 million: about 50 MB and a
+#: twentieth of a second).
+MAX_FOLDED_CHARS = 50_000_000
+
+_FOLD_STR_CAP, _FOLD_TUPLE_CAP = 4096, 256
+"""What ``*`` folds at most: CPython 3.11's ``ast_opt.c`` (``MAX_STR_SIZE``, ``MAX_COLLECTION_SIZE``)."""
+
+
+def _folding_may_be_big(source: str) -> bool:
+    """Whether the constants folded while compiling ``source`` could reach ``MAX_FOLDED_CHARS``: each ``+``
+    folds at most one intermediate, no larger than all the source's characters (4 bytes each) and what
+    its ``*`` can make (``_FOLD_STR_CAP`` each). Almost every program is far below, and is not walked."""
+    adds = source.count("+")
+    return adds * (4 * len(source) + _FOLD_STR_CAP * source.count("*")) > MAX_FOLDED_CHARS
+
+
+def folded_chars(tree: ast.AST) -> int:
+    """Characters of the constants compiling ``tree`` folds (see ``MAX_FOLDED_CHARS``; a non-ASCII character
+    counts 4, a tuple item 8), estimated after CPython 3.11's optimiser: ``+`` of two constant strings,
+    bytes or tuples is folded, ``*`` of one by an int constant is folded up to ``_FOLD_STR_CAP`` characters
+    (``_FOLD_TUPLE_CAP`` items), a tuple of constants is a constant. Iterative (no recursion however deep
+    the expression)."""
+    # id(node) -> (kind, length, int value, bytes per item) of the constant the node folds to; absent: none
+    known: dict[int, tuple[str, int, int | None, int]] = {}
+    total = 0
+    stack: list[tuple[ast.AST, bool]] = [(tree, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if not children_done:
+            stack.append((node, True))
+            stack.extend((child, False) for child in ast.iter_child_nodes(node))
+            continue
+        if isinstance(node, ast.Constant):
+            value = node.value
+            if isinstance(value, str):
+                known[id(node)] = ("seq", len(value), None, 1 if value.isascii() else 4)
+            elif isinstance(value, bytes):
+                known[id(node)] = ("seq", len(value), None, 1)
+            else:
+                known[id(node)] = ("num", 1, int(value) if isinstance(value, int) else None, 1)
+        elif isinstance(node, ast.Tuple) and all(id(e) in known for e in node.elts):
+            known[id(node)] = ("tuple", len(node.elts), None, 8)
+        elif isinstance(node, ast.UnaryOp) and known.get(id(node.operand), ("",))[0] == "num":
+            value = known[id(node.operand)][2]
+            known[id(node)] = (
+                "num",
+                1,
+                -value if value is not None and isinstance(node.op, ast.USub) else None,
+                1,
+            )
+        elif isinstance(node, ast.BinOp) and id(node.left) in known and id(node.right) in known:
+            (kind_l, len_l, int_l, width_l), (kind_r, len_r, int_r, width_r) = (
+                known[id(node.left)],
+                known[id(node.right)],
+            )
+            if kind_l == kind_r == "num":
+                known[id(node)] = ("num", 1, None, 1)
+            elif isinstance(node.op, ast.Add) and kind_l == kind_r:
+                width = max(width_l, width_r)
+                known[id(node)] = (kind_l, len_l + len_r, None, width)
+                total += (len_l + len_r) * width
+            elif isinstance(node.op, ast.Mult) and "num" in (kind_l, kind_r):
+                kind, length, times, width = (
+                    (kind_r, len_r, int_l, width_r) if kind_l == "num" else (kind_l, len_l, int_r, width_l)
+                )
+                cap = _FOLD_STR_CAP if kind == "seq" else _FOLD_TUPLE_CAP
+                if times is not None and length * max(times, 0) <= cap:
+                    known[id(node)] = (kind, length * max(times, 0), None, width)
+                    total += length * max(times, 0) * width
+    return total
+
+
+def _folding_detail(folded: int) -> str:
+    return (
+        f"constant expressions would fold to ~{folded} characters while compiling (over {MAX_FOLDED_CHARS})"
+    )
+
+
 def _too_big(program: str, tree: ast.Module) -> Prefiltered | None:
+    if _folding_may_be_big(program) and (folded := folded_chars(tree)) > MAX_FOLDED_CHARS:
+        return Prefiltered("forbidden", _folding_detail(folded))
     if "finally" not in program:
         return None
     try:
         size = _compiled_nodes(tree.body)
-    except RecursionError:
+    except RecursionError as e:
+        _too_deep(e)
         return Prefiltered("forbidden", "blocks nest too deeply to estimate what the program compiles to")
     if size <= MAX_COMPILED_NODES:
         return None
@@ -219,7 +360,13 @@ def _compiled_nodes(body: list[ast.stmt], context: _Context = (), memo: dict[int
         elif isinstance(node, (ast.With, ast.AsyncWith)):
             total += _compiled_nodes(node.body, (*context, ("with", None)), memo)
         elif isinstance(node, ast.If):
-            total += _compiled_nodes(node.body, context, memo) + _compiled_nodes(node.orelse, context, memo)
+            while True:  # an `elif` chain in a loop, not one recursion per branch (1 000 of them are legal)
+                total += _compiled_nodes(node.body, context, memo)
+                if not (len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If)):
+                    total += _compiled_nodes(node.orelse, context, memo)
+                    break
+                node = node.orelse[0]
+                total += _own_nodes(node)
         elif isinstance(node, ast.Match):
             total += sum(_compiled_nodes(case.body, context, memo) for case in node.cases)
     return total

@@ -436,6 +436,43 @@ def die_with_parent() -> None:
         raise OSError(ctypes.get_errno(), _err("prctl(PDEATHSIG)"))
 
 
+WORKER_HEADROOM_BYTES = 2 << 30
+"""Address space a worker may grow by after start-up (``limit_worker_memory``)."""
+
+
+def address_space_bytes() -> int | None:
+    """This process's address space size from ``/proc/self/statm`` (``None`` where it cannot be read:
+    call it before Landlock hides ``/proc``)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def limit_worker_memory(size_bytes: int | None, headroom_bytes: int = WORKER_HEADROOM_BYTES) -> bool:
+    """Caps the worker's own address space at ``size_bytes`` (its size, from ``address_space_bytes``) plus
+    ``headroom_bytes``, as a soft limit only: each child still sets its program's limit, up to the
+    unchanged hard limit. The worker compiles every program before a child's limits apply; a compile that
+    would take gigabytes (a case the pre-filter missed) then fails with ``MemoryError``, the ``memory``
+    verdict, instead of taking the host's memory.
+
+    Returns:
+        Whether the limit is set.
+    """
+    if size_bytes is None:
+        return False
+    try:
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        soft = size_bytes + headroom_bytes
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def apply_child_limits(cpu_seconds: int, memory_bytes: int) -> None:
     """Sets the per-program rlimits (called in the child before any program code runs)."""
     limits = {

@@ -185,8 +185,7 @@ class Verifier:
         for i, item in enumerate(items):
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise TypeError(f"items[{i}] must be a (program, args) tuple, got {type(item).__name__}")
-            _require_str("program", item[0])
-            _require_str("args", item[1])
+            items[i] = (_require_str("program", item[0]), _require_str("args", item[1]))
         with self._lock:
             if self._closed:
                 raise RuntimeError("this Verifier is closed; create a new one")
@@ -274,7 +273,10 @@ class Verifier:
         per_request = max(1, MAX_REPLY_BYTES // _line_bytes(self.config.max_output_chars))
         self._dispatch(first_runs(), finished, per_request)
         for key, results in runs.items():
-            verdict = self._parsed_back(_combine(results, self._seeds), mode)
+            # literal outputs agree when their values are equal (the answers' own comparison): a dict built
+            # in set order is the same dict under both seeds, in another insertion order
+            same = self._equal if mode != "literalize" else None
+            verdict = self._parsed_back(_combine(results, self._seeds, same), mode)
             fresh[key] = verdict
             if key not in lost:  # a worker's death or hang says nothing lasting about the program
                 self._cache_put((*key, mode), verdict)
@@ -455,13 +457,13 @@ class Verifier:
     # ------------------------------------------------------------------------------------ checks
     def check_deduction(self, program: str, args: str, answer: str) -> bool:
         """Whether ``answer`` (literal text) equals ``f(<args>)``; ``False`` if the program fails."""
-        _require_str("answer", answer)
+        answer = _require_str("answer", answer)
         execution = self.run(program, args)
         return execution.ok and self._equal(execution.output or "", answer)
 
     def check_abduction(self, program: str, output: str, answer: str) -> bool:
         """Whether ``f(<answer>)`` equals ``output``; any argument list that produces it counts."""
-        _require_str("output", output)
+        output = _require_str("output", output)
         execution = self.run(program, answer)
         return execution.ok and self._equal(execution.output or "", output)
 
@@ -473,7 +475,7 @@ class Verifier:
         for i, pair in enumerate(pairs):
             if not (isinstance(pair, tuple) and len(pair) == 2):
                 raise TypeError(f"pairs[{i}] must be an (args, output) tuple of str")
-            _require_str(f"pairs[{i}] output", pair[1])
+            pairs[i] = (pair[0], _require_str(f"pairs[{i}] output", pair[1]))
         executions = self.run_many([(answer_program, args) for args, _ in pairs])
         hits = sum(e.ok and self._equal(e.output or "", out) for e, (_, out) in zip(executions, pairs))
         return hits / len(pairs)
@@ -490,9 +492,19 @@ class Verifier:
         )
 
 
-def _require_str(name: str, value: object) -> None:
+def _require_str(name: str, value: object) -> str:
+    """``value`` as an exact ``str``. A subclass (``numpy.str_``, a user's class) is copied to a plain
+    ``str`` without running any of its methods: ``marshal`` would send ``numpy.str_`` as its UCS-4 bytes
+    and refuse other subclasses, and the cache would key a verdict by an object that only compares equal.
+
+    Raises:
+        TypeError: ``value`` is not a ``str``; the message names ``name``.
+    """
+    if type(value) is str:
+        return value
     if not isinstance(value, str):
         raise TypeError(f"{name} must be str, got {type(value).__name__}")
+    return str.__str__(value)  # str's own method: an exact copy of the characters
 
 
 def _after_death(batch: list[_Task], error: WorkerDied, queue: list[_Task]) -> list[_Task]:
@@ -541,11 +553,23 @@ def _entry_chars(key: tuple[str, str, str], verdict: Execution) -> int:
     )
 
 
-def _combine(runs: list[list[Any]], seeds: list[int]) -> Execution:
-    """One verdict from the runs under different hash seeds."""
+def _combine(
+    runs: list[list[Any]], seeds: list[int], same: Callable[[str, str], bool] | None = None
+) -> Execution:
+    """One verdict from the runs under different hash seeds: the first run's, if every run agrees with it.
+
+    Args:
+        same: Whether two ``ok`` outputs agree when their texts differ (``None``: only equal texts do).
+    """
     first = runs[0]
     for other, seed in zip(runs[1:], seeds[1:]):
-        if (other[0], other[1]) != (first[0], first[1]):
+        if (other[0], other[1]) != (first[0], first[1]) and not (
+            same is not None
+            and first[0] == other[0] == "ok"
+            and isinstance(first[1], str)
+            and isinstance(other[1], str)
+            and same(first[1], other[1])
+        ):
             if "timeout" in (first[0], other[0]):
                 return Execution("timeout", None, "timed out under one of the two hash seeds")
             return Execution(
