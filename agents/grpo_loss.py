@@ -90,6 +90,15 @@ def batch_std(values: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------
 
 
+def _deviation(rewards: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """``rewards - mean``, with 0 where the two differ only by the rounding of the mean (a few units in
+    the last place): a group of equal rewards carries no signal and gets no advantage at any scale
+    (divided by the std plus ``ADVANTAGE_EPS``, a rounding error of 1e-5 became an advantage of 0.07)."""
+    deviation = rewards - mean
+    rounding = 4 * torch.finfo(rewards.dtype).eps * torch.maximum(rewards.abs(), mean.abs())
+    return torch.where(deviation.abs() <= rounding, torch.zeros_like(deviation), deviation)
+
+
 def advantages_group(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """GRPO's group-normalised advantage, TRL `scale_rewards="group"`: (r - mean_g) / (std_g + eps).
 
@@ -100,7 +109,7 @@ def advantages_group(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor
     Returns:
         (N,) advantages.
     """
-    return (rewards - segment_mean(rewards, group)) / (segment_std(rewards, group) + ADVANTAGE_EPS)
+    return _deviation(rewards, segment_mean(rewards, group)) / (segment_std(rewards, group) + ADVANTAGE_EPS)
 
 
 def advantages_batch(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
@@ -113,7 +122,7 @@ def advantages_batch(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor
     Returns:
         (N,) advantages (r - mean_g) / (std_batch + eps).
     """
-    return (rewards - segment_mean(rewards, group)) / (batch_std(rewards) + ADVANTAGE_EPS)
+    return _deviation(rewards, segment_mean(rewards, group)) / (batch_std(rewards) + ADVANTAGE_EPS)
 
 
 def advantages_unscaled(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
@@ -126,7 +135,7 @@ def advantages_unscaled(rewards: torch.Tensor, group: torch.Tensor) -> torch.Ten
     Returns:
         (N,) advantages.
     """
-    return rewards - segment_mean(rewards, group)
+    return _deviation(rewards, segment_mean(rewards, group))
 
 
 def advantages_task_relative(rewards: torch.Tensor, task_key: torch.Tensor) -> torch.Tensor:
@@ -144,7 +153,9 @@ def advantages_task_relative(rewards: torch.Tensor, task_key: torch.Tensor) -> t
     Returns:
         (N,) advantages.
     """
-    return (rewards - segment_mean(rewards, task_key)) / (segment_std(rewards, task_key) + ADVANTAGE_EPS)
+    return _deviation(rewards, segment_mean(rewards, task_key)) / (
+        segment_std(rewards, task_key) + ADVANTAGE_EPS
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -167,9 +178,19 @@ def token_log_probs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tens
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def probability_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Tensor:
-    """Per-token importance ratio π_θ / π_old = exp(logp - old_logp) (TRL's `coef_1`), shape (B, T)."""
-    return torch.exp(log_probs - old_log_probs)
+def _active(delta: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``delta`` with 0 at the positions ``mask`` leaves out: a log-prob gap at padding (whose ``<pad>``
+    target the policy never sampled, so its log-prob may drift without bound) would otherwise reach
+    ``exp`` as an infinity, and ``inf * 0`` in the masked sums is NaN, losing the whole update."""
+    return delta if mask is None else delta.masked_fill(mask <= 0, 0.0)
+
+
+def probability_ratio(
+    log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-token importance ratio π_θ / π_old = exp(logp - old_logp) (TRL's `coef_1`), shape (B, T); 1 at
+    the positions a given (B, T) ``mask`` leaves out."""
+    return torch.exp(_active(log_probs - old_log_probs, mask))
 
 
 def clipped_surrogate_loss(
@@ -193,7 +214,9 @@ def clipped_surrogate_loss(
     return -torch.min(ratio * advantages, clipped * advantages)
 
 
-def k3_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+def k3_kl(
+    log_probs: torch.Tensor, ref_log_probs: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Schulman's k3 estimator of KL(π_θ || π_ref), per token (DeepSeekMath eq. 4; TRL's `per_token_kl`).
 
     kl = exp(ref - logp) - (ref - logp) - 1, which is >= 0 and 0 where the two agree.
@@ -201,11 +224,12 @@ def k3_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     Args:
         log_probs: (B, T) log-probs under the policy.
         ref_log_probs: (B, T) log-probs under the reference (here: the base with the adapter off).
+        mask: Optional (B, T) completion mask: 0 where it leaves a position out (see ``_active``).
 
     Returns:
         (B, T) per-token KL estimates.
     """
-    delta = ref_log_probs - log_probs
+    delta = _active(ref_log_probs - log_probs, mask)
     return torch.exp(delta) - delta - 1.0
 
 

@@ -607,3 +607,48 @@ def test_special_token_text_in_a_prompt_stays_text(tiny_base_dir: Any) -> None:
     finally:
         hook.remove()
     assert seen[0][0].tolist() == real  # generation saw the same ids as the learner
+
+
+def test_update_stats_are_token_means_whatever_the_micro_batches() -> None:
+    """``kl`` and ``clip_fraction`` are means over the active tokens: they were means of per-micro-batch
+    means, so the same update (same loss and gradient) reported other values for another
+    ``grad_accum_steps`` when micro-batches held different numbers of tokens."""
+    pop = TinyPopulation()
+    with torch.no_grad():
+        for p in pop.trainable_parameters("p0"):
+            p.normal_(0.0, 0.2)  # away from the base: a KL to report
+    prompts, completions, _, groups = _batch(pop, "p0", group_size=3)
+    completions = [completions[0][:6], completions[1][:1], completions[2][:1]]
+    batch = (prompts[:3], completions, [1.0, 0.0, 0.5], groups[:3])
+    before = snapshot(pop)
+    stats = []
+    for steps in (1, 3):
+        cfg = GRPOConfig(learning_rate=0.05, beta=0.1, max_new_tokens=6, grad_accum_steps=steps,
+                         num_inner_epochs=2, epsilon_low=0.01, epsilon_high=0.01)  # fmt: skip
+        stats.append(GRPOLearner(pop, cfg).update("p0", *batch))
+        with torch.no_grad():
+            for name, p in pop.model.named_parameters():
+                p.copy_(before[name])
+    one, three = stats
+    assert one.loss == pytest.approx(three.loss, rel=1e-5) and one.kl is not None and one.kl > 0
+    assert three.kl == pytest.approx(one.kl, rel=1e-5)
+    assert one.clip_fraction > 0 and three.clip_fraction == pytest.approx(one.clip_fraction, rel=1e-5)
+
+
+def test_a_group_of_equal_rewards_gets_no_advantage_at_any_scale() -> None:
+    """Equal rewards carry no signal: their advantages are 0 (float32 statistics gave every sample of a
+    group paid 100.3 an advantage of 0.07, all of one sign), and with no KL term the gradient is 0."""
+    pop = TinyPopulation()
+    prompts, completions, _, groups = _batch(pop, "p0", group_size=3)  # 4 equal float32s average exactly
+    for reward in (0.7, 100.3, 1000.1):
+        stats = GRPOLearner(pop, GRPOConfig(learning_rate=1e-2, max_new_tokens=6)).update(
+            "p0", prompts, completions, [reward] * len(prompts), groups
+        )
+        assert not stats.skipped and stats.grad_norm == 0.0, (reward, stats)
+    # rewards past float32's range are statistics in float64: 1e39 was refused as infinite, and the std
+    # of 1e20 and -1e20 overflowed to give every sample an advantage of 0
+    for large in ([1e39, 0.0, 0.0], [1e20, -1e20, 0.0]):
+        stats = GRPOLearner(pop, GRPOConfig(learning_rate=1e-2, max_new_tokens=6)).update(
+            "p0", prompts, completions, large * 3, groups
+        )
+        assert not stats.skipped and stats.grad_norm > 0.0, (large, stats)

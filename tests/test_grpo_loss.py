@@ -217,3 +217,25 @@ def test_token_log_probs_by_hand() -> None:
     logits = torch.tensor([[[0.0, math.log(3.0)], [math.log(4.0), 0.0]]])  # probs (1/4, 3/4), (4/5, 1/5)
     got = token_log_probs(logits, torch.tensor([[1, 1]]))
     assert got.tolist()[0] == pytest.approx([math.log(0.75), math.log(0.2)], abs=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", sorted(AGGREGATIONS))
+def test_an_infinite_log_prob_gap_at_padding_never_reaches_the_loss(loss_type):
+    """Padding's ``<pad>`` target is never sampled, so its log-prob may drift without bound: a gap past
+    ~88.7 made ``exp`` infinite there, ``inf * 0`` in the masked sums NaN, and the whole update was
+    skipped. With the mask given, the ratio is 1 and the KL 0 at padding, and loss and gradient are the
+    ones of the active tokens alone."""
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    logps = torch.tensor([[-1.0, -2.0, -300.0], [-0.5, -400.0, -1e30]], requires_grad=True)
+    old = torch.tensor([[-1.2, -1.9, 0.0], [-0.4, 0.0, 0.0]])
+    ref = torch.tensor([[-1.1, -2.5, 0.0], [-0.7, -0.0, float("inf")]])
+    ratio, kl = probability_ratio(logps, old, mask), k3_kl(logps, ref, mask)
+    assert (ratio[mask == 0] == 1.0).all() and (kl[mask == 0] == 0.0).all()
+    ctx = AggregationContext(num_sequences_in_batch=2, max_completion_length=3, num_items_in_batch=3.0)
+    advantages = torch.tensor([1.0, -1.0])
+    loss = AGGREGATIONS[loss_type](clipped_surrogate_loss(ratio, advantages, 0.2, 0.2) + 0.1 * kl, mask, ctx)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logps.grad).all() and (logps.grad[mask == 0] == 0).all()
+    # the active tokens' values are those without a mask
+    assert torch.equal(ratio[mask == 1], probability_ratio(logps, old)[mask == 1])
+    assert torch.equal(kl[mask == 1], k3_kl(logps, ref)[mask == 1])
