@@ -30,7 +30,8 @@ class GRPOConfig:
     """Hyper-parameters of the GRPO learner (defaults follow TRL's `GRPOConfig` unless said otherwise)."""
 
     learning_rate: float = 1e-5
-    """AdamW learning rate for the adapter's parameters (LoRA usually wants more than full fine-tuning)."""
+    """AdamW learning rate for the adapter's parameters (TRL: 1e-6, for full fine-tuning; LoRA usually
+    wants more)."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
     loss_type: LossType = "dapo"
@@ -58,9 +59,11 @@ class GRPOConfig:
     temperature: float = 1.0
     """Sampling temperature; log-probs are computed from logits / temperature to match the sampler."""
     max_new_tokens: int = 64
-    """Completion length cap for generation, and Dr. GRPO's constant normaliser."""
+    """Completion length cap for generation, and Dr. GRPO's constant normaliser (TRL's
+    `max_completion_length`, whose default is 512: 64 suits this game's short answers on CPU)."""
     seed: int = 0
-    """Base seed: generation in `step` uses seed + the number of earlier `step` calls of this learner."""
+    """Base seed: generation in `step` uses seed + the number of earlier `step` calls of this learner
+    (TRL's default seed is 42)."""
     deterministic: bool = True
     """On CUDA, run updates with PyTorch's deterministic kernels, so that a rerun or a resumed run is
     bit-identical (CUDA's default attention backward accumulates with atomics: measured on an H200, two

@@ -370,6 +370,7 @@ def run_pbt(config: PBTConfig) -> Path:
     table = RatingTable()
     backend = make_backend(config, table)
     log: RunLog | None = None
+    bar: Any = None
     try:
         population = Population.create(config, backend.env, table)
         if saved is not None:
@@ -406,8 +407,9 @@ def run_pbt(config: PBTConfig) -> Path:
                                failure["member"], failure["error"], failure["message"])  # fmt: skip
             bar.update(1)
             bar.set_postfix(solve=f"{record.solve_rate:.2f}", children=len(record.lineage))
-        bar.close()
     finally:
+        if bar is not None:  # closed on an interrupt too: a message after it starts on a line of its own
+            bar.close()
         if log is not None:
             log.close()
         backend.close()

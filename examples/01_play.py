@@ -11,6 +11,7 @@ rendered rounds and the episode's arms-race metrics. Part 2 plugs in your own po
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import tyro
@@ -22,7 +23,7 @@ from populora_env.policies import ExecutingStudent, ReferenceStudent, ScriptedTe
 
 @dataclass(frozen=True)
 class Args:
-    mode: str = "text"
+    mode: Literal["text", "structured"] = "text"
     """``text`` (string actions in AZR's format) or ``structured`` (DSL MultiDiscrete / candidates)."""
     rounds: int = 2
     """Rounds in the episode."""

@@ -21,6 +21,7 @@ from typing import Literal
 
 import tyro
 
+from evolve.checkpoint import CheckpointError
 from evolve.learners import LearnerConfig
 from evolve.pbt import PBTConfig, run_pbt
 from populora_env.game import TeacherStudentConfig
@@ -59,7 +60,10 @@ def main(args: Args) -> None:
         run_dir=args.run_dir, seed=args.seed, generations=args.generations, episodes_per_generation=2,
         env=env, learner_config=LearnerConfig(lr=0.03, steps=4), **extra,  # type: ignore[arg-type]
     )  # fmt: skip
-    run_dir = run_pbt(config)
+    try:
+        run_dir = run_pbt(config)
+    except (ValueError, CheckpointError) as error:  # e.g. a shorter --generations on an existing run folder
+        raise SystemExit(f"03_evolve_structured: {error}") from None
     for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         fitness = {role: round(f["mean"], 3) for role, f in record["role_fitness"].items()}

@@ -40,7 +40,9 @@ __all__ = [
 class VerifyArgs:
     """Check a JSONL file of {"code", "input"[, "output"]} records with the hardened verifier."""
 
-    path: Annotated[Path | None, tyro.conf.Positional] = None
+    path: Annotated[
+        Path | None, tyro.conf.Positional, tyro.conf.arg(metavar="[PATH]", help_behavior_hint="")
+    ] = None
     """JSONL file to check (CRUXEval/AZR format). Omit it with --examples."""
     examples: bool = False
     """Check the built-in example set (good and hostile programs) instead of a file."""
@@ -52,8 +54,10 @@ class VerifyArgs:
     """Print one JSON object per record, then the summary, instead of text."""
     strict: bool = False
     """Exit with status 1 when any record errors or mismatches its claimed output, or a line is malformed."""
-    workers: int | None = None
-    """Worker processes per hash-seed pool (default: number of CPUs)."""
+    workers: Annotated[
+        int | None, tyro.conf.arg(metavar="INT", help_behavior_hint="(default: number of CPUs)")
+    ] = None
+    """Worker processes per hash-seed pool."""
 
 
 def _examples_path() -> Path:
@@ -161,18 +165,23 @@ class TrainArgs:
     on an existing --run-dir to extend that run."""
     seed: int = 0
     """Seed of everything random in the run."""
-    base: str | None = None
+    base: Annotated[str | None, tyro.conf.arg(metavar="STR", help_behavior_hint="")] = None
     """Base model: a local Hugging Face directory or a Hub id; default: the tiny offline base (built and
     cached on first use: a few CPU-minutes). The tiny base demonstrates the mechanics; research runs use a
     real base (e.g. Qwen2.5-Coder) on a GPU."""
-    population: int | None = None
-    """Members per role (default: the preset's)."""
-    episodes: int | None = None
-    """Episodes per generation (default: just enough for every member to play)."""
+    population: Annotated[
+        int | None, tyro.conf.arg(metavar="INT", help_behavior_hint="(default: the preset's)")
+    ] = None
+    """Members per role."""
+    episodes: Annotated[
+        int | None,
+        tyro.conf.arg(metavar="INT", help_behavior_hint="(default: just enough for every member to play)"),
+    ] = None
+    """Episodes per generation."""
     rounds: int = 2
     """Rounds per episode."""
     group_size: int = 4
-    """Proposals per teacher and attempts per student on one observation (a GRPO group)."""
+    """Proposals per teacher and attempts per student on one observation (a GRPO group; at least 2)."""
     max_new_tokens: int = 64
     """Generation budget per action."""
     rank: int = 8
@@ -182,8 +191,13 @@ class TrainArgs:
     threads: int = 1
     """Torch threads while training (a model as small as the tiny base gains little from more; building
     the tiny base uses every core)."""
-    cache_dir: Path | None = None
-    """Cache of tiny bases (default: $POPULORA_CACHE_DIR or ~/.cache/populora)."""
+    cache_dir: Annotated[
+        Path | None,
+        tyro.conf.arg(
+            metavar="PATH", help_behavior_hint="(default: $POPULORA_CACHE_DIR or ~/.cache/populora)"
+        ),
+    ] = None
+    """Cache of tiny bases."""
     tensorboard: bool = True
     """Write TensorBoard scalars under run_dir/tb."""
     deterministic: bool = True
@@ -259,13 +273,18 @@ def train(args: TrainArgs) -> int:
         # path is the only part of the config that waits for it.
         if not isinstance(args.threads, int) or args.threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {args.threads!r}")
-        if not isinstance(args.group_size, int) or args.group_size < 1:  # named as the option, not the env's
-            raise ValueError(f"group_size must be an int >= 1, got {args.group_size!r}")  # two fields
+        if not isinstance(args.group_size, int) or args.group_size < 2:  # named as the option, not the env's
+            raise ValueError(  # two fields
+                f"group_size must be an int >= 2 (GRPO's advantages are relative to the group: a group of one "
+                f"has none, and nothing learns), got {args.group_size!r}"
+            )
         if not (isinstance(args.learning_rate, int | float) and 0 < args.learning_rate < math.inf):
             raise ValueError(f"learning_rate must be a finite number > 0, got {args.learning_rate!r}")
         config = _train_config(args, args.base or "tiny-base")
         lora = LoRAMemberOptions.from_member_options(config.member_options)
         grpo_config(config.member_options, lora)
+        if Path(args.run_dir).is_file():
+            raise ValueError(f"--run-dir {args.run_dir} is a file, not a folder")
         Path(args.run_dir).mkdir(parents=True, exist_ok=True)  # an unusable --run-dir fails now, not after
         if args.base is None:
             print(
@@ -345,21 +364,28 @@ def _resume_hint(run_dir: Path) -> str:
 @dataclass(frozen=True)
 class BaseArgs:
     """Build the tiny offline base into the cache (a BPE tokenizer and a small Llama pretrained on generated
-    programs in the game's format), or print where the cached one is. `populora train` builds it on first
-    use too; it demonstrates the mechanics, research runs use a real base on a GPU."""
+    programs in the game's format), or find it there, and print its model directory. `populora train`
+    builds it on first use too; it demonstrates the mechanics, research runs use a real base on a GPU."""
 
     action: Annotated[Literal["build"], tyro.conf.Positional]
     """What to do: build (or find in the cache) and print its model directory."""
-    cache_dir: Path | None = None
-    """Cache root (default: $POPULORA_CACHE_DIR or ~/.cache/populora)."""
+    cache_dir: Annotated[
+        Path | None,
+        tyro.conf.arg(
+            metavar="PATH", help_behavior_hint="(default: $POPULORA_CACHE_DIR or ~/.cache/populora)"
+        ),
+    ] = None
+    """Cache root."""
     steps: int = 360
     """Pretraining steps (the default base: 360, a few CPU-minutes)."""
     corpus_documents: int = 6000
     """Generated documents for the tokenizer and pretraining."""
     seed: int = 0
     """Seed of the corpus, the weights and the batch order."""
-    threads: int | None = None
-    """Torch threads during the build (default: torch's)."""
+    threads: Annotated[int | None, tyro.conf.arg(metavar="INT", help_behavior_hint="(default: torch's)")] = (
+        None
+    )
+    """Torch threads during the build."""
 
 
 def base(args: BaseArgs) -> int:
@@ -385,10 +411,16 @@ class PlotArgs:
     """Draw a run's learning curves (solve and invalid rates, rewards, fitness, difficulty) into a PNG, or
     compare several runs (e.g. the self-play, 1t1s and 4t8s presets) in one figure and a table."""
 
-    run_dirs: Annotated[tuple[Path, ...], tyro.conf.Positional]
+    run_dirs: Annotated[tuple[Path, ...], tyro.conf.Positional, tyro.conf.arg(help_behavior_hint="")]
     """Run folders of populora train / run_pbt (holding metrics.jsonl); two or more are compared."""
-    out: Path | None = None
-    """Where to write the PNG (default: RUN_DIR/curves.png for one run, ./compare.png for several)."""
+    out: Annotated[
+        Path | None,
+        tyro.conf.arg(
+            metavar="PATH",
+            help_behavior_hint="(default: RUN_DIR/curves.png for one run, ./compare.png for several)",
+        ),
+    ] = None
+    """Where to write the PNG."""
 
 
 def _comparison_table(rows: list[dict[str, Any]]) -> str:
@@ -436,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``populora`` console script."""
     parsed = tyro.extras.subcommand_cli_from_dict(
         {name: spec[0] for name, spec in COMMANDS.items()},
+        prog="populora",
         args=argv,
         description="populora-env: teacher/student self-play with verifiable rewards.",
     )

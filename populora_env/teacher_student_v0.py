@@ -24,9 +24,10 @@ Task types (Absolute Zero Reasoner, arXiv 2505.03335)
 Spaces, ``mode="text"`` (LLMs)
     Observation ``Dict(prompt=Text(max_prompt_chars, min_length=0, charset=tab+newline+printable ASCII),
     phase=Discrete(3) [0 idle, 1 propose, 2 solve], task_type=Discrete(3), attempt=Discrete(G))``.
-    Action ``Text(max_action_chars, min_length=0)`` in AZR's format: ``<think>..</think><answer>`` with
-    fenced ```python / ```input (/ ```message for induction) blocks for teachers, and an ```output,
-    ```input or ```python block for students. Any string is accepted: malformed is a format error.
+    Action ``Text(max_action_chars, min_length=0, charset=tab+newline+printable ASCII)`` in AZR's format:
+    ``<think>..</think><answer>`` with fenced ```python / ```input (/ ```message for induction) blocks for
+    teachers, and an ```output, ```input or ```python block for students. ``step`` accepts any string
+    (outside the space's charset too: a model's output is not cut to it): malformed is a format error.
 
 Spaces, ``mode="structured"`` (classic RL)
     Teacher action ``MultiDiscrete`` over the DSL in ``populora_env.dsl`` (input type, input, then

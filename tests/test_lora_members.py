@@ -347,8 +347,10 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
         (["--rank", "0"], "'rank'] must be an int >= 1, got 0"),
         (["--learning-rate", "-1"], "learning_rate must be"),
         (["--learning-rate", "nan"], "learning_rate must be a finite number > 0, got nan"),
-        (["--group-size", "0"], "group_size must be an int >= 1, got 0"),
+        (["--group-size", "0"], "group_size must be an int >= 2"),
+        (["--group-size", "1"], "a group of one has none, and nothing learns), got 1"),
         (["--run-dir", str(a_file / "run")], str(a_file / "run")),
+        (["--run-dir", str(a_file)], f"--run-dir {a_file} is a file, not a folder"),
     ):
         argv = ["train", "--run-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), *extra]
         assert main(argv) == 2, extra
@@ -524,3 +526,5 @@ def test_populora_train_stopped_by_a_signal_says_so_in_one_line(
     )
     assert "Traceback" not in err and generations == [0, 1]
     assert signal.getsignal(signal.SIGTERM) == before
+    # on a line of its own: the progress bar is closed first (it was glued in front and drawn again after)
+    assert f"\npopulora train: stopped by {name}" in err and not err.rstrip().endswith("it]")
