@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from evolve.genome import check_finite
 from evolve.learners import LEARNERS
 from evolve.members import POLICIES
 from evolve.protocols import Transition
@@ -159,6 +160,9 @@ def learn_locally(
         learner_state = copy.deepcopy(member.learner.state_dict())
         try:
             stats = member.learner.update(member.policy, outcome.transitions[member.id])
+            # a learner that diverged without raising: its weights would be checkpointed, and every resume
+            # would replay into the same failure of play or of the operators
+            check_finite(member.policy.get_genome(), f"member {member.id}'s genome after its update")
             losses[str(member.id)] = finite_or_none(stats.loss)
         except Exception as error:  # any learner bug: undo, skip this member for the generation, keep the run
             member.policy.set_genome(genome)
@@ -280,9 +284,11 @@ class MemberWorker:
             self.learner.reset()
             self.learner.load_state_dict(state)
             stats = self.learner.update(self.policy, experience)
+            genome = self.policy.get_genome()
+            check_finite(genome, "the member's genome after its update")  # as learn_locally
         except Exception as error:  # reported to the coordinator, which keeps the member unchanged
             return ("error", type(error).__name__, str(error))
-        return ("ok", self.policy.get_genome(), self.learner.state_dict(), stats.loss)
+        return ("ok", genome, self.learner.state_dict(), stats.loss)
 
 
 CLOSE_TIMEOUT = 10.0

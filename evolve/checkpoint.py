@@ -172,4 +172,13 @@ def load_latest(directory: Path) -> dict[str, Any] | None:
     A corrupt newest checkpoint raises ``CheckpointError``; older ones are never silently used instead.
     """
     found = list_checkpoints(directory)
-    return load_checkpoint(found[-1]) if found else None
+    if not found:
+        return None
+    state = load_checkpoint(found[-1])
+    named = int(_NAME.match(found[-1].name).group(1))  # type: ignore[union-attr]
+    if isinstance(state, dict) and "generation" in state and state["generation"] != named:
+        raise CheckpointError(
+            f"{found[-1]}: holds the state after generation {state['generation']}, not {named} as its name "
+            "says (a renamed or copied file); move it away to resume from an older one"
+        )
+    return state

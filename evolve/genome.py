@@ -149,16 +149,16 @@ def detached(operator: _Operator) -> _Operator:
         else:
             return operator(*args, **kwargs)  # its own TypeError for the missing argument
         if isinstance(genomes, Mapping):
-            _check_finite(genomes, "genome")
+            check_finite(genomes, "genome")
             genomes = _detach(genomes)
         elif isinstance(genomes, Sequence):
             for index, genome in enumerate(genomes):
                 if isinstance(genome, Mapping):
-                    _check_finite(genome, f"parent {index}")
+                    check_finite(genome, f"parent {index}")
             genomes = [_detach(g) if isinstance(g, Mapping) else g for g in genomes]
         for name, value in kwargs.items():
             if isinstance(value, Mapping):
-                _check_finite(value, name)
+                check_finite(value, name)
         kwargs = {k: _detach(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()}
         return operator(genomes, *args, **kwargs)
 
@@ -169,7 +169,7 @@ def _detach(genome: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in genome.items()}
 
 
-def _check_finite(genome: Mapping[str, Any], which: str) -> None:
+def check_finite(genome: Mapping[str, Any], which: str) -> None:
     """``ValueError`` naming the first key of ``genome`` whose floating-point tensor holds a NaN or an
     infinity. One float32 sum per tensor (NaN and inf propagate; a sum that overflows is looked at
     entry by entry), stacked per device: ~2 ms for a Qwen2.5-0.5B-shaped LoRA genome on one thread."""

@@ -7,6 +7,8 @@ Add one with ``LEARNERS["mine"] = factory``; a factory takes ``(policy, LearnerC
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +29,14 @@ class LearnerConfig:
     """Full-batch gradient steps per generation on that generation's experience."""
 
     def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"steps must be an int >= 1, got {self.steps!r}")
+        lr, steps = self.lr, self.steps
+        if not (isinstance(lr, numbers.Real) and not isinstance(lr, bool) and 0 < lr < math.inf):
+            raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+        if not isinstance(steps, numbers.Integral) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+        if not isinstance(lr, int | float):  # numpy's numbers as Python's (the config is JSON)
+            object.__setattr__(self, "lr", float(lr))
+        object.__setattr__(self, "steps", int(steps))
 
 
 class NoLearner:

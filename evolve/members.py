@@ -37,8 +37,9 @@ class NetConfig:
     """Hidden units of each head's MLP."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.hidden, int) or self.hidden < 1:
+        if not is_int_at_least(self.hidden, 1):
             raise ValueError(f"hidden must be an int >= 1, got {self.hidden!r}")
+        object.__setattr__(self, "hidden", int(self.hidden))
 
 
 def symlog(x: torch.Tensor) -> torch.Tensor:

@@ -149,6 +149,15 @@ class PBTConfig:
     """Write TensorBoard scalars under ``run_dir/tb``."""
 
     def __post_init__(self) -> None:
+        for name, kind in (
+            ("env", TeacherStudentConfig),
+            ("learner_config", LearnerConfig),
+            ("net", NetConfig),
+        ):
+            if not isinstance(getattr(self, name), kind):  # a dict read from JSON would fail deep in the run
+                raise ValueError(
+                    f"{name} must be a {kind.__name__}, got {type(getattr(self, name)).__name__}"
+                )
         # numpy's ints and floats are accepted and stored as Python's (the config is written as JSON)
         for name, least in _INT_MINIMUMS.items():
             if not is_int_at_least(getattr(self, name), least):
@@ -379,10 +388,17 @@ def run_pbt(config: PBTConfig) -> Path:
                 logger.info("extending %s from %d to %d generations", run_dir, saved_generations,
                             config.generations)  # fmt: skip
                 extend(population, saved_generations)  # the last record gains its children
-        if saved is None or config.generations > saved_generations:  # a new run, or its length changed
-            run_dir.mkdir(parents=True, exist_ok=True)
-            config_json = json.dumps(config.fingerprint(), indent=2, sort_keys=True).encode()
-            atomic_write_bytes(run_dir / "config.json", config_json)
+        # written whenever it differs: a new run, a length changed, or a file damaged, deleted or edited
+        # since (a resumed run is this config's, checked against its checkpoint)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_json = json.dumps(config.fingerprint(), indent=2, sort_keys=True).encode()
+        config_path = run_dir / "config.json"
+        written = config_path.read_bytes() if config_path.is_file() else None
+        if written != config_json:
+            if saved is not None and config.generations == saved_generations:
+                logger.warning("%s: %s; rewritten from the run's config", config_path,
+                               "missing" if written is None else "not the run's config (damaged or edited)")  # fmt: skip
+            atomic_write_bytes(config_path, config_json)
         # TensorBoard drops what a killed process logged from the checkpoint's last generation on and gets
         # that generation again: a kill between its checkpoint and its log would have lost its scalars (an
         # extended run's last record also gains its children)

@@ -403,3 +403,40 @@ def test_a_kill_between_a_checkpoint_and_its_log_loses_nothing(
 
     theirs, ours = scalars(reference), scalars(run_dir)
     assert ours == theirs and [step for step, _ in ours["env/solve_rate"]] == [0, 1]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "deleted", "another seed"])
+def test_a_resumed_run_rewrites_a_damaged_config_json(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``config.json`` was written only for a new or extended run: a file damaged, deleted or edited since
+    stayed so, unreported, though the README promises it byte for byte and ``populora train`` reads it."""
+    import logging
+
+    run_dir = tmp_path / "run"
+    config = tiny_config(str(run_dir), generations=2)
+    run_pbt(config)
+    expected = (run_dir / "config.json").read_bytes()
+    list_checkpoints(run_dir / "checkpoints")[-1].unlink()  # the resume has a generation to play
+    path = run_dir / "config.json"
+    if damage == "garbage":
+        path.write_text("{not json")
+    elif damage == "deleted":
+        path.unlink()
+    else:
+        path.write_text(json.dumps({**json.loads(expected), "seed": 99}))
+    with caplog.at_level(logging.WARNING, logger="evolve.pbt"):
+        run_pbt(config)
+    assert path.read_bytes() == expected
+    assert any(str(path) in r.getMessage() and "rewritten" in r.getMessage() for r in caplog.records)
+
+
+def test_a_checkpoint_whose_name_says_another_generation_is_refused(tmp_path: Path) -> None:
+    """A copied or renamed checkpoint (``gen_000001`` copied to ``gen_000007``) was resumed from its
+    content's generation while its name kept it the newest: every rerun of a finished run replayed."""
+    run_dir = tmp_path / "run"
+    run_pbt(tiny_config(str(run_dir), generations=2))
+    checkpoints = run_dir / "checkpoints"
+    shutil.copy(list_checkpoints(checkpoints)[0], checkpoints / "gen_000007.ckpt")
+    with pytest.raises(CheckpointError, match=r"gen_000007\.ckpt: holds the state after generation 1, not 7"):
+        run_pbt(tiny_config(str(run_dir), generations=2))

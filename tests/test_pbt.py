@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,70 @@ def test_a_raising_learner_is_reported_and_skipped(tmp_path: Path) -> None:
     assert state is not None and state["generation"] == 3
     genome = state["groups"]["teacher"][0]["genome"]
     assert all(torch.isfinite(t).all() for t in genome.values())  # the NaN weights were rolled back
+
+
+def _diverging_factory(policy: Any, config: LearnerConfig) -> Any:
+    """The first learner built updates, then leaves an infinite weight, without raising."""
+    learner = ReinforceLearner(policy, config)
+    if _diverging_factory.built == 0:  # type: ignore[attr-defined]
+        real = learner.update
+
+        def update(policy: Any, experience: Any) -> Any:
+            stats = real(policy, experience)
+            with torch.no_grad():
+                next(iter(policy.parameters())).view(-1)[0] = float("inf")
+            return stats
+
+        learner.update = update  # type: ignore[method-assign]
+    _diverging_factory.built += 1  # type: ignore[attr-defined]
+    return learner
+
+
+def test_a_learner_that_diverges_without_raising_is_reported_and_undone(tmp_path: Path) -> None:
+    """Its infinite weights were checkpointed, and every resume replayed into a crash of play naming no
+    member; now it is a learner failure naming the member and the key, and the member is left as it was."""
+    _diverging_factory.built = 0  # type: ignore[attr-defined]
+    LEARNERS["diverging"] = _diverging_factory
+    try:
+        config = PBTConfig(
+            run_dir=str(tmp_path / "run"), generations=3, episodes_per_generation=2, env=_env(2),
+            population=2, learner="diverging", replace_fraction=0.0, progress=False, tensorboard=False,
+        )  # fmt: skip
+        history = _history(run_pbt(config))
+    finally:
+        del LEARNERS["diverging"]
+    failures = [f for h in history for f in h["learner_failures"]]
+    assert len(failures) == 3 and {(f["member"], f["error"]) for f in failures} == {(0, "ValueError")}
+    assert all("member 0's genome after its update has non-finite values" in f["message"] for f in failures)
+    state = load_latest(tmp_path / "run" / "checkpoints")
+    assert state is not None and state["generation"] == 3
+    for group in state["groups"].values():
+        for member in group:
+            assert all(torch.isfinite(t).all() for t in member["genome"].values())
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: LearnerConfig(lr=float("inf")), "lr must be a finite number > 0, got inf"),
+        (lambda: LearnerConfig(lr=True), "lr must be a finite number > 0, got True"),
+        (lambda: LearnerConfig(steps=True), "steps must be an int >= 1, got True"),
+        (lambda: NetConfig(hidden=True), "hidden must be an int >= 1, got True"),
+        (
+            lambda: PBTConfig(run_dir="x", learner_config={"lr": 0.1}),
+            "learner_config must be a LearnerConfig, got dict",
+        ),
+        (lambda: PBTConfig(run_dir="x", net={"hidden": 8}), "net must be a NetConfig, got dict"),
+        (
+            lambda: PBTConfig(run_dir="x", env={"mode": "structured"}),
+            "env must be a TeacherStudentConfig, got dict",
+        ),
+    ],
+)
+def test_nested_configs_are_checked_naming_the_field(make: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
+    assert LearnerConfig(lr=np.float32(0.5), steps=np.int64(3)) == LearnerConfig(lr=0.5, steps=3)
 
 
 def test_n_parents_must_suit_every_crossover(tmp_path: Path) -> None:
