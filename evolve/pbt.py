@@ -149,14 +149,16 @@ class PBTConfig:
     """Write TensorBoard scalars under ``run_dir/tb``."""
 
     def __post_init__(self) -> None:
-        for name, kind in (
+        nested: tuple[tuple[str, type], ...] = (
             ("env", TeacherStudentConfig),
             ("learner_config", LearnerConfig),
             ("net", NetConfig),
-        ):
-            if not isinstance(getattr(self, name), kind):  # a dict read from JSON would fail deep in the run
+        )
+        for field_name, config_type in nested:  # a dict read from JSON would fail deep in the run
+            if not isinstance(getattr(self, field_name), config_type):
                 raise ValueError(
-                    f"{name} must be a {kind.__name__}, got {type(getattr(self, name)).__name__}"
+                    f"{field_name} must be a {config_type.__name__}, "
+                    f"got {type(getattr(self, field_name)).__name__}"
                 )
         # numpy's ints and floats are accepted and stored as Python's (the config is written as JSON)
         for name, least in _INT_MINIMUMS.items():
