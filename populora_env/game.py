@@ -447,15 +447,32 @@ class Game:
         # matchmaker that raises) leaves the game as it was, the same turn pending.
         turn = self.queue[0]
         solve_info = self._solve_infos.get(turn.agent)
-        outcome = self._propose(turn, action) if turn.phase == "propose" else self._solve(turn, action)
+        # the draws a turn may make (a structured proposal's candidates, the matchmaker's at a phase's end)
+        # are taken back too; a student's turn before the last one draws nothing
+        draws = self._draw_states() if turn.phase == "propose" or len(self.queue) == 1 else None
+        try:
+            outcome = self._propose(turn, action) if turn.phase == "propose" else self._solve(turn, action)
+        except BaseException:
+            if draws is not None:
+                self._restore_draws(draws)
+            raise
         self.queue.popleft()
         if not self.queue:
             try:
                 outcome = self._after_phase(outcome)
             except BaseException:
                 self._take_back(turn, solve_info)
+                if draws is not None:
+                    self._restore_draws(draws)
                 raise
         return outcome
+
+    def _draw_states(self) -> tuple[Any, Any]:
+        return self._rng.bit_generator.state, self._local.getstate()
+
+    def _restore_draws(self, states: tuple[Any, Any]) -> None:
+        self._rng.bit_generator.state, _ = states
+        self._local.setstate(states[1])
 
     def _take_back(self, turn: Turn, solve_info: dict[str, Any] | None) -> None:
         """Undoes the record of the last turn of a phase whose end raised (``_after_phase`` changes nothing

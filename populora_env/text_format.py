@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from populora_env.tasks import Task, TaskType
 from populora_env.verifier.literals import LiteralError, canonical_text, parse_args
@@ -146,6 +147,7 @@ def parse_proposal(
     return Proposal(program, distinct, messages[0].strip())
 
 
+@lru_cache(maxsize=4096)  # a literal parse per input; teachers repeat inputs, and the env's step is hot
 def _value_key(args: str) -> str:
     """What makes two argument lists the same input: their canonical literal text (``"5"`` and ``"(5)"``
     are one input), or the text itself where it is not a plain literal argument list (the verifier judges

@@ -625,3 +625,44 @@ def test_a_long_reference_never_pushes_the_answer_format_out_of_a_teacher_prompt
     assert len(prompt) <= 1000 and prompt.endswith("</answer>") and "## Answer format" in prompt
     assert "c" * 100 not in prompt and prompt.count("### Reference") == 2 and "### Reference 2\n" in prompt
     assert teacher_prompt("deduction", [short, long]).count("### Reference") == 2
+
+
+def test_a_retried_turn_draws_what_it_would_have_drawn(verifier):
+    """Structured mode, a random matchmaker whose ``assign`` raises once: the retried turn makes the same
+    draws as an episode that never failed (the proposal's candidates and the matchmaker's draws were
+    taken, so the retried episode went elsewhere)."""
+    from populora_env import teacher_student_v0
+    from populora_env.policies import ExecutingStudent, ScriptedTeacher
+
+    class Flaky(RandomMatch):
+        def __init__(self, fail_at: int) -> None:
+            super().__init__(1)
+            self.calls, self.fail_at = 0, fail_at
+
+        def assign(self, teachers, students, rng):
+            self.calls += 1
+            out = super().assign(teachers, students, rng)  # its draws made, then it fails
+            if self.calls == self.fail_at:
+                raise RuntimeError("flaky assign")
+            return out
+
+    def episode(fail_at: int):
+        env = teacher_student_v0.raw_env(mode="structured", n_teachers=2, n_students=3, rounds=3,
+                                         matchmaker=Flaky(fail_at), verifier=verifier)  # fmt: skip
+        env.reset(seed=3)
+        policies = {a: ScriptedTeacher(env, 0.5, seed=i) for i, a in enumerate(env.possible_agents[:2])}
+        policies |= {a: ExecutingStudent(env, 0.7, seed=i) for i, a in enumerate(env.possible_agents[2:])}
+        failures = 0
+        for agent in env.agent_iter():
+            observation, _, done, cut, _ = env.last()
+            action = None if done or cut else policies[agent].act(observation, agent)
+            try:
+                env.step(action)
+            except RuntimeError:
+                failures += 1
+                env.step(action)
+        game = env._game
+        return failures, game.attempt_log, [(r.task_id, r.solve_rate) for r in game.history]
+
+    clean, retried = episode(0), episode(1)
+    assert (clean[0], retried[0]) == (0, 1) and retried[1:] == clean[1:]

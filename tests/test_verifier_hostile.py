@@ -439,6 +439,23 @@ def test_folding_estimate_follows_what_cpython_folds():
     assert prefilter_expression(f"len({chain})").status == "forbidden"
     assert prefilter(f"def f(x):\n    return len({chain})").status == "forbidden"
     assert prefilter("def f(x):\n    return len(" + "+".join(["'ab'*4"] * 400) + ")").status == "ok"
+    # the cheap gate before the walk counts non-ASCII characters as the estimate does (4 bytes)
+    assert prefilter("def f(x):\n    return len(" + "+".join(["'é'*4096"] * 100) + ")").status == "forbidden"
+
+
+def test_only_statistics_samples_is_refused_not_every_attribute_of_that_name():
+    """``NormalDist.samples`` draws from ``random``; a program's own attribute ``samples`` is fine."""
+    draws = "def f(x):\n    return {}().samples(1)[0] > 0"
+    assert prefilter("import statistics\n" + draws.format("statistics.NormalDist")).status == "forbidden"
+    assert prefilter("from statistics import NormalDist as N\n" + draws.format("N")).status == "forbidden"
+    assert (
+        prefilter("import statistics\ndef f(x):\n    return statistics.NormalDist(0, 1).cdf(x)").status
+        == "ok"
+    )
+    assert prefilter("class A:\n    samples = 3\ndef f(x):\n    return A().samples + x").status == "ok"
+    from populora_env.verifier.prefilter import prefilter_expression
+
+    assert prefilter_expression("statistics.NormalDist().samples(1)").status == "forbidden"
 
 
 def test_a_long_elif_chain_with_a_finally_is_not_refused_for_the_callers_stack():

@@ -52,8 +52,7 @@ BANNED_NAMES = frozenset(
 #: modules), attribute access by name at run time (``attrgetter``; a ``Formatter`` subclass's hooks get
 #: the objects a format string walks to), the evaluators of string annotations (``get_type_hints``, which
 #: ``singledispatch`` calls, runs them through ``eval`` with the real built-ins), and the modules that the
-#: allowed ones import under a public name (``typing.sys.modules`` holds every module), and
-#: ``NormalDist.samples`` of ``statistics``, which draws from ``random``'s generator, seeded by the OS.
+#: allowed ones import under a public name (``typing.sys.modules`` holds every module).
 #: ``FORBIDDEN_ATTRIBUTES`` is checked against the running Python's allowed modules by the tests.
 FORBIDDEN_ATTRIBUTES = frozenset(
     {
@@ -62,7 +61,7 @@ FORBIDDEN_ATTRIBUTES = frozenset(
         "Formatter", "get_type_hints", "ForwardRef", "singledispatch", "singledispatchmethod",
         "update_wrapper", "wraps", "WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES",
         "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
-        "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time", "samples",
+        "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
     }
 )  # fmt: skip
 
@@ -175,6 +174,9 @@ def prefilter(program: str) -> Prefiltered:
     too_big = _too_big(program, tree)
     if too_big is not None:
         return too_big
+    maybe = "samples" in program or not program.isascii()  # look-alike letters become ASCII in the tree
+    if maybe and _imports_statistics(tree) and (line := _samples_read(tree)) is not None:
+        return Prefiltered("forbidden", f"line {line}: {_SAMPLES}")
     if not _needs_walk(program):
         return Prefiltered("ok")
     for node in ast.walk(tree):
@@ -182,6 +184,29 @@ def prefilter(program: str) -> Prefiltered:
         if reason:
             return Prefiltered("forbidden", f"line {getattr(node, 'lineno', '?')}: {reason}")
     return Prefiltered("ok")
+
+
+_SAMPLES = "statistics.NormalDist.samples draws from random's generator, seeded by the OS: not allowed"
+
+
+def _imports_statistics(tree: ast.AST) -> bool:
+    """Whether ``tree`` imports ``statistics`` (names are NFKC-normalised by the parser)."""
+    return any(
+        (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "statistics" for a in node.names))
+        or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "statistics")
+        for node in ast.walk(tree)
+    )
+
+
+def _samples_read(tree: ast.AST) -> int | None:
+    """The line of the first read of an attribute ``samples`` (``NormalDist.samples``, or a class's own
+    attribute of that name: a program that imports ``statistics`` cannot have that one), else None."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "samples":
+            return node.lineno
+        if isinstance(node, ast.MatchClass) and "samples" in node.kwd_attrs:
+            return node.lineno
+    return None
 
 
 @lru_cache(maxsize=4096)
@@ -199,6 +224,10 @@ def prefilter_expression(args: str) -> Prefiltered:
         return Prefiltered("syntax", "args must be an argument list, like '[1, 2], 3'")
     if _folding_may_be_big(args) and (folded := folded_chars(tree)) > MAX_FOLDED_CHARS:
         return Prefiltered("forbidden", f"args: {_folding_detail(folded)}")
+    if ("samples" in args or not args.isascii()) and _samples_read(
+        tree
+    ) is not None:  # evaluated where the program imported
+        return Prefiltered("forbidden", f"args: {_SAMPLES}")  # `statistics`, perhaps
     if not _needs_walk(args):
         return Prefiltered("ok")
     for node in ast.walk(tree):
@@ -242,8 +271,8 @@ def _folding_may_be_big(source: str) -> bool:
     """Whether the constants folded while compiling ``source`` could reach ``MAX_FOLDED_CHARS``: each ``+``
     folds at most one intermediate, no larger than all the source's characters (4 bytes each) and what
     its ``*`` can make (``_FOLD_STR_CAP`` each). Almost every program is far below, and is not walked."""
-    adds = source.count("+")
-    return adds * (4 * len(source) + _FOLD_STR_CAP * source.count("*")) > MAX_FOLDED_CHARS
+    adds = source.count("+")  # a `*` folds up to _FOLD_STR_CAP characters, 4 bytes each if not ASCII
+    return adds * (4 * len(source) + 4 * _FOLD_STR_CAP * source.count("*")) > MAX_FOLDED_CHARS
 
 
 def folded_chars(tree: ast.AST) -> int:
