@@ -235,10 +235,48 @@ class MemberSpec:
     sampling_seed: int | None
 
 
+def _use_threads(threads: int) -> None:
+    """torch's intra-op threads in an actor: the driver's. Ray starts workers with ``OMP_NUM_THREADS=1``,
+    and kernels such as PPO's update (and SB3's orthogonal init, through QR) round differently on one and
+    on two threads: a Ray run drifted from the local one (same seed) in the last bits, then further."""
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+RAY_CONNECT_TIMEOUT = 10.0
+"""Seconds ``RayBackend`` waits for a TCP connection to a ``host:port`` ``ray_address`` before giving up."""
+
+
+def _unreachable(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT) -> str | None:
+    """Why nothing answers at a Ray address of the form ``host:port`` or ``ray://host:port`` (a TCP
+    connection attempt), or None (it answers, or the address is ``None``/``"auto"``/``"local"``, which Ray
+    resolves itself)."""
+    import socket
+
+    if address is None or ("://" in address and not address.startswith("ray://")):
+        return None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except OSError as error:
+        return f"nothing answers at {host}:{port} (TCP, {timeout:g} s: {error})"
+
+
+def _driver_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 class EpisodeWorker:
     """Ray actor body: owns an env and its verifier and plays a generation's episodes."""
 
-    def __init__(self, config: PBTConfig) -> None:
+    def __init__(self, config: PBTConfig, threads: int = 1) -> None:
+        _use_threads(threads)
         self.config = config
         self.table = RatingTable()
         self.env, self.verifier, self.matchmaker = _new_env(config.env, self.table, config.pfsp)
@@ -271,7 +309,8 @@ class EpisodeWorker:
 class MemberWorker:
     """Ray actor body for one evolving member slot: runs the member's learner on its genome."""
 
-    def __init__(self, config: PBTConfig, kind: str, role: str) -> None:
+    def __init__(self, config: PBTConfig, kind: str, role: str, threads: int = 1) -> None:
+        _use_threads(threads)
         self.policy = POLICIES[kind](teacher_student_v0.raw_env(config=config.env), role, 0, config)
         self.learner = LEARNERS[config.learner_for(role)](self.policy, config.learner_config)
 
@@ -309,6 +348,9 @@ class RayBackend:
         self.ray = ray
         self.started = not ray.is_initialized()
         if self.started:
+            unreachable = _unreachable(config.ray_address)
+            if unreachable is not None:  # Ray itself retries for many minutes before it gives up
+                raise RuntimeError(f"cannot join Ray at ray_address={config.ray_address!r}: {unreachable}")
             try:
                 ray.init(address=config.ray_address, num_cpus=config.ray_num_cpus, include_dashboard=False,
                          log_to_driver=False, configure_logging=False)  # fmt: skip
@@ -323,6 +365,7 @@ class RayBackend:
                            "ignored, its actors run on that instance")  # fmt: skip
         self.config = config
         self.table = table
+        self.threads = _driver_threads()  # the actors compute as this process would (see _use_threads)
         self.workers: dict[str, Any] = {}
         self.episodes: Any = None
         try:
@@ -334,7 +377,7 @@ class RayBackend:
 
     def _episode_actor(self) -> Any:
         # zero-CPU actors: scheduled regardless of their number; Ray's OS processes share the CPUs
-        actor = self.ray.remote(num_cpus=0)(EpisodeWorker).remote(self.config)
+        actor = self.ray.remote(num_cpus=0)(EpisodeWorker).remote(self.config, self.threads)
         self._await_ready([actor])
         return actor
 
@@ -390,7 +433,7 @@ class RayBackend:
     def _worker(self, member: Member) -> Any:
         if member.slot not in self.workers:
             actor = self.ray.remote(num_cpus=0)(MemberWorker)
-            self.workers[member.slot] = actor.remote(self.config, member.kind, member.role)
+            self.workers[member.slot] = actor.remote(self.config, member.kind, member.role, self.threads)
         return self.workers[member.slot]
 
     def learn(

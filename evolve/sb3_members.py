@@ -121,14 +121,22 @@ class SB3Options:
             value = getattr(self, name)
             if (value is not None or name == "clip_range") and not (is_finite_number(value) and value > 0):
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
-        for name in ("ent_coef", "vf_coef", "max_grad_norm"):
+        for name in ("ent_coef", "vf_coef"):
             value = getattr(self, name)
             if not (is_finite_number(value) and value >= 0):
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if not (is_finite_number(self.max_grad_norm) and self.max_grad_norm > 0):  # 0 clips every step away
+            raise ValueError(f"max_grad_norm must be a number > 0, got {self.max_grad_norm!r}")
         if not isinstance(self.normalize_advantage, bool):
             raise ValueError(f"normalize_advantage must be a bool, got {self.normalize_advantage!r}")
         if not isinstance(self.device, str):
             raise ValueError(f"device must be a str, got {self.device!r}")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError as error:
+            raise ValueError(f"device: not a torch device, {self.device!r} ({error})") from None
+        if device.type == "cuda" and not torch.cuda.is_available():  # SB3 would fall back to the CPU silently
+            raise ValueError(f"device {self.device!r}: no CUDA device on this machine")
         # numpy's numbers pass the checks above; stored as Python's
         object.__setattr__(self, "net_arch", tuple(int(n) for n in self.net_arch))
         for name in ("n_epochs", "batch_size"):

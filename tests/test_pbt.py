@@ -447,6 +447,19 @@ def test_ray_settings_are_checked_up_front(tmp_path: Path) -> None:
             PBTConfig(run_dir=str(tmp_path), backend="ray", **kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "ray://127.0.0.1:1"])
+def test_a_ray_address_where_nothing_answers_fails_at_once(tmp_path: Path, address: str) -> None:
+    """Ray retries an address where nothing answers for many minutes (over 10 measured) before it gives
+    up: the backend tries a TCP connection first and names the address."""
+    pytest.importorskip("ray")
+    config = PBTConfig(run_dir=str(tmp_path / "run"), backend="ray", ray_address=address, env=_env(2),
+                       progress=False, tensorboard=False)  # fmt: skip
+    with pytest.raises(
+        RuntimeError, match=rf"cannot join Ray at ray_address='{address}': nothing answers at 127\.0\.0\.1:1"
+    ):
+        run_pbt(config)
+
+
 @pytest.mark.slow
 def test_a_dying_learner_actor_is_reported_and_skipped_like_a_raising_learner(tmp_path: Path) -> None:
     """A learner whose Ray actor's process dies (``os._exit``, an OOM kill) is reported and its member

@@ -293,6 +293,9 @@ def test_each_role_can_have_its_own_learner(tmp_path: Path) -> None:
         ({"clip_range": -0.1}, "clip_range"),
         ({"lr": 0.1}, r"\['lr'\]: the learning rate is learner_config\.lr"),
         ({"activation": "gelu"}, "activation"),
+        ({"max_grad_norm": 0}, r"max_grad_norm must be a number > 0, got 0"),  # it switched learning off
+        ({"device": "gpu"}, r"device: not a torch device, 'gpu'"),
+        ({"device": "cuda"} if not torch.cuda.is_available() else {"device": "nope"}, r"device"),
     ],
 )
 def test_a_bad_member_option_raises_value_error_naming_it(
@@ -334,3 +337,21 @@ def test_sb3_members_on_ray_equal_local(tmp_path: Path) -> None:
     local = run_pbt(_config(tmp_path / "local", generations=2))
     on_ray = run_pbt(_config(tmp_path / "ray", generations=2, backend="ray", ray_num_cpus=2))
     _assert_same_run(local, on_ray, generations=2)
+
+
+@pytest.mark.slow
+def test_ray_actors_compute_with_the_drivers_threads(tmp_path: Path) -> None:
+    """Ray starts its workers at one torch thread; PPO's update (and SB3's init) round differently on
+    two, so a Ray run drifted from the local one when the driver used two threads (the test above runs
+    at one). The actors now take the driver's thread count."""
+    pytest.importorskip("ray")
+    torch.set_num_threads(2)  # the autouse fixture puts the count back
+    options = {"sb3": {"net_arch": [32], "n_epochs": 2, "batch_size": 16}}
+    fields = {
+        "seed": 4, "generations": 3, "env": _env(2, rounds=2, student_group_size=2), "teachers": "torch",
+        "population": 3, "learner": "reinforce", "learners": {"student": "ppo"}, "member_options": options,
+        "fitness": "rating", "pfsp": True, "replace_fraction": 0.5,
+    }  # fmt: skip
+    local = run_pbt(_config(tmp_path / "local", **fields))
+    on_ray = run_pbt(_config(tmp_path / "ray", backend="ray", ray_num_cpus=2, **fields))
+    _assert_same_run(local, on_ray, generations=3)
