@@ -14,7 +14,7 @@ import numbers
 import os
 import random
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -363,6 +363,7 @@ class Game:
         self.seed_tasks = tuple(seed_tasks)
         self.teachers = tuple(f"teacher_{i}" for i in range(config.n_teachers))
         self.students = tuple(f"student_{i}" for i in range(config.n_students))
+        self._student_names = frozenset(self.students)
         self.buffer = TaskBuffer(config.buffer_capacity)
         self.queue: deque[Turn] = deque()
         self.round = 0
@@ -447,9 +448,10 @@ class Game:
         # matchmaker that raises) leaves the game as it was, the same turn pending.
         turn = self.queue[0]
         solve_info = self._solve_infos.get(turn.agent)
-        # the draws a turn may make (a structured proposal's candidates, the matchmaker's at a phase's end)
-        # are taken back too; a student's turn before the last one draws nothing
-        draws = self._draw_states() if turn.phase == "propose" or len(self.queue) == 1 else None
+        # The matchmaker's draws at a phase's end are taken back too (a 1 µs snapshot of ``_rng``). Not the
+        # candidates a structured proposal drew from ``_local`` before a later call raised: its snapshot
+        # costs 9 µs, on the env's hot path, so a retried structured proposal may get other distractors.
+        draws = self._rng.bit_generator.state if len(self.queue) == 1 else None
         try:
             outcome = self._propose(turn, action) if turn.phase == "propose" else self._solve(turn, action)
         except BaseException:
@@ -467,12 +469,8 @@ class Game:
                 raise
         return outcome
 
-    def _draw_states(self) -> tuple[Any, Any]:
-        return self._rng.bit_generator.state, self._local.getstate()
-
-    def _restore_draws(self, states: tuple[Any, Any]) -> None:
-        self._rng.bit_generator.state, _ = states
-        self._local.setstate(states[1])
+    def _restore_draws(self, state: Mapping[str, Any]) -> None:
+        self._rng.bit_generator.state = state
 
     def _take_back(self, turn: Turn, solve_info: dict[str, Any] | None) -> None:
         """Undoes the record of the last turn of a phase whose end raised (``_after_phase`` changes nothing
@@ -623,11 +621,12 @@ class Game:
             raise ValueError(f"{where} must return one sequence of students per task: {e}") from None
         if len(groups) != n_tasks:
             raise ValueError(f"{where} returned {len(groups)} groups of students for {n_tasks} tasks")
-        known = set(self.students)
         for students in groups:
-            if any(not isinstance(s, str) or s not in known for s in students) or len(set(students)) < len(
-                students
-            ):
+            try:  # the names are strs (a hashable non-str is not among them; an unhashable one raises)
+                valid = self._student_names.issuperset(students) and len(set(students)) == len(students)
+            except TypeError:
+                valid = False
+            if not valid:
                 raise ValueError(
                     f"{where} returned {students!r}: each task's students must be distinct names among "
                     f"{self.students}"
@@ -640,7 +639,7 @@ class Game:
         resolved: dict[str, list[tuple[int, ResolvedProposal]]] = {t: [] for t in self.teachers}
         results: list[tuple[str, str, bool]] = []
         # Everything that can raise (a reward scheme, the matchmaker's update) before the game changes.
-        records = [
+        round_records = [
             self._resolve_one(turn, task, verdict, status, self._attempts.get(index, []))
             for index, (turn, task, verdict, status) in enumerate(self._proposals)
         ]
@@ -648,7 +647,9 @@ class Game:
             if task is not None:
                 results += [(turn.agent, s, ok) for s, ok in self._attempts.get(index, [])]
         self.matchmaker.update(results)
-        for index, ((turn, task, _, _), record) in enumerate(zip(self._proposals, records, strict=True)):
+        for index, ((turn, task, _, _), record) in enumerate(
+            zip(self._proposals, round_records, strict=True)
+        ):
             resolved[turn.agent].append((index, record))
             rewards[turn.agent] = rewards.get(turn.agent, 0.0) + record.reward
             if task is not None:

@@ -27,7 +27,7 @@ MAX_MESSAGE_CHARS = 500
 _NON_CHARSET = re.compile(r"[^\t\n\x20-\x7e]")
 _OPEN = re.compile(r"<answer>", re.IGNORECASE)
 _CLOSE = re.compile(r"</answer>", re.IGNORECASE)
-_MARKUP = re.compile(r"```|</?answer>", re.IGNORECASE)
+_ANSWER_TAG = re.compile(r"</?answer>", re.IGNORECASE)
 _BLOCK = re.compile(r"```[ \t]*([A-Za-z]+)[ \t]*\r?\n(.*?)```", re.DOTALL)
 
 
@@ -228,15 +228,18 @@ def teacher_prompt(task_type: TaskType, references: Sequence[Task], max_chars: i
     if task_type == "induction":
         fmt += "\n```input\nother arguments\n```\n```message\nhint\n```"
     tail = f"## Answer format\n<think>reasoning</think>\n<answer>\n{fmt}\n</answer>"
+    if task_type == "induction":
+        blocks = [f"```python\n{ref.program}\n```\n{_task_block(ref, True)}" for ref in references]
+    else:
+        blocks = [_task_block(ref) for ref in references]
+    prompt = "\n\n".join([*head, *(f"### Reference {i + 1}\n{b}" for i, b in enumerate(blocks)), tail])
+    if max_chars is None or len(prompt) <= max_chars:
+        return prompt
     size = sum(len(part) + 2 for part in head) + len(tail)  # parts are joined by blank lines
     shown: list[str] = []
-    for ref in references:
-        number = f"### Reference {len(shown) + 1}\n"
-        if task_type == "induction":
-            part = f"{number}```python\n{ref.program}\n```\n{_task_block(ref, True)}"
-        else:
-            part = f"{number}{_task_block(ref)}"
-        if max_chars is None or size + len(part) + 2 <= max_chars:
+    for block in blocks:
+        part = f"### Reference {len(shown) + 1}\n{block}"
+        if size + len(part) + 2 <= max_chars:
             shown.append(part)
             size += len(part) + 2
     return "\n\n".join([*head, *shown, tail])
@@ -255,7 +258,7 @@ def unshowable(task: Task, max_prompt_chars: int) -> str | None:
         texts = (task.program, task.inputs[0], task.outputs[0])
     if any(_NON_CHARSET.search(text) for text in texts):
         return "unshowable_characters"
-    if any(_MARKUP.search(text) for text in (*texts, task.gold)):
+    if any("```" in text or ("<" in text and _ANSWER_TAG.search(text)) for text in (*texts, task.gold)):
         return "answer_markup"
     if len(student_prompt(task)) > max_prompt_chars:
         return "prompt_too_long"

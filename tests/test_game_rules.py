@@ -628,11 +628,10 @@ def test_a_long_reference_never_pushes_the_answer_format_out_of_a_teacher_prompt
 
 
 def test_a_retried_turn_draws_what_it_would_have_drawn(verifier):
-    """Structured mode, a random matchmaker whose ``assign`` raises once: the retried turn makes the same
-    draws as an episode that never failed (the proposal's candidates and the matchmaker's draws were
-    taken, so the retried episode went elsewhere)."""
+    """A random matchmaker whose ``assign`` raises once, after its draws: the retried turn makes the same
+    draws as an episode that never failed (they were taken, so the retried episode went elsewhere)."""
     from populora_env import teacher_student_v0
-    from populora_env.policies import ExecutingStudent, ScriptedTeacher
+    from populora_env.policies import ReferenceStudent, ScriptedTeacher
 
     class Flaky(RandomMatch):
         def __init__(self, fail_at: int) -> None:
@@ -647,11 +646,11 @@ def test_a_retried_turn_draws_what_it_would_have_drawn(verifier):
             return out
 
     def episode(fail_at: int):
-        env = teacher_student_v0.raw_env(mode="structured", n_teachers=2, n_students=3, rounds=3,
-                                         matchmaker=Flaky(fail_at), verifier=verifier)  # fmt: skip
+        env = teacher_student_v0.raw_env(n_teachers=2, n_students=3, rounds=3, matchmaker=Flaky(fail_at),
+                                         verifier=verifier)  # fmt: skip
         env.reset(seed=3)
         policies = {a: ScriptedTeacher(env, 0.5, seed=i) for i, a in enumerate(env.possible_agents[:2])}
-        policies |= {a: ExecutingStudent(env, 0.7, seed=i) for i, a in enumerate(env.possible_agents[2:])}
+        policies |= {a: ReferenceStudent(env, 0.7, seed=i) for i, a in enumerate(env.possible_agents[2:])}
         failures = 0
         for agent in env.agent_iter():
             observation, _, done, cut, _ = env.last()
