@@ -199,8 +199,8 @@ def _imports_statistics(tree: ast.AST) -> bool:
 
 
 def _samples_read(tree: ast.AST) -> int | None:
-    """The line of the first read of an attribute ``samples`` (``NormalDist.samples``, or a class's own
-    attribute of that name: a program that imports ``statistics`` cannot have that one), else None."""
+    """The line of the first read of an attribute named ``samples``, else None. A program that imports
+    ``statistics`` may read none (``NormalDist.samples`` cannot be told apart from a class's own)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr == "samples":
             return node.lineno
@@ -224,10 +224,10 @@ def prefilter_expression(args: str) -> Prefiltered:
         return Prefiltered("syntax", "args must be an argument list, like '[1, 2], 3'")
     if _folding_may_be_big(args) and (folded := folded_chars(tree)) > MAX_FOLDED_CHARS:
         return Prefiltered("forbidden", f"args: {_folding_detail(folded)}")
-    if ("samples" in args or not args.isascii()) and _samples_read(
-        tree
-    ) is not None:  # evaluated where the program imported
-        return Prefiltered("forbidden", f"args: {_SAMPLES}")  # `statistics`, perhaps
+    # evaluated in the program's namespace, where `statistics` may be imported
+    maybe = "samples" in args or not args.isascii()
+    if maybe and _samples_read(tree) is not None:
+        return Prefiltered("forbidden", f"args: {_SAMPLES}")
     if not _needs_walk(args):
         return Prefiltered("ok")
     for node in ast.walk(tree):
