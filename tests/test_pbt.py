@@ -117,17 +117,22 @@ def _flaky_factory(policy: Any, config: LearnerConfig) -> Any:
     return learner
 
 
-def test_a_raising_learner_is_reported_and_skipped(tmp_path: Path) -> None:
-    _flaky_factory.built = 0  # type: ignore[attr-defined]
-    LEARNERS["flaky"] = _flaky_factory
+def _run_with_learner(run_dir: Path, factory: Any) -> list[dict[str, Any]]:
+    """The history of a 3-generation run whose members' learners ``factory`` builds (no replacement)."""
+    factory.built = 0
+    LEARNERS["under_test"] = factory
     try:
         config = PBTConfig(
-            run_dir=str(tmp_path / "run"), generations=3, episodes_per_generation=2, env=_env(2),
-            population=2, learner="flaky", replace_fraction=0.0, progress=False, tensorboard=False,
+            run_dir=str(run_dir), generations=3, episodes_per_generation=2, env=_env(2), population=2,
+            learner="under_test", replace_fraction=0.0, progress=False, tensorboard=False,
         )  # fmt: skip
-        history = _history(run_pbt(config))
+        return _history(run_pbt(config))
     finally:
-        del LEARNERS["flaky"]
+        del LEARNERS["under_test"]
+
+
+def test_a_raising_learner_is_reported_and_skipped(tmp_path: Path) -> None:
+    history = _run_with_learner(tmp_path / "run", _flaky_factory)
     failures = [f for h in history for f in h["learner_failures"]]
     assert len(failures) == 3  # member 0 fails every generation; the run goes on
     assert {(f["member"], f["error"], f["message"]) for f in failures} == {
@@ -160,16 +165,7 @@ def _diverging_factory(policy: Any, config: LearnerConfig) -> Any:
 def test_a_learner_that_diverges_without_raising_is_reported_and_undone(tmp_path: Path) -> None:
     """Its infinite weights were checkpointed, and every resume replayed into a crash of play naming no
     member; now it is a learner failure naming the member and the key, and the member is left as it was."""
-    _diverging_factory.built = 0  # type: ignore[attr-defined]
-    LEARNERS["diverging"] = _diverging_factory
-    try:
-        config = PBTConfig(
-            run_dir=str(tmp_path / "run"), generations=3, episodes_per_generation=2, env=_env(2),
-            population=2, learner="diverging", replace_fraction=0.0, progress=False, tensorboard=False,
-        )  # fmt: skip
-        history = _history(run_pbt(config))
-    finally:
-        del LEARNERS["diverging"]
+    history = _run_with_learner(tmp_path / "run", _diverging_factory)
     failures = [f for h in history for f in h["learner_failures"]]
     assert len(failures) == 3 and {(f["member"], f["error"]) for f in failures} == {(0, "ValueError")}
     assert all("member 0's genome after its update has non-finite values" in f["message"] for f in failures)
