@@ -102,7 +102,7 @@ class SB3Options:
     target_kl: float | None = None
     """Stop a generation's passes early when the approximate KL exceeds ``1.5 * target_kl``."""
     device: str = "cpu"
-    """Torch device of the SB3 models."""
+    """Torch device of the SB3 models (``"auto"``: SB3 picks CUDA when there is one)."""
 
     def __post_init__(self) -> None:
         if not (
@@ -131,12 +131,13 @@ class SB3Options:
             raise ValueError(f"normalize_advantage must be a bool, got {self.normalize_advantage!r}")
         if not isinstance(self.device, str):
             raise ValueError(f"device must be a str, got {self.device!r}")
-        try:
-            device = torch.device(self.device)
-        except RuntimeError as error:
-            raise ValueError(f"device: not a torch device, {self.device!r} ({error})") from None
-        if device.type == "cuda" and not torch.cuda.is_available():  # SB3 would fall back to the CPU silently
-            raise ValueError(f"device {self.device!r}: no CUDA device on this machine")
+        if self.device != "auto":  # SB3's own choice: CUDA when there is one
+            try:
+                device = torch.device(self.device)
+            except RuntimeError as error:
+                raise ValueError(f"device: not a torch device, {self.device!r} ({error})") from None
+            if device.type == "cuda" and not torch.cuda.is_available():  # SB3 fell back to the CPU silently
+                raise ValueError(f"device {self.device!r}: no CUDA device on this machine")
         # numpy's numbers pass the checks above; stored as Python's
         object.__setattr__(self, "net_arch", tuple(int(n) for n in self.net_arch))
         for name in ("n_epochs", "batch_size"):

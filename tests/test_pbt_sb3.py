@@ -305,6 +305,13 @@ def test_a_bad_member_option_raises_value_error_naming_it(
         run_pbt(_config(tmp_path / "run", member_options={"sb3": options}))
 
 
+def test_sb3_device_auto_is_accepted() -> None:
+    """SB3's own ``"auto"`` (CUDA when there is one) is no torch device name, but a valid option."""
+    from evolve.sb3_members import SB3Options
+
+    assert SB3Options(device="auto").device == "auto" and SB3Options(device="cpu").device == "cpu"
+
+
 def test_ppo_learner_refuses_a_non_sb3_member(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="SB3Policy members"):
         run_pbt(_config(tmp_path / "run", students="torch"))
