@@ -235,15 +235,6 @@ class MemberSpec:
     sampling_seed: int | None
 
 
-def _use_threads(threads: int) -> None:
-    """torch's intra-op threads in an actor: the driver's. Ray starts workers with ``OMP_NUM_THREADS=1``,
-    and kernels such as PPO's update (and SB3's orthogonal init, through QR) round differently on one and
-    on two threads: a Ray run drifted from the local one (same seed) in the last bits, then further."""
-    import torch
-
-    torch.set_num_threads(threads)
-
-
 RAY_CONNECT_TIMEOUT = 10.0
 """Seconds ``RayBackend`` waits for a TCP connection to a ``host:port`` ``ray_address`` before giving up."""
 
@@ -266,17 +257,10 @@ def _unreachable(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT) -> s
         return f"nothing answers at {host}:{port} (TCP, {timeout:g} s: {error})"
 
 
-def _driver_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
 class EpisodeWorker:
     """Ray actor body: owns an env and its verifier and plays a generation's episodes."""
 
-    def __init__(self, config: PBTConfig, threads: int = 1) -> None:
-        _use_threads(threads)
+    def __init__(self, config: PBTConfig) -> None:
         self.config = config
         self.table = RatingTable()
         self.env, self.verifier, self.matchmaker = _new_env(config.env, self.table, config.pfsp)
@@ -309,8 +293,7 @@ class EpisodeWorker:
 class MemberWorker:
     """Ray actor body for one evolving member slot: runs the member's learner on its genome."""
 
-    def __init__(self, config: PBTConfig, kind: str, role: str, threads: int = 1) -> None:
-        _use_threads(threads)
+    def __init__(self, config: PBTConfig, kind: str, role: str) -> None:
         self.policy = POLICIES[kind](teacher_student_v0.raw_env(config=config.env), role, 0, config)
         self.learner = LEARNERS[config.learner_for(role)](self.policy, config.learner_config)
 
@@ -365,7 +348,6 @@ class RayBackend:
                            "ignored, its actors run on that instance")  # fmt: skip
         self.config = config
         self.table = table
-        self.threads = _driver_threads()  # the actors compute as this process would (see _use_threads)
         self.workers: dict[str, Any] = {}
         self.episodes: Any = None
         try:
@@ -377,7 +359,7 @@ class RayBackend:
 
     def _episode_actor(self) -> Any:
         # zero-CPU actors: scheduled regardless of their number; Ray's OS processes share the CPUs
-        actor = self.ray.remote(num_cpus=0)(EpisodeWorker).remote(self.config, self.threads)
+        actor = self.ray.remote(num_cpus=0)(EpisodeWorker).remote(self.config)
         self._await_ready([actor])
         return actor
 
@@ -433,7 +415,7 @@ class RayBackend:
     def _worker(self, member: Member) -> Any:
         if member.slot not in self.workers:
             actor = self.ray.remote(num_cpus=0)(MemberWorker)
-            self.workers[member.slot] = actor.remote(self.config, member.kind, member.role, self.threads)
+            self.workers[member.slot] = actor.remote(self.config, member.kind, member.role)
         return self.workers[member.slot]
 
     def learn(

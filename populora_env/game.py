@@ -448,10 +448,17 @@ class Game:
         # matchmaker that raises) leaves the game as it was, the same turn pending.
         turn = self.queue[0]
         solve_info = self._solve_infos.get(turn.agent)
-        # The matchmaker's draws at a phase's end are taken back too (a 1 µs snapshot of ``_rng``). Not the
-        # candidates a structured proposal drew from ``_local`` before a later call raised: its snapshot
-        # costs 9 µs, on the env's hot path, so a retried structured proposal may get other distractors.
-        draws = self._rng.bit_generator.state if len(self.queue) == 1 else None
+        # The draws of a phase's last turn are taken back too: the matchmaker's (a 1 µs snapshot of ``_rng``)
+        # and a structured proposal's candidates (9 µs for ``_local``, once a round). Not those of other
+        # structured proposals whose own verification raises (rare; a snapshot each would cost 9 µs on the
+        # env's hot path): retried, they may draw other distractors.
+        last = len(self.queue) == 1
+        structured_proposal = turn.phase == "propose" and self.config.mode == "structured"
+        draws = (
+            (self._rng.bit_generator.state, self._local.getstate() if structured_proposal else None)
+            if last
+            else None
+        )
         try:
             outcome = self._propose(turn, action) if turn.phase == "propose" else self._solve(turn, action)
         except BaseException:
@@ -469,8 +476,10 @@ class Game:
                 raise
         return outcome
 
-    def _restore_draws(self, state: Mapping[str, Any]) -> None:
-        self._rng.bit_generator.state = state
+    def _restore_draws(self, states: tuple[Mapping[str, Any], Any]) -> None:
+        self._rng.bit_generator.state = states[0]
+        if states[1] is not None:
+            self._local.setstate(states[1])
 
     def _take_back(self, turn: Turn, solve_info: dict[str, Any] | None) -> None:
         """Undoes the record of the last turn of a phase whose end raised (``_after_phase`` changes nothing
@@ -622,9 +631,13 @@ class Game:
         if len(groups) != n_tasks:
             raise ValueError(f"{where} returned {len(groups)} groups of students for {n_tasks} tasks")
         for students in groups:
-            try:  # the names are strs (a hashable non-str is not among them; an unhashable one raises)
-                valid = self._student_names.issuperset(students) and len(set(students)) == len(students)
-            except TypeError:
+            try:  # strs first: an object merely equal to a name, or one whose hash raises, is refused
+                valid = (
+                    all(isinstance(s, str) for s in students)
+                    and self._student_names.issuperset(students)
+                    and len(set(students)) == len(students)
+                )
+            except Exception:
                 valid = False
             if not valid:
                 raise ValueError(

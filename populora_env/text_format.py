@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from populora_env.tasks import Task, TaskType
 from populora_env.verifier.literals import LiteralError, canonical_text, parse_args
@@ -147,15 +146,26 @@ def parse_proposal(
     return Proposal(program, distinct, messages[0].strip())
 
 
-@lru_cache(maxsize=4096)  # a literal parse per input; teachers repeat inputs, and the env's step is hot
+_VALUE_KEYS: dict[str, str] = {}
+"""``_value_key``'s parsed keys (a literal parse per input; teachers repeat inputs; the env's step is hot)."""
+
+
 def _value_key(args: str) -> str:
     """What makes two argument lists the same input: their canonical literal text (``"5"`` and ``"(5)"``
     are one input), or the text itself where it is not a plain literal argument list (the verifier judges
-    those)."""
+    those). Only parsed keys are kept: a parse can fail for the caller's deep stack (the literal parser
+    reports a ``RecursionError`` as not a literal), and the same text may parse later."""
+    key = _VALUE_KEYS.get(args)
+    if key is not None:
+        return key
     try:
-        return "v" + canonical_text(parse_args(args, max_chars=MAX_LITERAL_CHARS))
+        key = "v" + canonical_text(parse_args(args, max_chars=MAX_LITERAL_CHARS))
     except (LiteralError, TypeError, RecursionError, MemoryError):
         return "t" + args
+    if len(_VALUE_KEYS) >= 4096:
+        _VALUE_KEYS.clear()
+    _VALUE_KEYS[args] = key
+    return key
 
 
 def parse_answer(text: str, task_type: TaskType, *, max_chars: int) -> Answer | FormatError:

@@ -538,12 +538,21 @@ def test_a_turn_that_raises_stays_pending_and_the_game_goes_on_unchanged(part, m
     assert _play(game) == reference
 
 
+class _EqualToEveryName:
+    def __eq__(self, other):
+        return True
+
+    def __hash__(self):
+        return hash("student_0")
+
+
 @pytest.mark.parametrize(
     ("groups", "message"),
     [
         ([], "returned 0 groups of students for 1 tasks"),
         ([("student_7",)], "returned ('student_7',): each task's students must be distinct names"),
         ([("student_0", "student_0")], "each task's students must be distinct"),
+        ([(_EqualToEveryName(),)], "each task's students must be distinct names"),
         (None, "must return one sequence of students per task"),
     ],
 )
@@ -627,11 +636,13 @@ def test_a_long_reference_never_pushes_the_answer_format_out_of_a_teacher_prompt
     assert teacher_prompt("deduction", [short, long]).count("### Reference") == 2
 
 
-def test_a_retried_turn_draws_what_it_would_have_drawn(verifier):
+@pytest.mark.parametrize("mode", ["text", "structured"])
+def test_a_retried_turn_draws_what_it_would_have_drawn(verifier, mode):
     """A random matchmaker whose ``assign`` raises once, after its draws: the retried turn makes the same
-    draws as an episode that never failed (they were taken, so the retried episode went elsewhere)."""
+    draws as an episode that never failed (they were taken, so the retried episode went elsewhere; in
+    structured mode the last proposal's candidates too)."""
     from populora_env import teacher_student_v0
-    from populora_env.policies import ReferenceStudent, ScriptedTeacher
+    from populora_env.policies import ExecutingStudent, ReferenceStudent, ScriptedTeacher
 
     class Flaky(RandomMatch):
         def __init__(self, fail_at: int) -> None:
@@ -646,11 +657,12 @@ def test_a_retried_turn_draws_what_it_would_have_drawn(verifier):
             return out
 
     def episode(fail_at: int):
-        env = teacher_student_v0.raw_env(n_teachers=2, n_students=3, rounds=3, matchmaker=Flaky(fail_at),
-                                         verifier=verifier)  # fmt: skip
+        env = teacher_student_v0.raw_env(mode=mode, n_teachers=2, n_students=3, rounds=3,
+                                         matchmaker=Flaky(fail_at), verifier=verifier)  # fmt: skip
         env.reset(seed=3)
+        student = ReferenceStudent if mode == "text" else ExecutingStudent
         policies = {a: ScriptedTeacher(env, 0.5, seed=i) for i, a in enumerate(env.possible_agents[:2])}
-        policies |= {a: ReferenceStudent(env, 0.7, seed=i) for i, a in enumerate(env.possible_agents[2:])}
+        policies |= {a: student(env, 0.7, seed=i) for i, a in enumerate(env.possible_agents[2:])}
         failures = 0
         for agent in env.agent_iter():
             observation, _, done, cut, _ = env.last()
@@ -665,3 +677,20 @@ def test_a_retried_turn_draws_what_it_would_have_drawn(verifier):
 
     clean, retried = episode(0), episode(1)
     assert (clean[0], retried[0]) == (0, 1) and retried[1:] == clean[1:]
+
+
+def test_an_input_key_is_not_cached_from_a_deep_stack():
+    """A literal that ran out of recursion deep in the caller's stack falls back to its text as the key;
+    that fallback is not cached, so the same input checked later from a shallow stack gets its value."""
+    import sys
+
+    from populora_env.text_format import _VALUE_KEYS, _value_key
+
+    _VALUE_KEYS.clear()
+    nested = "[" * 40 + "1" + "]" * 40
+
+    def deep(n: int) -> str:
+        return deep(n - 1) if n else _value_key(nested)
+
+    assert deep(sys.getrecursionlimit() - 60).startswith("t")
+    assert _value_key(nested) == _value_key(f"({nested})") and _value_key(nested).startswith("v")

@@ -344,21 +344,3 @@ def test_sb3_members_on_ray_equal_local(tmp_path: Path) -> None:
     local = run_pbt(_config(tmp_path / "local", generations=2))
     on_ray = run_pbt(_config(tmp_path / "ray", generations=2, backend="ray", ray_num_cpus=2))
     _assert_same_run(local, on_ray, generations=2)
-
-
-@pytest.mark.slow
-def test_ray_actors_compute_with_the_drivers_threads(tmp_path: Path) -> None:
-    """Ray starts its workers at one torch thread; PPO's update (and SB3's init) round differently on
-    two, so a Ray run drifted from the local one when the driver used two threads (the test above runs
-    at one). The actors now take the driver's thread count."""
-    pytest.importorskip("ray")
-    torch.set_num_threads(2)  # the autouse fixture puts the count back
-    options = {"sb3": {"net_arch": [32], "n_epochs": 2, "batch_size": 16}}
-    fields = {
-        "seed": 4, "generations": 3, "env": _env(2, rounds=2, student_group_size=2), "teachers": "torch",
-        "population": 3, "learner": "reinforce", "learners": {"student": "ppo"}, "member_options": options,
-        "fitness": "rating", "pfsp": True, "replace_fraction": 0.5,
-    }  # fmt: skip
-    local = run_pbt(_config(tmp_path / "local", **fields))
-    on_ray = run_pbt(_config(tmp_path / "ray", backend="ray", ray_num_cpus=2, **fields))
-    _assert_same_run(local, on_ray, generations=3)
