@@ -7,14 +7,13 @@ Add one with ``LEARNERS["mine"] = factory``; a factory takes ``(policy, LearnerC
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from evolve.members import is_finite_number, is_int_at_least
 from evolve.operators import LazyRegistry, Registry
 from evolve.protocols import Learner, LearnStats, Transition
 
@@ -30,9 +29,9 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         lr, steps = self.lr, self.steps
-        if not (isinstance(lr, numbers.Real) and not isinstance(lr, bool) and 0 < lr < math.inf):
+        if not (is_finite_number(lr) and lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
-        if not isinstance(steps, numbers.Integral) or isinstance(steps, bool) or steps < 1:
+        if not is_int_at_least(steps, 1):
             raise ValueError(f"steps must be an int >= 1, got {steps!r}")
         if not isinstance(lr, int | float):  # numpy's numbers as Python's (the config is JSON)
             object.__setattr__(self, "lr", float(lr))
