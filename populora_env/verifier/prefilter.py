@@ -222,8 +222,8 @@ def prefilter_expression(args: str) -> Prefiltered:
     body = tree.body
     if not (isinstance(body, ast.Call) and isinstance(body.func, ast.Name) and body.func.id == "f"):
         return Prefiltered("syntax", "args must be an argument list, like '[1, 2], 3'")
-    if _folding_may_be_big(args) and (folded := folded_chars(tree)) > MAX_FOLDED_CHARS:
-        return Prefiltered("forbidden", f"args: {_folding_detail(folded)}")
+    if (folding := _too_much_folding(args, tree)) is not None:
+        return Prefiltered("forbidden", f"args: {folding}")
     # evaluated in the program's namespace, where `statistics` may be imported
     maybe = "samples" in args or not args.isascii()
     if maybe and _samples_read(tree) is not None:
@@ -331,15 +331,18 @@ def folded_chars(tree: ast.AST) -> int:
     return total
 
 
-def _folding_detail(folded: int) -> str:
+def _too_much_folding(source: str, tree: ast.AST) -> str | None:
+    """Why compiling ``source`` would fold too much (``MAX_FOLDED_CHARS``), or None."""
+    if not _folding_may_be_big(source) or (folded := folded_chars(tree)) <= MAX_FOLDED_CHARS:
+        return None
     return (
         f"constant expressions would fold to ~{folded} characters while compiling (over {MAX_FOLDED_CHARS})"
     )
 
 
 def _too_big(program: str, tree: ast.Module) -> Prefiltered | None:
-    if _folding_may_be_big(program) and (folded := folded_chars(tree)) > MAX_FOLDED_CHARS:
-        return Prefiltered("forbidden", _folding_detail(folded))
+    if (folding := _too_much_folding(program, tree)) is not None:
+        return Prefiltered("forbidden", folding)
     if "finally" not in program:
         return None
     try:
