@@ -452,13 +452,10 @@ class Game:
         # and a structured proposal's candidates (9 µs for ``_local``, once a round). Not those of other
         # structured proposals whose own verification raises (rare; a snapshot each would cost 9 µs on the
         # env's hot path): retried, they may draw other distractors.
-        last = len(self.queue) == 1
-        structured_proposal = turn.phase == "propose" and self.config.mode == "structured"
-        draws = (
-            (self._rng.bit_generator.state, self._local.getstate() if structured_proposal else None)
-            if last
-            else None
-        )
+        draws = None
+        if len(self.queue) == 1:
+            structured_proposal = turn.phase == "propose" and self.config.mode == "structured"
+            draws = (self._rng.bit_generator.state, self._local.getstate() if structured_proposal else None)
         try:
             outcome = self._propose(turn, action) if turn.phase == "propose" else self._solve(turn, action)
         except BaseException:
