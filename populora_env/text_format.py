@@ -153,8 +153,9 @@ _VALUE_KEYS: dict[str, str] = {}
 def _value_key(args: str) -> str:
     """What makes two argument lists the same input: their canonical literal text (``"5"`` and ``"(5)"``
     are one input), or the text itself where it is not a plain literal argument list (the verifier judges
-    those). Only parsed keys are kept: a parse can fail for the caller's deep stack (the literal parser
-    reports a ``RecursionError`` as not a literal), and the same text may parse later."""
+    those). Only parsed keys are kept: rendering the key can run out of recursion deep in the caller's
+    stack (``canonical_text`` recurses; the parse itself is retried on a fresh stack), and the same text
+    may render later."""
     key = _VALUE_KEYS.get(args)
     if key is not None:
         return key

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import subprocess
@@ -410,6 +411,26 @@ def test_host_literal_parsing_is_guarded():
         with pytest.raises(ValueError):
             parse_args(bad)
     assert not outputs_equal("[" * 10_000, "[" * 10_000)
+
+
+def test_literal_verdicts_do_not_depend_on_the_callers_stack(verifier):
+    """Parsing runs out of recursion sooner when the caller is deep in its own stack: a valid answer was
+    then "not a literal" (and ``canonical_text``'s ``RecursionError`` escaped ``parse_args``). A parse
+    that runs out of recursion is run again on a fresh stack; only there is it the text's own doing."""
+    nested = "[" * 40 + "1" + "]" * 40
+    program = "def f(x):\n    return x"
+
+    def deep(n: int, call):
+        return deep(n - 1, call) if n else call()
+
+    here = len(inspect.stack(0))
+    depth = sys.getrecursionlimit() - here - 30  # 30 frames left: too few for 40 levels of parsing
+    assert deep(depth, lambda: parse_args(nested)) == parse_args(nested)
+    assert deep(depth, lambda: outputs_equal(nested, nested))
+    assert deep(depth, lambda: verifier.check_deduction(program, nested, nested))
+    assert deep(depth, lambda: verifier.check_abduction(program, nested, nested))
+    with pytest.raises(ValueError):  # too deep for any stack: still refused, from any depth
+        deep(depth, lambda: parse_args("[" * 150 + "]" * 150))
 
 
 def test_a_syntax_error_is_syntax_with_the_language_guards_off(bare_verifier):

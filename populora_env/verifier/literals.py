@@ -11,10 +11,15 @@ from __future__ import annotations
 # The sandbox's worker imports this module for `canonical_text` and must stay small: every page it holds
 # is copied into each forked child's page tables. So `ast` and `re` are imported where parsing needs them
 # (host side), `typing` only for the type checker, and `math` not at all.
+import _thread  # built in, already loaded by every interpreter (unlike `threading`)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ast
-    from typing import Any
+    from collections.abc import Callable
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 __all__ = [
     "LiteralError",
@@ -32,6 +37,52 @@ MAX_NODES = 10_000
 
 class LiteralError(ValueError):
     """Text is not a plain Python literal within the caps, or a value is not plain literal data."""
+
+
+_FRESH_THREADS: set[int] = set()
+"""Idents of the threads ``on_a_fresh_stack`` runs checks on."""
+
+
+def too_deep(error: RecursionError) -> RecursionError:
+    """``error`` again (raised) unless this thread is a fresh stack of ``on_a_fresh_stack``.
+
+    A parse or check that runs out of recursion deep in its caller's stack is run again on a fresh one,
+    so that a verdict (and any cache keeping it) never depends on where the caller stood; only a
+    ``RecursionError`` on the fresh stack is the text's own doing."""
+    if _thread.get_ident() not in _FRESH_THREADS:
+        raise error
+    return error
+
+
+def on_a_fresh_stack(call: Callable[[], T]) -> T:
+    """``call()`` on this thread, or again on a new thread (a fresh stack) if it ran out of recursion.
+
+    Host side only (the sandboxed child may not start threads); ``call`` turns a ``RecursionError`` into
+    its verdict through ``too_deep``, which lets it through on the caller's thread only."""
+    try:
+        return call()
+    except RecursionError:
+        pass
+    outcome: list[Any] = []
+    finished = _thread.allocate_lock()
+    finished.acquire()
+
+    def fresh() -> None:  # `_thread`, not `threading`: starting a `Thread` takes stack of its own
+        _FRESH_THREADS.add(_thread.get_ident())
+        try:
+            outcome.append((True, call()))
+        except BaseException as e:  # handed back to the caller's thread
+            outcome.append((False, e))
+        finally:
+            _FRESH_THREADS.discard(_thread.get_ident())
+            finished.release()
+
+    _thread.start_new_thread(fresh, ())
+    finished.acquire()
+    done, result = outcome[0]
+    if not done:
+        raise result
+    return result
 
 
 _SCALARS = (int, float, complex, str, bytes, bool, type(None))
@@ -53,7 +104,9 @@ def _parse_expression(source: str) -> ast.expr:
 
     try:
         return ast.parse(source, mode="eval").body
-    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
+    except RecursionError as e:
+        raise LiteralError(f"not valid Python: RecursionError: {_short(str(too_deep(e)))}") from None
+    except (SyntaxError, ValueError, MemoryError, OverflowError) as e:
         # The parser itself refuses > 200 nested brackets ("too many nested parentheses"),
         # and the text length is capped before we get here.
         raise LiteralError(f"not valid Python: {type(e).__name__}: {_short(str(e))}") from None
@@ -65,11 +118,15 @@ def _eval_node(node: ast.expr, max_depth: int, max_nodes: int) -> Any:
 
     try:
         value = ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError) as e:
+        canonical_text(value, max_depth=max_depth, max_nodes=max_nodes)  # rejects NaN, inf, deep data
+    except RecursionError as e:
+        raise LiteralError(f"not a literal ({_short(str(too_deep(e)))})") from None
+    except LiteralError:
+        raise
+    except (ValueError, TypeError, SyntaxError, MemoryError, OverflowError) as e:
         # literal_eval names the offending node with its address; keep the kind, drop the address.
         found = re.sub(r"<ast\.(\w+) object at 0x[0-9a-f]+>", r"a \1 expression", str(e))
         raise LiteralError(f"not a literal ({_short(found)}); literal text is never run") from None
-    canonical_text(value, max_depth=max_depth, max_nodes=max_nodes)  # rejects NaN, inf, deep data
     return value
 
 
@@ -93,7 +150,8 @@ def parse_literal(
     """
     _check_text(text, "literal", max_chars)
     # Python's own whitespace only (str.strip also took NBSP, U+2028, U+3000... that Python refuses)
-    return _eval_node(_parse_expression(text.strip(" \t\n\r\f")), max_depth, max_nodes)
+    source = text.strip(" \t\n\r\f")
+    return on_a_fresh_stack(lambda: _eval_node(_parse_expression(source), max_depth, max_nodes))
 
 
 def parse_args(
@@ -108,9 +166,13 @@ def parse_args(
         TypeError: ``text`` is not a ``str``.
         LiteralError: The text is not a plain argument list within the caps.
     """
+    _check_text(text, "args", max_chars)
+    return on_a_fresh_stack(lambda: _parse_args(text, max_depth, max_nodes))
+
+
+def _parse_args(text: str, max_depth: int, max_nodes: int) -> tuple[Any, ...]:
     import ast
 
-    _check_text(text, "args", max_chars)
     node = _parse_expression(f"f(\n{text}\n)")
     # Text such as "1), g(2" closes the call early: the result is then not a single call of `f`.
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "f"):

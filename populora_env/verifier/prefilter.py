@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import ast
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, wraps
 from typing import Any, Literal
+
+from .literals import on_a_fresh_stack, too_deep
 
 __all__ = [
     "ALLOWED_MODULES",
@@ -109,43 +110,12 @@ class Prefiltered:
     detail: str = ""
 
 
-_FRESH = threading.local()
-"""``on`` is set on the threads ``_on_a_fresh_stack`` starts."""
-
-
-def _too_deep(error: RecursionError) -> RecursionError:
-    """``error`` again, unless this thread's stack is a fresh one: a check that ran out of recursion deep
-    in its caller's stack is run again on a fresh one (``_on_a_fresh_stack``), so that a verdict (and the
-    cache keeping it) never depends on where the caller stood."""
-    if not getattr(_FRESH, "on", False):
-        raise error
-    return error
-
-
 def _on_a_fresh_stack(check: Callable[[str], Prefiltered]) -> Callable[[str], Prefiltered]:
-    """``check`` run on this thread, or again on a new thread (a fresh stack) if it ran out of recursion."""
+    """``check`` run on this thread, or again on a fresh stack if it ran out of recursion (``too_deep``)."""
 
     @wraps(check)
     def run(text: str) -> Prefiltered:
-        try:
-            return check(text)
-        except RecursionError:
-            pass
-        outcome: list[Prefiltered | BaseException] = []
-
-        def fresh() -> None:
-            _FRESH.on = True
-            try:
-                outcome.append(check(text))
-            except BaseException as e:  # handed back to the caller's thread
-                outcome.append(e)
-
-        thread = threading.Thread(target=fresh, name="populora-prefilter")
-        thread.start()
-        thread.join()
-        if isinstance(outcome[0], BaseException):
-            raise outcome[0]
-        return outcome[0]
+        return on_a_fresh_stack(lambda: check(text))
 
     return run
 
@@ -164,7 +134,7 @@ def prefilter(program: str) -> Prefiltered:
     try:
         tree = ast.parse(program)
     except RecursionError as e:
-        return Prefiltered("syntax", f"RecursionError: {_too_deep(e)}"[:200])
+        return Prefiltered("syntax", f"RecursionError: {too_deep(e)}"[:200])
     except (SyntaxError, ValueError, MemoryError, OverflowError) as e:
         line = getattr(e, "lineno", None)
         where = f" (line {line})" if line else ""
@@ -216,7 +186,7 @@ def prefilter_expression(args: str) -> Prefiltered:
     try:
         tree = ast.parse(f"f(\n{args}\n)", mode="eval")
     except RecursionError as e:
-        return Prefiltered("syntax", f"args: RecursionError: {_too_deep(e)}"[:200])
+        return Prefiltered("syntax", f"args: RecursionError: {too_deep(e)}"[:200])
     except (SyntaxError, ValueError, MemoryError, OverflowError) as e:
         return Prefiltered("syntax", f"args: {type(e).__name__}: {getattr(e, 'msg', str(e))}"[:200])
     body = tree.body
@@ -249,7 +219,7 @@ def compile_guard(program: str) -> Prefiltered:
     try:
         tree = ast.parse(program)
     except RecursionError as e:
-        _too_deep(e)
+        too_deep(e)
         return Prefiltered("ok")
     except (SyntaxError, ValueError, MemoryError, OverflowError):
         return Prefiltered("ok")
@@ -348,7 +318,7 @@ def _too_big(program: str, tree: ast.Module) -> Prefiltered | None:
     try:
         size = _compiled_nodes(tree.body)
     except RecursionError as e:
-        _too_deep(e)
+        too_deep(e)
         return Prefiltered("forbidden", "blocks nest too deeply to estimate what the program compiles to")
     if size <= MAX_COMPILED_NODES:
         return None
