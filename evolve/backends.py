@@ -257,10 +257,19 @@ def _unreachable(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT) -> s
         return f"nothing answers at {host}:{port} (TCP, {timeout:g} s: {error})"
 
 
+def _use_torch_threads(config: PBTConfig) -> None:
+    """An actor's torch threads: ``config.torch_threads`` where set (``None``: Ray's one thread)."""
+    if config.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(config.torch_threads)
+
+
 class EpisodeWorker:
     """Ray actor body: owns an env and its verifier and plays a generation's episodes."""
 
     def __init__(self, config: PBTConfig) -> None:
+        _use_torch_threads(config)
         self.config = config
         self.table = RatingTable()
         self.env, self.verifier, self.matchmaker = _new_env(config.env, self.table, config.pfsp)
@@ -294,6 +303,7 @@ class MemberWorker:
     """Ray actor body for one evolving member slot: runs the member's learner on its genome."""
 
     def __init__(self, config: PBTConfig, kind: str, role: str) -> None:
+        _use_torch_threads(config)
         self.policy = POLICIES[kind](teacher_student_v0.raw_env(config=config.env), role, 0, config)
         self.learner = LEARNERS[config.learner_for(role)](self.policy, config.learner_config)
 

@@ -143,6 +143,14 @@ class PBTConfig:
     hung episode actor is replaced and the generation played again (a second hang is a ``RuntimeError``);
     a hung learner is reported and its member skipped, as for an actor that died. ``None`` waits for ever
     (a hung actor, e.g. on a lost node, then hangs the run)."""
+    torch_threads: int | None = None
+    """Torch intra-op threads for the members' play and learning, in this process (while ``run_pbt`` runs)
+    and in every Ray actor. ``None`` leaves each process its count: this process's
+    (``torch.get_num_threads()``) on the local backend, the actors' own on Ray (one, from Ray's
+    ``OMP_NUM_THREADS=1``, or the machine's where torch was imported first, e.g. by a set-up hook). Some updates round differently under other counts (SB3's PPO, SB3's orthogonal
+    initialisation; the small ``torch`` nets do not), so a Ray run equals the local one only when both use
+    the same count: set it for such members (1 suits Ray, where the learners run at once, an actor each).
+    Part of the run's fingerprint when set."""
     progress: bool = True
     """Show a tqdm progress bar."""
     tensorboard: bool = True
@@ -243,6 +251,10 @@ class PBTConfig:
                     f"ray_timeout_s must be None or a finite number > 0, got {self.ray_timeout_s!r}"
                 )
             object.__setattr__(self, "ray_timeout_s", float(self.ray_timeout_s))
+        if self.torch_threads is not None:
+            if not is_int_at_least(self.torch_threads, 1):
+                raise ValueError(f"torch_threads must be None or an int >= 1, got {self.torch_threads!r}")
+            object.__setattr__(self, "torch_threads", int(self.torch_threads))
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be None or a non-empty string, got {self.ray_address!r}")
         if self.teachers not in FIXED_KINDS:  # evolving teachers learn from, and are selected by, rewards
@@ -256,8 +268,9 @@ class PBTConfig:
     def fingerprint(self) -> dict[str, Any]:
         """The fields that define the run's results (not where it is written or how it is shown)."""
         data = dataclasses.asdict(self)
-        if not self.learners:  # absent from runs made before the field existed: they stay resumable
-            data.pop("learners")
+        for name in ("learners", "torch_threads"):  # left out unset: runs made before these fields existed
+            if not data[name]:  # stay resumable
+                data.pop(name)
         for key in _NOT_RESULTS:
             data.pop(key)
         return json.loads(json.dumps(data, default=_stable_description))
@@ -363,6 +376,19 @@ def run_pbt(config: PBTConfig) -> Path:
         ``run_dir``, holding ``config.json``, ``metrics.jsonl`` (one ``GenerationMetrics`` per line),
         ``lineage.jsonl`` (one ``LineageRecord`` per line), ``checkpoints/`` and ``tb/``.
     """
+    if config.torch_threads is None:
+        return _run_pbt(config)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.torch_threads)  # before the members exist: some initialise by QR
+    try:
+        return _run_pbt(config)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_pbt(config: PBTConfig) -> Path:
     run_dir = Path(config.run_dir)
     ckpt_dir = run_dir / "checkpoints"
     for path in (run_dir, ckpt_dir):  # found now, not when the first generation is saved

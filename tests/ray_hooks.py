@@ -3,6 +3,7 @@ that a member whose learner raises, or whose learner actor dies, is reported and
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any
@@ -57,8 +58,21 @@ def hanging_first_param(policy: Any, config: LearnerConfig) -> Any:
     return _failing_first_param(policy, config, lambda: time.sleep(3600))
 
 
+def thread_count(policy: Any, config: LearnerConfig) -> Any:
+    """REINFORCE reporting as its loss the torch thread count its update ran under."""
+    learner = ReinforceLearner(policy, config)
+    update = learner.update
+
+    def counting(policy: Any, experience: Any) -> Any:
+        return dataclasses.replace(update(policy, experience), loss=float(torch.get_num_threads()))
+
+    learner.update = counting  # type: ignore[method-assign]
+    return learner
+
+
 def register() -> None:
     """Registers the learners above in ``evolve.learners.LEARNERS`` (in this process)."""
+    LEARNERS["thread_count"] = thread_count
     LEARNERS["flaky_first_param"] = flaky_first_param
     LEARNERS["dying_first_param"] = dying_first_param
     LEARNERS["hanging_first_param"] = hanging_first_param

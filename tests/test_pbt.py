@@ -501,6 +501,50 @@ def test_a_dying_learner_actor_is_reported_and_skipped_like_a_raising_learner(tm
 
 
 @pytest.mark.slow
+def test_torch_threads_apply_here_and_in_every_ray_actor(tmp_path: Path) -> None:
+    """Ray's actors had their own torch thread count (one, or the machine's when torch was imported before
+    Ray set ``OMP_NUM_THREADS=1``); updates that round differently under another count (SB3's PPO) made a
+    Ray run differ from the local one. ``torch_threads`` sets the count
+    in this process for the run (and gives the caller's back) and in the learner actors."""
+    ray = pytest.importorskip("ray")
+    from tests import ray_hooks
+
+    def config(name: str, backend: str, torch_threads: int | None) -> PBTConfig:
+        return PBTConfig(
+            run_dir=str(tmp_path / name), seed=5, generations=1, episodes_per_generation=2, env=_env(2),
+            population=3, learner="thread_count", progress=False, tensorboard=False, backend=backend,  # type: ignore[arg-type]
+            torch_threads=torch_threads,
+        )  # fmt: skip
+
+    def counts(run: Path) -> set[float]:
+        return {loss for h in _history(run) for loss in h["losses"].values()}
+
+    ray_hooks.register()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert counts(run_pbt(config("here", "local", None))) == {2.0}
+        assert counts(run_pbt(config("here-3", "local", 3))) == {3.0}
+        assert torch.get_num_threads() == 2
+        assert "torch_threads" not in json.loads((tmp_path / "here" / "config.json").read_text())
+        root = str(Path(__file__).resolve().parents[1])
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env={"worker_process_setup_hook": "tests.ray_hooks.register",
+                              "env_vars": {"PYTHONPATH": root}})  # fmt: skip
+        try:
+            # (unset, the actors' count is 1 or, here, where the set-up hook imports torch first, 2)
+            assert counts(run_pbt(config("ray-3", "ray", 3))) == {3.0}
+        finally:
+            ray.shutdown()
+    finally:
+        torch.set_num_threads(threads)
+        del LEARNERS["thread_count"]
+    for bad in (0, True, 1.5, "2"):
+        with pytest.raises(ValueError, match="torch_threads must be None or an int >= 1"):
+            PBTConfig(run_dir=str(tmp_path / "bad"), torch_threads=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
 def test_a_hanging_learner_actor_is_killed_after_ray_timeout_s(tmp_path: Path) -> None:
     """A learner whose Ray actor never answers (a lost node) hung the run for ever: with ray_timeout_s it
     is killed, reported and skipped like a dead one, and the run finishes. Exactly the members whose
