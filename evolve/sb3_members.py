@@ -307,8 +307,8 @@ class SB3Policy:
                 distribution = policy.get_distribution(obs, action_masks=_masks([observation]))
             else:
                 distribution = policy.get_distribution(obs)
-            picks = [
-                int(torch.multinomial(p[0], 1, generator=self.generator))
+            picks = [  # the generator is a CPU one (the same draws on any device): CUDA probabilities come over
+                int(torch.multinomial(p[0].cpu(), 1, generator=self.generator))
                 for p in _categorical_probs(distribution)
             ]
         if role == "teacher":

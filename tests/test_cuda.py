@@ -156,3 +156,23 @@ def test_lora_pbt_on_cuda_resumes_bit_identical(
     students = a["groups"]["student"]
     assert all(any(v.abs().sum() > 0 for k, v in m["genome"].items() if ".lora_B." in k) for m in students)
     assert all(h["losses"] for h in records(reference / "metrics.jsonl"))
+
+
+def test_sb3_member_acts_on_cuda() -> None:
+    """An SB3 member on ``device="cuda"`` samples with its CPU generator (``torch.multinomial`` refused CUDA
+    probabilities with a CPU generator), reproducibly and within the mask."""
+    pytest.importorskip("stable_baselines3")
+    from tests.test_pbt_sb3 import _student, _student_observations
+
+    policy = _student(seed=0, device="cuda")
+    assert next(policy.models["student"].policy.parameters()).is_cuda
+    observations = _student_observations(20)
+    for observation in observations:
+        observation["action_mask"][:] = [1, 0, 1, 0]
+
+    def actions(seed: int) -> list[int]:
+        policy.reseed(seed)
+        return [policy.act(o, "student_0") for o in observations]
+
+    first = actions(7)
+    assert first == actions(7) and set(first) <= {0, 2}
