@@ -169,9 +169,18 @@ def load_base(
 
 def _load_message(ref: str, reason: str) -> str:
     if (Path(ref) / "populora_tiny_base.json").is_file():  # a tiny base of the cache that no longer loads
-        return (
-            f"cannot load base model {ref!r}: {reason}. It is a tiny base of the cache, damaged after its "
-            "build: delete that folder, and `populora base build` (or `populora train`) builds it again."
+        damage = _damage(Path(ref))
+        if damage is not None:
+            return (
+                f"cannot load base model {ref!r}: {reason}. It is a tiny base of the cache, damaged after "
+                f"its build ({damage}): delete that folder, and `populora base build` (or `populora train`) "
+                "builds it again."
+            )
+        import transformers
+
+        return (  # its files are whole: the loader's own failure (e.g. a transformers it was not built by)
+            f"cannot load base model {ref!r}: {reason}. It is a tiny base of the cache whose files are whole; "
+            f"this is transformers {transformers.__version__} failing to load it (the package needs >= 4.56)."
         )
     hub = (
         "Hub access is off (HF_HUB_OFFLINE=1), so only local directories load"
