@@ -70,7 +70,10 @@ def choose_tokens(
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = filter_top_p(logits.float() / temperature, top_p).softmax(dim=-1)  # (B, V)
+    logits = logits.float()
+    # shifted to a maximum of 0 first: logits / T overflowed to inf (and the softmax to NaN) for a tiny T
+    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    probs = filter_top_p(scaled, top_p).softmax(dim=-1)  # (B, V)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -150,7 +153,8 @@ def decode_tokens(
 
     Args:
         model: a causal LM (plain or PEFT-wrapped).
-        tokenizer: its tokenizer; must have a pad token and pad on the left.
+        tokenizer: its tokenizer; must have a pad token (prompts are padded on the left whatever its
+            ``padding_side``).
         prompts: the prompts (the batch).
         max_new_tokens: generation budget per row.
         temperature: 0 for greedy, > 0 to sample.
@@ -164,8 +168,8 @@ def decode_tokens(
         share_prefill: run each distinct (prompt, key) prefill once; ``False`` runs every row's prompt.
 
     Returns:
-        Per row, the generated ids up to and including the first EOS (all ``max_new_tokens`` of them
-        when ``ignore_eos`` or when the row never stopped).
+        Per row, the generated ids up to and including the first stop token (``stop_token_ids``; all
+        ``max_new_tokens`` of them when ``ignore_eos`` or when the row never stopped).
     """
     if not prompts or max_new_tokens == 0:
         return [[] for _ in prompts]
@@ -181,8 +185,13 @@ def decode_tokens(
     device = next(model.parameters()).device
     prefill_rows = first if shared else every_row
     # prompts hold text others wrote (a teacher's task): "</s>" in it is text, not the EOS token
+    # left padding whatever the tokenizer's own setting: the positions and the last-position logits rely on it
     enc = tokenizer(
-        [prompts[i] for i in prefill_rows], return_tensors="pt", padding=True, split_special_tokens=True
+        [prompts[i] for i in prefill_rows],
+        return_tensors="pt",
+        padding=True,
+        padding_side="left",
+        split_special_tokens=True,
     ).to(device)
     _warn_past_context(model, int(enc["attention_mask"].sum(dim=1).max()), max_new_tokens)
     state = _DecodeState(growing_cache(), cache_kwarg(model), enc["attention_mask"], enc["input_ids"])
@@ -191,7 +200,7 @@ def decode_tokens(
         temperature=temperature,
         top_p=top_p,
         generator=torch.Generator(device=device).manual_seed(seed),
-        eos=tokenizer.eos_token_id,
+        stops=stop_token_ids(model, tokenizer),
         pad=tokenizer.pad_token_id,
         ignore_eos=ignore_eos,
     )
@@ -247,19 +256,21 @@ def _decode_steps(
     temperature: float,
     top_p: float,
     generator: torch.Generator,
-    eos: int | None,
+    stops: tuple[int, ...],
     pad: int,
     ignore_eos: bool,
 ) -> list[list[int]]:
-    """Choose a token per row from ``logits`` (B, V), feed it back, repeat; rows are cut after their EOS."""
+    """Choose a token per row from ``logits`` (B, V), feed it back, repeat; rows are cut after their first
+    stop token (``stop_token_ids``)."""
     finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)  # (B,)
+    stop = torch.tensor(stops, dtype=torch.long, device=logits.device)
     generated = []
     for step in range(max_new_tokens):
         tokens = choose_tokens(logits, temperature, top_p, generator)  # (B,)
         tokens = tokens.masked_fill(finished, pad)
         generated.append(tokens)
         if not ignore_eos:
-            finished |= tokens == eos
+            finished |= torch.isin(tokens, stop)
             if bool(finished.all()):
                 break
         if step + 1 == max_new_tokens:
@@ -270,8 +281,25 @@ def _decode_steps(
         logits = _forward(model, state, extra)
     rows = torch.stack(generated, dim=1).tolist()  # (B, T)
     if not ignore_eos:
-        rows = [row[: row.index(eos) + 1] if eos in row else row for row in rows]
+        rows = [_cut_after_stop(row, stops) for row in rows]
     return rows
+
+
+def _cut_after_stop(row: list[int], stops: tuple[int, ...]) -> list[int]:
+    for i, token in enumerate(row):
+        if token in stops:
+            return row[: i + 1]
+    return row
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    """The ids generation stops on: the tokenizer's EOS and every id of the model's
+    ``generation_config.eos_token_id`` (an int or a list), as ``transformers``' ``generate`` stops. Chat
+    models list more than one there (an end-of-turn token beside the end of text)."""
+    found = [tokenizer.eos_token_id]
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    found += configured if isinstance(configured, list | tuple) else [configured]
+    return tuple(dict.fromkeys(int(i) for i in found if isinstance(i, int) and not isinstance(i, bool)))
 
 
 def texts_of(tokenizer: Any, rows: Sequence[Sequence[int]]) -> list[str]:
@@ -287,7 +315,8 @@ def decode(model: Any, tokenizer: Any, prompts: Sequence[str], **kwargs: Any) ->
 
     Args:
         model: a causal LM (plain or PEFT-wrapped).
-        tokenizer: its tokenizer; must have a pad token and pad on the left.
+        tokenizer: its tokenizer; must have a pad token (prompts are padded on the left whatever its
+            ``padding_side``).
         prompts: the prompts (the batch).
         **kwargs: as :func:`decode_tokens` (``max_new_tokens``, ``temperature`` and ``seed`` required).
 

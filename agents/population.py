@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import os
 import re
 import shutil
@@ -30,7 +31,7 @@ from agents.base import load_base
 from agents.batched_lora import lora_linear_layers, stacked_lora
 from agents.generation import decode_tokens, texts_of
 from agents.policy import LoRAPolicy
-from evolve.checkpoint import atomic_write_bytes
+from evolve.checkpoint import atomic_write_bytes, fsync_tree
 
 Strategy = Literal["stacked", "peft_mixed", "loop"]
 MANIFEST = "population.json"
@@ -368,9 +369,14 @@ class LoRAPopulation:
         differently under BPE, and drops sampled special tokens.
 
         Returns:
-            Per prompt, the generated ids up to and including the first EOS (no EOS when the row used its
-            whole budget without stopping, or with ``ignore_eos``).
+            Per prompt, the generated ids up to and including the first stop token
+            (``agents.generation.stop_token_ids``; none when the row used its whole budget without
+            stopping, or with ``ignore_eos``).
         """
+        # numpy's numbers (a config read from an array) as Python's: the checks and torch take those
+        max_new_tokens, temperature, top_p, seed = map(
+            _plain_number, (max_new_tokens, temperature, top_p, seed)
+        )
         _check_generate_args(prompts, adapters, max_new_tokens, temperature, top_p, seed)
         if strategy not in ("stacked", "peft_mixed", "loop"):
             raise ValueError(f"strategy must be 'stacked', 'peft_mixed' or 'loop', got {strategy!r}")
@@ -424,8 +430,9 @@ class LoRAPopulation:
         ``run_dir`` is touched.
 
         The adapters are written to a hidden folder first and renamed in whole; the manifest is replaced
-        atomically (temporary file, fsync, rename) and is what :meth:`load` follows. A save interrupted at
-        any point (a kill, a full disk) leaves the previous save loadable as it was, never a mix of two.
+        atomically (temporary file, fsync, rename) and is what :meth:`load` follows; the adapter files are
+        fsynced before it. A save interrupted at any point (a kill, a full disk, a power loss) leaves the
+        previous save loadable as it was, never a mix of two.
 
         Returns:
             The manifest path.
@@ -444,6 +451,7 @@ class LoRAPopulation:
                 self.model.save_pretrained(
                     staging if name != "default" else staging / name, selected_adapters=[name]
                 )
+            fsync_tree(staging)  # on disk before the manifest names it and the previous save goes
             os.replace(staging, run / folder)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -543,6 +551,13 @@ def _peft_mixed_setup(model: Any, row_adapters: Sequence[str]) -> Iterator[dict[
 def _check_name(name: str) -> None:
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"adapter name {name!r} must match {_NAME.pattern}")
+
+
+def _plain_number(value: Any) -> Any:
+    """A ``numbers.Integral`` as ``int``, another ``numbers.Real`` as ``float`` (bools and the rest as they are)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def _is_int(value: Any) -> bool:

@@ -41,6 +41,19 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(root: Path) -> None:
+    """fsyncs every file and folder under ``root`` (``root`` too), so that a rename publishing ``root``
+    (and a manifest naming it) cannot outlive, on a power loss, the data it publishes."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(Path(folder) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(folder))
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Writes ``data`` to ``path`` atomically: a temp file in the same folder, fsync, rename, fsync folder.
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -161,6 +162,28 @@ def test_missing_base_is_one_clear_error(tmp_path: Path) -> None:
     (broken / "config.json").write_text("{not json")
     with pytest.raises(BaseModelLoadError, match="broken"):
         LoRAPopulation.from_pretrained(broken, ["a"])
+
+
+def test_a_cached_base_that_fails_to_load_is_called_damaged_only_when_it_is(
+    tiny_base_dir: Path, tmp_path: Path
+) -> None:
+    """A whole tiny base that the installed transformers cannot load (one older than the package needs)
+    was said to be damaged, to be deleted and rebuilt: which fails the same way."""
+    import shutil
+
+    whole = tmp_path / "whole"
+    shutil.copytree(tiny_base_dir, whole)
+    config = json.loads((whole / "config.json").read_text())
+    (whole / "config.json").write_text(json.dumps({**config, "model_type": "no-such-architecture"}))
+    with pytest.raises(BaseModelLoadError) as info:
+        load_base(whole)
+    assert "files are whole" in str(info.value) and "damaged" not in str(info.value)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_base_dir, damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(BaseModelLoadError, match=r"damaged after its build \(.*\): delete that folder"):
+        load_base(damaged)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -436,6 +459,52 @@ def test_generated_tokens_end_on_eos_or_the_budget(pop: LoRAPopulation) -> None:
     assert texts == [pop.tokenizer.decode(row, skip_special_tokens=True) for row in stripped]
 
 
+def test_generation_stops_on_every_stop_id_of_the_generation_config(pop: LoRAPopulation) -> None:
+    """Chat bases list more stop ids in ``generation_config.eos_token_id`` than the tokenizer's EOS (an
+    end-of-turn token): generation ran past them to the budget, where ``transformers`` stops."""
+    text, rows = prompts(3), [NAMES[0]] * 3
+    free = pop.generate_tokens(text, rows, 8, 0.0, 0)
+    other = free[0][1]  # a token the greedy decode produces (second step of the first row)
+    config = pop.model.generation_config
+    saved = config.eos_token_id
+    config.eos_token_id = [pop.tokenizer.eos_token_id, other]
+    try:
+        stopped = pop.generate_tokens(text, rows, 8, 0.0, 0)
+        enc = pop.tokenizer(text[:1], return_tensors="pt", split_special_tokens=True)
+        pop.model.eval()
+        theirs = pop.model.generate(**enc, max_new_tokens=8, do_sample=False, adapter_names=[NAMES[0]],
+                                    pad_token_id=pop.tokenizer.pad_token_id)  # fmt: skip
+    finally:
+        config.eos_token_id = saved
+    assert stopped[0] == free[0][:2] == theirs[0, enc["input_ids"].shape[1] :].tolist()
+    for mine, full in zip(stopped, free, strict=True):  # each row cut after its first stop id
+        cut = next((i + 1 for i, t in enumerate(full) if t == other), len(full))
+        assert mine == full[:cut]
+
+
+def test_generation_pads_on_the_left_whatever_the_tokenizer_says(pop: LoRAPopulation) -> None:
+    """Positions and last-position logits assume left padding: a tokenizer set to pad on the right made
+    every shorter row continue from its padding."""
+    text, rows = ["def f(x):\n    return x", "x"], [NAMES[0], NAMES[1]]
+    left = pop.generate(text, rows, 8, 0.0, 0)
+    pop.tokenizer.padding_side = "right"
+    try:
+        assert pop.generate(text, rows, 8, 0.0, 0) == left
+    finally:
+        pop.tokenizer.padding_side = "left"
+
+
+def test_tiny_temperatures_and_numpy_numbers_generate(pop: LoRAPopulation) -> None:
+    """``logits / T`` overflowed to inf for a tiny ``T`` (a NaN softmax: torch refused to sample); numpy
+    numbers, accepted by ``RolloutConfig`` and ``LoRAPolicy``, were refused at the first generation."""
+    text, rows = prompts(2), [NAMES[0], NAMES[2]]
+    greedy = pop.generate(text, rows, 6, 0.0, 0)
+    assert pop.generate(text, rows, 6, 1e-40, 0) == greedy
+    assert pop.generate(text, rows, 6, np.float32(0.7), np.int64(3), np.float64(0.9)) == pop.generate(
+        text, rows, 6, 0.7, 3, 0.9
+    )
+
+
 def test_top_p_keeps_the_smallest_nucleus() -> None:
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = torch.isfinite(filter_top_p(logits, 0.7))
@@ -498,6 +567,25 @@ def test_save_load_round_trip_gives_identical_logits(pop: LoRAPopulation, tmp_pa
         assert torch.equal(alone(**enc).logits, pop.model(**enc).logits)
     with pytest.raises(FileNotFoundError):
         LoRAPopulation.load(tmp_path / "empty")
+
+
+def test_save_fsyncs_the_adapter_files_before_the_manifest_names_them(
+    pop: LoRAPopulation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the manifest was fsynced: after a power loss it could name adapter files never written to
+    disk, with the previous save already removed."""
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    pop.save(tmp_path / "run")
+    manifest = next(i for i, path in enumerate(synced) if Path(path).name.startswith(".population.json"))
+    weights = [i for i, path in enumerate(synced) if path.endswith("adapter_model.safetensors")]
+    assert len(weights) == len(pop.adapter_names) and max(weights) < manifest
 
 
 def test_an_interrupted_save_leaves_the_previous_one_whole(
