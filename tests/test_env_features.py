@@ -228,21 +228,36 @@ def test_teachers_see_k_distinct_reference_tasks_of_their_type(verifier, mode, k
         env.step("junk" if mode == "text" else env.action_space(turn.agent).sample())
 
 
-def test_induction_candidates_do_not_give_the_answer_away(verifier):
+@pytest.mark.parametrize("teacher", ["random_program", "random_action"])
+def test_induction_candidates_do_not_give_the_answer_away(verifier, teacher):
     """The right program must not be findable without the pairs: picking the candidate closest to all the
-    others (fewest differing DSL slots) does about as well as a random pick. When the distractors were
-    variants of the right program, that pick found it in 92% of tasks against 50% by chance."""
+    others does about as well as a random pick, by DSL slots and by rendered source (what a student's
+    observation shows), for scripted programs and for uniform random teacher actions (an untrained RL
+    teacher). When the distractors were variants of the right program, the slot pick found it in 92% of
+    tasks against 50% by chance; when their hidden centre could render as the right program itself (a
+    change that does nothing), the source pick found it in 62% of random-action tasks against 41%."""
+    import difflib
     import random
 
     from populora_env import dsl
     from populora_env.candidates import make_candidates
     from populora_env.tasks import Task, task_id_for
 
+    def lines_apart(a: str, b: str) -> int:
+        x, y = a.splitlines(), b.splitlines()
+        same = sum(m.size for m in difflib.SequenceMatcher(a=x, b=y).get_matching_blocks())
+        return len(x) + len(y) - 2 * same
+
     rng = random.Random(1)
-    medoid = chance = 0.0
+    space = np.random.default_rng(1)
+    nvec = teacher_student_v0.raw_env(mode="structured", n_slots=6).action_space("teacher_0").nvec
+    by_slots = by_source = chance = 0.0
     n = 0
     while n < 150:
-        program = dsl.random_program(rng, 6, rng.random())
+        if teacher == "random_program":
+            program = dsl.random_program(rng, 6, rng.random())
+        else:
+            program = dsl.decode(space.integers(0, nvec), 6)
         source, _ = dsl.render(program)
         inputs = dsl.induction_inputs(program, 6)
         runs = verifier.run_many([(source, args) for args in inputs])
@@ -256,7 +271,35 @@ def test_induction_candidates_do_not_give_the_answer_away(verifier):
             continue
         slots = [c.program.slots for c in candidates]
         distance = [sum(sum(x != y for x, y in zip(a, b, strict=True)) for b in slots) for a in slots]
-        medoid += candidates[min(range(len(slots)), key=distance.__getitem__)].correct
+        by_slots += candidates[min(range(len(slots)), key=distance.__getitem__)].correct
+        distance = [sum(lines_apart(a.text, b.text) for b in candidates) for a in candidates]
+        by_source += candidates[min(range(len(candidates)), key=distance.__getitem__)].correct
         chance += sum(c.correct for c in candidates) / len(candidates)
         n += 1
-    assert medoid / n < chance / n + 0.15, (medoid / n, chance / n)
+    assert by_slots / n < chance / n + 0.15, (by_slots / n, chance / n)
+    assert by_source / n < chance / n + 0.12, (by_source / n, chance / n)
+
+
+def test_deduction_candidates_are_told_apart_by_the_observation(verifier):
+    """Candidates were distinct as texts, but a student sees each through ``dsl.value_row`` (numbers
+    clipped at 1000, eight elements): ``1200`` (wrong) and ``1500`` (right) were one row, a choice no
+    policy could make."""
+    import random
+
+    from populora_env import dsl
+    from populora_env.candidates import make_candidates
+    from populora_env.tasks import Task, task_id_for
+
+    program = dsl.DslProgram(0, 15, ((3, 7), (3, 7), (3, 7), (0, 0), (0, 0), (0, 0)))  # f(12): x * 5, 3 times
+    source, args = dsl.render(program)
+    (run,) = verifier.run_many([(source, args)])
+    assert run.output == "1500"
+    task = Task(task_id_for("deduction", source, (args,)), "deduction", source, (args,), (run.output,),
+                program_dsl=program)  # fmt: skip
+    clipped = 0
+    for seed in range(60):
+        candidates = make_candidates(task, verifier, random.Random(seed), 4)
+        rows = [dsl.value_row(c.text).tobytes() for c in candidates]
+        assert len(set(rows)) == len(rows), [(c.text, c.correct) for c in candidates]
+        clipped += sum(int(c.text) > dsl.VALUE_CLIP for c in candidates if not c.correct)
+    assert clipped == 0  # every wrong candidate above the clip would share the right one's row

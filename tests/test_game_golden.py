@@ -185,7 +185,8 @@ def test_structured_golden_round_rewards(verifier):
         "student_0": ExecutingStudent(env, skill=1.0, seed=0),
         "student_1": WrongCandidate(env),
     }
-    (record,) = play(env, policies, seed=4)
+    # a seed whose six tasks each have a wrong candidate (a constant function's abduction task has none)
+    (record,) = play(env, policies, seed=5)
     history = env.unwrapped._game.history
     assert [(r.teacher, r.verdict, r.solve_rate, r.n_attempts, r.reward) for r in history] == [
         (t, "valid", 0.5, 2, 0.5) for _ in range(3) for t in ("teacher_0", "teacher_1")
