@@ -151,9 +151,10 @@ def decode(action: np.ndarray, n_slots: int) -> DslProgram:
     nvec = _nvec(n_slots)
     try:
         vec = np.asarray(action)
-    except ValueError:  # ragged nested lists
+    except Exception as error:  # ragged nested lists; a tensor numpy cannot read (grad, GPU): any error
         raise ValueError(
-            f"structured action must be an integer vector of shape {(len(nvec),)}, got a ragged {type(action).__name__}"
+            f"structured action must be an integer vector of shape {(len(nvec),)}, got a "
+            f"{type(action).__name__} numpy cannot read ({type(error).__name__}: {str(error)[:120]})"
         ) from None
     # issubclass on the scalar type is what np.issubdtype(vec.dtype, np.integer) checks, minus its overhead
     if vec.shape != (len(nvec),) or not issubclass(vec.dtype.type, np.integer):

@@ -401,7 +401,13 @@ class raw_env(AECEnv):
         if isinstance(action, (int, np.integer)) and not isinstance(action, bool):
             index = int(action)
         else:
-            arr = np.asarray(action)
+            try:
+                arr = np.asarray(action)
+            except Exception as error:  # a tensor numpy cannot read (grad, GPU), a ragged list: any error
+                raise ValueError(
+                    f"a student's structured action must be an integer, got a {type(action).__name__} numpy "
+                    f"cannot read ({type(error).__name__}: {str(error)[:120]})"
+                ) from None
             if arr.shape != () or not np.issubdtype(arr.dtype, np.integer):
                 raise ValueError(f"a student's structured action must be an integer, got {action!r:.100}")
             index = int(arr)

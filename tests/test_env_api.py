@@ -188,8 +188,11 @@ def test_structured_illegal_actions(verifier):
     for wrong in (np.zeros((1, *shape), dtype=np.int64), np.zeros((*shape, 1), dtype=np.int64)):
         with pytest.raises(ValueError, match="integer vector of shape"):  # outside the space: not reshaped
             env.step(wrong)
-    with pytest.raises(ValueError, match="ragged list"):
+    with pytest.raises(ValueError, match="got a list numpy cannot read"):  # ragged
         env.step([[0, 1], [2]])
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="got a Tensor numpy cannot read"):  # RuntimeError (grad) escaped
+        env.step(torch.zeros(shape, requires_grad=True))
     with pytest.raises(KeyError, match="unknown agent 'nobody'"):
         env.observe("nobody")
     env.step(np.zeros(shape, dtype=np.int64))  # a valid (if trivial) proposal: the student's turn
@@ -203,6 +206,8 @@ def test_structured_illegal_actions(verifier):
         env.step(2**70)
     with pytest.raises(ValueError, match="None is the action of an agent that is done"):
         env.step(None)
+    with pytest.raises(ValueError, match="got a Tensor numpy cannot read"):
+        env.step(torch.zeros((), requires_grad=True))
     assert count >= 1
     pen = teacher_student_v0.raw_env(
         verifier=verifier, mode="structured", n_teachers=1, n_students=1, illegal_action="penalize", rounds=1
@@ -212,6 +217,9 @@ def test_structured_illegal_actions(verifier):
     assert pen.infos["teacher_0"]["verdict"] == "format_error"
     assert pen.infos["teacher_0"]["status"] == "illegal_action"
     assert pen.rewards["teacher_0"] == -1.0
+    pen.reset(seed=0)
+    pen.step(torch.zeros(shape, requires_grad=True))  # penalised, as promised, not a RuntimeError
+    assert pen.infos["teacher_0"]["status"] == "illegal_action"
 
 
 def test_bad_config_kwargs_name_the_field(verifier):
