@@ -132,7 +132,12 @@ def dare(
     Raises:
         ValueError: Mismatched parents or base, or ``drop`` outside ``[0, 1)``.
     """
-    check_parents(parents if base is None else [*parents, base])
+    check_parents(parents)
+    if base is not None:
+        try:
+            check_parents([parents[0], base])
+        except ValueError as error:  # "parent 1" is the base there
+            raise ValueError(str(error).replace("parent 1", "base")) from None
     check_fitness(fitness, len(parents))
     if not 0 <= drop < 1:
         raise ValueError(f"drop: must be in [0, 1), got {drop}")

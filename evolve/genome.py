@@ -136,9 +136,13 @@ def detached(operator: _Operator) -> _Operator:
     write into preallocated tensors (``out=`` does not support autograd). The views share the parents'
     storage: nothing is copied. A NaN or infinity in a parent is a ``ValueError`` naming the parent and
     the key (ΔW-space operators failed inside LAPACK naming neither; the others passed it to the child).
-    The first argument may be given by keyword too (``genome=`` / ``parents=``).
+    The first argument may be given by keyword too (``genome=`` / ``parents=``). A genome where parents
+    belong (or the reverse) is a ``TypeError`` saying so, and a child whose values overflowed its dtype
+    (finite parents, extreme magnitudes) a ``ValueError`` naming the operator and the key, never an
+    infinite child.
     """
     first = next(iter(inspect.signature(operator).parameters))
+    name = getattr(operator, "__name__", "operator")
 
     @functools.wraps(operator)
     def run(*args: Any, **kwargs: Any) -> Genome:
@@ -148,19 +152,28 @@ def detached(operator: _Operator) -> _Operator:
             genomes = kwargs.pop(first)
         else:
             return operator(*args, **kwargs)  # its own TypeError for the missing argument
-        if isinstance(genomes, Mapping):
+        if first == "parents":
+            if isinstance(genomes, Mapping | str) or not isinstance(genomes, Sequence):
+                raise TypeError(f"{name}: parents must be a sequence of genomes (dicts of tensors), got a "
+                                f"{type(genomes).__name__}")  # fmt: skip
+            for index, genome in enumerate(genomes):
+                if not isinstance(genome, Mapping):
+                    raise TypeError(f"{name}: parent {index} must be a genome (a dict of tensors), got a "
+                                    f"{type(genome).__name__}")  # fmt: skip
+                check_finite(genome, f"parent {index}")
+            genomes = [_detach(g) for g in genomes]
+        elif isinstance(genomes, Mapping):
             check_finite(genomes, "genome")
             genomes = _detach(genomes)
-        elif isinstance(genomes, Sequence):
-            for index, genome in enumerate(genomes):
-                if isinstance(genome, Mapping):
-                    check_finite(genome, f"parent {index}")
-            genomes = [_detach(g) if isinstance(g, Mapping) else g for g in genomes]
-        for name, value in kwargs.items():
+        elif first == "genome":
+            raise TypeError(f"{name}: genome must be a dict of tensors, got a {type(genomes).__name__}")
+        for key, value in kwargs.items():
             if isinstance(value, Mapping):
-                check_finite(value, name)
+                check_finite(value, key)
         kwargs = {k: _detach(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()}
-        return operator(genomes, *args, **kwargs)
+        child = operator(genomes, *args, **kwargs)
+        check_finite(child, f"{name}'s child (finite inputs: the result overflows its dtype)")
+        return child
 
     return run  # type: ignore[return-value]
 
@@ -240,7 +253,16 @@ def check_fitness(fitness: Sequence[float] | torch.Tensor | None, count: int) ->
     """
     if fitness is None:
         return None
-    values = [float(f) for f in (fitness.tolist() if isinstance(fitness, torch.Tensor) else fitness)]
+    if isinstance(fitness, torch.Tensor) and fitness.ndim != 1:
+        raise ValueError(
+            f"fitness: need a 1-D tensor (one value per parent), got shape {tuple(fitness.shape)}"
+        )
+    try:
+        values = [float(f) for f in (fitness.tolist() if isinstance(fitness, torch.Tensor) else fitness)]
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"fitness: need one number per parent ({count}), got {fitness!r:.100} ({error})"
+        ) from None
     if len(values) != count:
         raise ValueError(f"fitness: need one value per parent ({count}), got {len(values)}")
     if not all(math.isfinite(v) for v in values):

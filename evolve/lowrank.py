@@ -77,7 +77,12 @@ def lowrank_svd(b: torch.Tensor, a: torch.Tensor) -> LowRankSVD:
     a_reflectors, a_tau = torch.geqrf(a.mT)  # aᵀ = Q_a R_a
     r_b = b_reflectors[..., : min(m, rank_in), :].triu()  # (..., k_b, R)
     r_a = a_reflectors[..., : min(n, rank_in), :].triu()  # (..., k_a, R)
-    u, s, vh = torch.linalg.svd(r_b @ r_a.mT, full_matrices=False)  # core (..., k_b, k_a)
+    core = r_b @ r_a.mT  # (..., k_b, k_a)
+    if not bool(torch.isfinite(core).all()):  # LAPACK failed on it naming nothing, or gave an infinite child
+        raise ValueError(
+            f"a LoRA pair's B @ A overflows {core.dtype}: its factors are too large to decompose"
+        )
+    u, s, vh = torch.linalg.svd(core, full_matrices=False)
     return LowRankSVD(b, a, b_reflectors, b_tau, a_reflectors, a_tau, u, s, vh.mT)
 
 
@@ -137,9 +142,17 @@ def take_right_vectors(v: torch.Tensor, rank: int) -> torch.Tensor:
     return torch.cat([v, extra[..., picks]], dim=-1)
 
 
+FRESH_ROW_NORM = 3**-0.5
+"""``row_scale`` where ``A`` is all zero: the expected row norm of PEFT's default ``A`` initialisation
+(Kaiming-uniform with ``a = √5``: entries uniform in ``±1/√in``, variance ``1/(3 in)`` each)."""
+
+
 def row_scale(a: torch.Tensor) -> torch.Tensor:
-    """RMS row norm of ``a (..., R, n)``: ``(..., 1)``, the typical norm of one row of ``A``."""
-    return torch.linalg.vector_norm(a, dim=(-2, -1)).div(a.shape[-2] ** 0.5).unsqueeze(-1)
+    """RMS row norm of ``a (..., R, n)``: ``(..., 1)``, the typical norm of one row of ``A``; ``FRESH_ROW_NORM``
+    where ``a`` is all zero (with ``B != 0`` such an adapter still trains, ``∂L/∂A = Bᵀ ∂L/∂W``; a zero
+    scale made every component of its child null in both factors, never trainable again)."""
+    scale = torch.linalg.vector_norm(a, dim=(-2, -1)).div(a.shape[-2] ** 0.5).unsqueeze(-1)
+    return torch.where(scale > 0, scale, torch.full_like(scale, FRESH_ROW_NORM))
 
 
 def gauge(s: torch.Tensor, a_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

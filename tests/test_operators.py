@@ -213,6 +213,64 @@ def test_svd_spectrum_refuses_a_strength_that_overflows():
         mutate("svd_spectrum", lora_genome(1), strength=100.0)
 
 
+def test_children_that_overflow_their_dtype_are_refused_naming_the_key():
+    """Finite parents of extreme magnitude: some operators returned infinite children without a word (the
+    PBT loop then played and checkpointed them), the ΔW-space ones failed in LAPACK naming nothing, and
+    svd_spectrum blamed a strength of 0."""
+    g = torch.Generator().manual_seed(0)
+
+    def lora(scale: float) -> dict[str, torch.Tensor]:
+        return {"m.x.lora_A.weight": torch.randn(3, 5, generator=g) * scale,
+                "m.x.lora_B.weight": torch.randn(6, 3, generator=g) * scale}  # fmt: skip
+
+    big = lora(1e19)
+    for name in ("svd_spectrum", "component_mask"):
+        with pytest.raises(ValueError, match=r"B @ A overflows torch.float32"):
+            mutate(name, big, strength=0.0)
+    with pytest.raises(ValueError, match=r"overflows"):
+        cross("interpolate", [big, lora(1e19)])
+    with pytest.raises(ValueError, match=r"gaussian's child .* at key 'm\.x\.lora_(A|B)\.weight'"):
+        mutate("gaussian", lora(1.0), strength=1e39)
+    half = {k: t.half() for k, t in lora(1.0).items()}
+    with pytest.raises(ValueError, match=r"dare's child .* at key"):  # the rescale passes fp16's 65504
+        cross("dare", [{k: t * 3e4 for k, t in half.items()}, half], drop=0.9)
+
+
+def test_wrong_argument_types_say_what_was_expected():
+    parent = lora_genome(1)
+    with pytest.raises(TypeError, match=r"uniform: parents must be a sequence of genomes .* got a dict"):
+        cross("uniform", parent)
+    with pytest.raises(TypeError, match=r"interpolate: parents must be a sequence of genomes .* got a dict"):
+        cross("interpolate", parent)
+    with pytest.raises(TypeError, match=r"parent 1 must be a genome .* got a str"):
+        cross("uniform", [parent, "parent"])
+    with pytest.raises(TypeError, match="gaussian: genome must be a dict of tensors, got a list"):
+        mutate("gaussian", [parent])
+    with pytest.raises(ValueError, match=r"fitness: need a 1-D tensor .* shape \(1, 2\)"):
+        cross("es", [parent, lora_genome(2)], fitness=torch.tensor([[1.0, 2.0]]))
+    with pytest.raises(ValueError, match=r"fitness: need one number per parent \(2\)"):
+        cross("es", [parent, lora_genome(2)], fitness=[[1.0], [2.0]])
+    other = {k: t.double() if "down_proj" in k else t for k, t in lora_genome(2).items()}
+    with pytest.raises(
+        ValueError, match=r"down_proj.*dtype torch.float32 in parent 0, torch.float64 in base"
+    ):
+        cross("dare", [parent, lora_genome(3)], base=other)
+
+
+def test_an_adapter_with_a_zero_a_keeps_a_trainable_child():
+    """``A = 0`` with ``B != 0`` still trains (``∂L/∂A = Bᵀ ∂L/∂W``), but ΔW-space operators gave its
+    children zero ``A`` and zero ``B``: no gradient reaches either, the adapter was dead for good."""
+    g = torch.Generator().manual_seed(0)
+    parent = {"m.x.lora_A.weight": torch.zeros(3, 5), "m.x.lora_B.weight": torch.randn(6, 3, generator=g)}
+    children = {"svd_spectrum": mutate("svd_spectrum", parent), "component_mask": mutate("component_mask", parent),
+                "interpolate": cross("interpolate", [parent, parent]),
+                "svd_splice": cross("svd_splice", [parent, parent])}  # fmt: skip
+    for name, child in children.items():
+        assert float(delta_w(child)["m.x"].abs().max()) == 0.0, name  # ΔW stays 0
+        norms = torch.linalg.vector_norm(child["m.x.lora_A.weight"], dim=1)
+        torch.testing.assert_close(norms, torch.full((3,), lowrank.FRESH_ROW_NORM), msg=name)
+
+
 def test_a_rank_above_the_module_size_keeps_svd_spectrum_exact_and_no_dead_rows():
     """Rank 4 on a module with 2 outputs: only 2 components exist. svd_spectrum rotated the zero padding
     into the real components (its singular values came out smaller than S exp(strength z)), and every
