@@ -53,7 +53,8 @@ class VerifyArgs:
     json: bool = False
     """Print one JSON object per record, then the summary, instead of text."""
     strict: bool = False
-    """Exit with status 1 when any record errors or mismatches its claimed output, or a line is malformed."""
+    """Exit with status 1 when any record errors or mismatches its claimed output, a line is malformed, or
+    the file holds no records."""
     workers: Annotated[
         int | None, tyro.conf.arg(metavar="INT", help_behavior_hint="(default: number of CPUs)")
     ] = None
@@ -120,6 +121,9 @@ def verify(args: VerifyArgs) -> int:
         active = [k for k, on in asdict(isolation).items() if k != "errors" and on]
         print(f"  isolation: {'full' if isolation.full else 'PARTIAL'} ({', '.join(active)})")
     failed = summary.mismatched + summary.errors + summary.malformed_lines
+    if args.strict and not summary.records:  # an empty or truncated dataset must not pass a CI check
+        print(f"populora verify: --strict: {path} holds no records", file=sys.stderr)
+        return 1
     return 1 if args.strict and failed else 0
 
 

@@ -86,6 +86,30 @@ def test_load_records_reports_malformed_lines(tmp_path):
     ]
 
 
+def test_a_deeply_nested_line_is_skipped_and_the_others_checked(tmp_path):
+    """``json.loads`` raises RecursionError on ~1 000 brackets (any extra field can hold them): the whole
+    file was lost to a traceback, with --strict's exit status 1."""
+    good = json.dumps({"code": "def f(x):\n    return x", "input": "1", "output": "1", "id": None})
+    deep = '{"code": "def f(x):\\n    return x", "input": "1", "meta": ' + "[" * 5000 + "]" * 5000 + "}"
+    data = tmp_path / "deep.jsonl"
+    data.write_text(f"{good}\n{deep}\n{good}\n")
+    records, errors = load_records(data)
+    assert [r.id for r in records] == ["line 1", "line 3"]  # "id": null is no id, not "None"
+    assert [(e.line, e.reason) for e in errors] == [(2, "not JSON this reader takes: nested too deeply")]
+    done = populora("verify", str(data))
+    assert done.returncode == 0 and "pass 2" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_strict_fails_a_file_with_no_records(tmp_path):
+    """A truncated or empty dataset passed ``--strict`` (0 records, nothing failed)."""
+    for text in ("", "\n\n"):
+        empty = tmp_path / "empty.jsonl"
+        empty.write_text(text)
+        done = populora("verify", str(empty), "--strict")
+        assert done.returncode == 1 and "--strict: " in done.stderr and "holds no records" in done.stderr
+        assert populora("verify", str(empty)).returncode == 0
+
+
 def test_verify_refuses_bytes_that_are_not_utf8_and_prints_any_text(tmp_path):
     """An invalid byte was replaced by U+FFFD, so a program other than the file's ran (and passed
     --strict when its claimed output held U+FFFD); a lone surrogate in an id crashed the printing."""

@@ -124,6 +124,8 @@ def _parse_line(line: str, number: int) -> Record | LoadError:
         data = json.loads(line)
     except ValueError as e:
         return LoadError(number, f"not JSON: {e}")
+    except RecursionError:  # json's decoder recurses per bracket: ~1 000 of them in any field
+        return LoadError(number, "not JSON this reader takes: nested too deeply")
     if not isinstance(data, dict):
         return LoadError(number, "not a JSON object")
     for key in ("code", "input"):
@@ -132,7 +134,8 @@ def _parse_line(line: str, number: int) -> Record | LoadError:
     output = data.get("output")
     if output is not None and not isinstance(output, str):
         return LoadError(number, "field 'output' is not a string")
-    return Record(str(data.get("id", f"line {number}")), data["code"], data["input"], output)
+    given = data.get("id")
+    return Record(f"line {number}" if given is None else str(given), data["code"], data["input"], output)
 
 
 def verify_records(
