@@ -13,7 +13,7 @@ from __future__ import annotations
 from evolve import operators
 from evolve.genome import Genome, LoraPair, lora_pairs
 from evolve.operators import CROSSOVERS, MUTATIONS
-from evolve.pbt import PBTConfig, run_pbt
+from evolve.pbt import PBTConfig, RunInUseError, run_pbt
 from evolve.protocols import EvolvablePolicy, Learner
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "Learner",
     "LoraPair",
     "PBTConfig",
+    "RunInUseError",
     "lora_pairs",
     "operators",
     "run_pbt",

@@ -58,15 +58,22 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Writes ``data`` to ``path`` atomically: a temp file in the same folder, fsync, rename, fsync folder.
 
     A crash at any point leaves either the old file (or none) or the complete new one, plus at most a
-    stray ``*.tmp`` file that readers ignore.
+    stray ``*.tmp`` file that readers ignore; a failed write (a full disk) removes its temp file and
+    raises naming ``path``.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as error:  # a full disk: the partial file would keep it full
+        tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None:  # ENOSPC from write() names no file
+            error.filename = str(path)
+        raise
     _fsync_dir(path.parent)
 
 

@@ -9,12 +9,16 @@ a 1x1 game is 1T-1S; larger games and populations are NTxNS.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
 import marshal
 import math
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -326,6 +330,11 @@ def _check_unsaved_start(run_dir: Path, config: PBTConfig) -> None:
     metrics, so it is refused."""
     path = run_dir / "config.json"
     if not path.is_file():
+        if found := [name for name in OVERWRITTEN if (run_dir / name).exists()]:
+            raise ValueError(
+                f"{run_dir} holds {', '.join(found)} but no run config or checkpoint: not a run of "
+                "run_pbt, whose files would replace them; choose another run_dir (or empty that one)"
+            )
         return
     try:
         old = json.loads(path.read_text())
@@ -363,6 +372,9 @@ def _check_same_run(saved: dict[str, Any], config: PBTConfig) -> int:
 
 RUN_FILES = ("config.json", "metrics.jsonl", "lineage.jsonl")
 """The files ``run_pbt`` writes atomically in the run folder (besides ``checkpoints/`` and ``tb/``)."""
+OVERWRITTEN = ("metrics.jsonl", "lineage.jsonl", "tb", "curves.png")
+"""What a new run replaces or adds to in its folder (``curves.png``: ``populora train``'s plot), refused
+in a folder that holds them without a run's config or checkpoint."""
 
 
 def run_pbt(config: PBTConfig) -> Path:
@@ -388,12 +400,55 @@ def run_pbt(config: PBTConfig) -> Path:
         torch.set_num_threads(threads)
 
 
+class RunInUseError(RuntimeError):
+    """Another ``run_pbt`` (in this or another process) holds the run folder."""
+
+
+LOCK_FILE = ".lock"
+"""The file in a run folder that ``run_pbt`` holds an exclusive ``flock`` on while it runs."""
+
+
+@contextlib.contextmanager
+def _run_lock(run_dir: Path) -> Iterator[None]:
+    """The run folder for this call alone: two runs on one folder both "succeeded" with every metric
+    written twice. The kernel releases the lock of a killed process, so a killed run never blocks its
+    resume."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise RunInUseError(
+                f"{run_dir} is in use by another run (pid {holder}): wait for it to end or choose another run_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _run_pbt(config: PBTConfig) -> Path:
     run_dir = Path(config.run_dir)
     ckpt_dir = run_dir / "checkpoints"
     for path in (run_dir, ckpt_dir):  # found now, not when the first generation is saved
         if path.exists() and not path.is_dir():
             raise ValueError(f"{path} is a file, not a folder: run_pbt writes the run's checkpoints there")
+    if config.tensorboard:
+        try:
+            os.fsdecode(run_dir).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"run_dir {os.fsdecode(run_dir)!r} is not UTF-8, which TensorBoard's writer needs: choose "
+                "another name or set tensorboard=False (populora train --no-tensorboard)"
+            ) from None
+    with _run_lock(run_dir):
+        return _run_locked(config, run_dir, ckpt_dir)
+
+
+def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:
     remove_temp_files(ckpt_dir)
     remove_temp_files(run_dir, RUN_FILES)  # a kill between a temp file's write and its rename
     saved = load_latest(ckpt_dir)

@@ -265,7 +265,7 @@ def train(args: TrainArgs) -> int:
     from agents.base import BaseModelLoadError, build_tiny_base
     from agents.members import LoRAMemberOptions, grpo_config
     from evolve.checkpoint import CheckpointError
-    from evolve.pbt import run_pbt
+    from evolve.pbt import RunInUseError, run_pbt
     from evolve.plots import plot_run
 
     # PEFT calls a transformers method deprecated in v5 on every adapter it adds: noise, not a problem here
@@ -302,8 +302,11 @@ def train(args: TrainArgs) -> int:
         torch.set_num_threads(args.threads)
         config = _train_config(args, base)
         run_dir = run_pbt(config)
-    except (ValueError, BaseModelLoadError, CheckpointError, OSError) as error:  # OSError: an unwritable
-        print(f"populora train: {error}", file=sys.stderr)  # --run-dir or --cache-dir, a full disk
+    except OSError as error:  # an unwritable --run-dir or --cache-dir, a full disk
+        print(f"populora train: {error}; {_resume_hint(Path(args.run_dir))}", file=sys.stderr)
+        return 2
+    except (ValueError, BaseModelLoadError, CheckpointError, RunInUseError) as error:
+        print(f"populora train: {error}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, _Terminated) as stop:
         name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"
@@ -359,7 +362,10 @@ def _resume_hint(run_dir: Path) -> str:
     """Where a stopped run stands: its newest checkpoint, and that the same command resumes it."""
     from evolve.checkpoint import list_checkpoints
 
-    saved = list_checkpoints(run_dir / "checkpoints")
+    try:
+        saved = list_checkpoints(run_dir / "checkpoints")
+    except OSError as error:  # the failure being reported may be this folder's
+        return f"its checkpoints cannot be listed ({error})"
     if not saved:
         return f"no checkpoint in {run_dir} yet: the same command starts the run again"
     return f"the same command resumes it from {saved[-1]} (and ends as an uninterrupted run would)"

@@ -323,7 +323,65 @@ def test_a_run_folder_in_the_way_is_refused_before_any_work(tmp_path: Path) -> N
     (run / "checkpoints").write_text("")
     with pytest.raises(ValueError, match=r"checkpoints is a file, not a folder"):
         run_pbt(tiny_config(str(run)))
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]
+    assert sorted(p.name for p in run.iterdir()) == [pbt.LOCK_FILE, "checkpoints"]  # the lock of the first
+
+
+def test_a_folder_holding_other_files_a_run_would_replace_is_refused(tmp_path: Path) -> None:
+    """Without a config.json or checkpoint (not a run of ours) its metrics.jsonl, lineage.jsonl and
+    curves.png were replaced without a word (``--run-dir .`` in a project folder)."""
+    for name in ("metrics.jsonl", "curves.png"):
+        run = tmp_path / name
+        run.mkdir()
+        (run / name).write_text("precious")
+        with pytest.raises(ValueError, match=rf"holds {name} but no run config or checkpoint"):
+            run_pbt(tiny_config(str(run)))
+        assert (run / name).read_text() == "precious"
+
+
+def test_a_run_folder_is_one_runs_at_a_time(tmp_path: Path) -> None:
+    """Two runs on one folder (two ``populora train`` with the same --run-dir) both "succeeded", every
+    metric written twice. The folder is locked for the run; a killed run's lock goes with its process."""
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         f"fd = os.open({str(run / pbt.LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'4242'); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    run.mkdir()
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(pbt.RunInUseError, match=r"run is in use by another run \(pid 4242\)"):
+            run_pbt(tiny_config(str(run), generations=1))
+        assert sorted(p.name for p in run.iterdir()) == [pbt.LOCK_FILE]  # nothing of the run written
+    finally:
+        holder.kill()
+        holder.wait()
+    run_pbt(tiny_config(str(run), generations=1))  # the kill released it
+    with pbt._run_lock(run), pytest.raises(pbt.RunInUseError, match=f"pid {os.getpid()}"):
+        run_pbt(tiny_config(str(run), generations=1))  # in this process too
+
+
+def test_a_write_that_fails_names_its_file_and_leaves_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC from ``write()`` names no file, and the partial temp file kept the disk full."""
+    import errno
+
+    def full(handle: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match=r"No space left on device: '.*x\.bin'"):
+        atomic_write_bytes(tmp_path / "x.bin", b"abc")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_folder_tensorboard_cannot_name_is_refused_before_any_write(tmp_path: Path) -> None:
+    run = os.fsdecode(os.fsencode(tmp_path) + b"/bad\xffdir")
+    with pytest.raises(ValueError, match=r"is not UTF-8, which TensorBoard's writer needs"):
+        run_pbt(dataclasses.replace(tiny_config(run), tensorboard=True))
+    assert not os.path.exists(run)
 
 
 def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
