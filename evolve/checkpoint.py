@@ -153,19 +153,24 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     """
     data = Path(path).read_bytes()
     if not data.startswith(MAGIC):
-        raise CheckpointError(f"{path}: not a populora evolve checkpoint (bad magic)")
+        raise CheckpointError(
+            f"{path}: not a populora evolve checkpoint (bad magic); delete it to resume from an older one"
+        )
     end = data.find(b"\n", len(MAGIC))
     try:
         header = json.loads(data[len(MAGIC) : end])
         length, digest = int(header["length"]), str(header["sha256"])
     except (ValueError, KeyError, TypeError) as error:
-        raise CheckpointError(f"{path}: unreadable header ({error})") from error
+        raise CheckpointError(
+            f"{path}: unreadable header ({error}); delete it to resume from an older one"
+        ) from error
     if header.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: format {header.get('format')!r}, expected {FORMAT_VERSION}")
     payload = data[end + 1 :]
     if len(payload) != length:
         raise CheckpointError(
-            f"{path}: truncated or padded payload ({len(payload)} bytes, header says {length})"
+            f"{path}: truncated or padded payload ({len(payload)} bytes, header says {length}); delete it "
+            "to resume from an older one"
         )
     if hashlib.sha256(payload).hexdigest() != digest:
         raise CheckpointError(

@@ -71,9 +71,12 @@ def _record_problem(record: Any) -> str:
     return ""
 
 
-def _png(out: str | Path) -> Path:
-    """``out``, with ``.png`` added when it has no extension (matplotlib adds it to the file it writes)."""
+def _png(out: str | Path, name: str = "curves.png") -> Path:
+    """``out``, with ``.png`` added when it has no extension (matplotlib adds it to the file it writes);
+    ``out/name`` when ``out`` is a folder (it wrote ``out.png`` beside the folder)."""
     path = Path(out)
+    if path.is_dir():
+        return path / name
     return path if path.suffix else path.with_name(path.name + ".png")
 
 
@@ -241,7 +244,7 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
         ax.set_xlabel("generation")
     fig.suptitle(f"{len(runs)} runs compared")
     fig.tight_layout()
-    target = _png(out)
+    target = _png(out, "compare.png")
     fig.savefig(target, dpi=100)
     plt.close(fig)
     return target

@@ -177,7 +177,8 @@ class TeacherStudentConfig:
     """Fewest distinct inputs of a text induction proposal (at least 2: half are shown, the rest test the
     student's program)."""
     induction_max_inputs: int = 6
-    """Most inputs of a text induction proposal; structured induction tasks use exactly this many."""
+    """Most inputs of a text induction proposal; structured induction tasks use exactly this many (at most
+    ``dsl.N_INPUTS``, the inputs of one type)."""
     max_action_chars: int = 8192
     """Text actions longer than this are format errors; also the Text action space's max length."""
     max_prompt_chars: int = 8192
@@ -230,6 +231,11 @@ class TeacherStudentConfig:
             raise ValueError(
                 "induction_min_inputs must be <= induction_max_inputs, "
                 f"got {self.induction_min_inputs} > {self.induction_max_inputs}"
+            )
+        if self.mode == "structured" and self.induction_max_inputs > dsl.N_INPUTS:
+            raise ValueError(  # the inputs are consecutive table entries: more would repeat shown ones
+                f"induction_max_inputs must be <= {dsl.N_INPUTS} in structured mode (its table of inputs per "
+                f"type), got {self.induction_max_inputs}"
             )
         if self.mode == "structured" and self.seed_tasks_path is not None:
             raise ValueError(

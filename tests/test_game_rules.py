@@ -74,6 +74,11 @@ def test_teacher_reward_table(config, solve_rate, reward):
         ({"max_action_chars": 300.5}, "max_action_chars must be an int >= 256"),
         ({"induction_max_inputs": 2.5}, "induction_max_inputs must be an int >= 2"),
         ({"induction_max_inputs": 1}, "induction_max_inputs must be an int >= 2"),
+        # structured inputs are consecutive entries of a 16-input table: a 17th repeats a shown one
+        (
+            {"mode": "structured", "induction_max_inputs": 17},
+            "induction_max_inputs must be <= 16 in structured",
+        ),
         # one input would leave no hidden pair to test the student's program on
         ({"induction_min_inputs": 1}, "induction_min_inputs must be an int >= 2"),
         ({"teacher_extreme_reward": "a"}, "teacher_extreme_reward must be a finite real number"),

@@ -595,6 +595,9 @@ def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
     png = plot_run(run_pbt(config))
     assert png == tmp_path / "run" / "curves.png"
     assert matplotlib.image.imread(png).shape == (700, 1100, 4)  # 11 x 7 inches at 100 dpi, RGBA
+    (tmp_path / "figures").mkdir()  # a folder as ``out``: the figure goes in it (it went beside it)
+    assert plot_run(tmp_path / "run", tmp_path / "figures") == tmp_path / "figures" / "curves.png"
+    assert (tmp_path / "figures" / "curves.png").is_file() and not (tmp_path / "figures.png").exists()
     with pytest.raises(FileNotFoundError, match=r"metrics\.jsonl does not exist"):
         plot_run(tmp_path / "nowhere")
     (tmp_path / "bad").mkdir()
