@@ -177,10 +177,13 @@ def _load_message(ref: str, reason: str) -> str:
                 "builds it again."
             )
         import transformers
+        from packaging.version import Version
 
+        version = transformers.__version__
+        floor = " (this package needs >= 4.56)" if Version(version) < Version("4.56") else ""
         return (  # its files are whole: the loader's own failure (e.g. a transformers it was not built by)
             f"cannot load base model {ref!r}: {reason}. It is a tiny base of the cache whose files are whole; "
-            f"this is transformers {transformers.__version__} failing to load it (the package needs >= 4.56)."
+            f"this is transformers {version}{floor} failing to load it."
         )
     hub = (
         "Hub access is off (HF_HUB_OFFLINE=1), so only local directories load"

@@ -303,7 +303,8 @@ def stop_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
 
 
 def texts_of(tokenizer: Any, rows: Sequence[Sequence[int]]) -> list[str]:
-    """Decode generated ids to text: special tokens removed, the final EOS (if any) dropped."""
+    """Decode generated ids to text: special tokens removed (the stop tokens of chat bases are), the final
+    EOS (if any) dropped."""
     eos = tokenizer.eos_token_id
     return tokenizer.batch_decode(
         [row[:-1] if row and row[-1] == eos else row for row in rows], skip_special_tokens=True

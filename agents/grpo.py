@@ -165,9 +165,10 @@ class GRPOLearner:
             rewards: one scalar reward per completion (N).
             group_ids: the GRPO group of each completion (completions of one prompt share one).
             task_keys: the (role, task type) key of each completion; required for scale_rewards="task_relative".
-            completion_ids: the generated token ids of each completion, EOS included when it stopped on EOS
-                (as `LoRAPopulation.generate_tokens` returns them); None re-tokenises the completion texts
-                and appends EOS to those shorter than `max_new_tokens` (a guess: a text cut at the budget
+            completion_ids: the generated token ids of each completion, the stop token included when it
+                stopped on one (as `LoRAPopulation.generate_tokens` returns them); None re-tokenises the
+                completion texts and appends the tokenizer's EOS (one of the stop tokens; the text does not
+                say which ended it) to those shorter than `max_new_tokens` (a guess: a text cut at the budget
                 can re-tokenise shorter, and is then trained to stop; logged once). Ids beyond
                 `config.max_new_tokens` are not trained (logged once: the reward was for the whole text).
 

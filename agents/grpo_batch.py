@@ -38,9 +38,10 @@ def encode_batch(
 ) -> TokenBatch:
     """Tokenise: prompt with the tokenizer's special tokens; completion as generated, or re-tokenised.
 
-    Generated ids (`completion_ids`) are used as they are (EOS included when generation stopped on it).
-    Without them the completion text is re-tokenised without special tokens; one shorter than
-    max_new_tokens stopped on EOS, which is then appended so that stopping is trained too.
+    Generated ids (`completion_ids`) are used as they are (the stop token included when generation stopped
+    on one). Without them the completion text is re-tokenised without special tokens; one shorter than
+    max_new_tokens stopped, and the tokenizer's EOS (a stop token) is appended so that stopping is
+    trained too.
     """
     tok = tokenizer
     cap = max_new_tokens

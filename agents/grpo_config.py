@@ -25,6 +25,10 @@ LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none", "task_relative")
 
 
+MIN_TEMPERATURE = 1e-6
+"""Lowest sampling/scoring temperature a learner takes (GRPO samples; for near-greedy use a small one)."""
+
+
 @dataclass(frozen=True)
 class GRPOConfig:
     """Hyper-parameters of the GRPO learner (defaults follow TRL's `GRPOConfig` unless said otherwise)."""
@@ -106,7 +110,13 @@ class GRPOConfig:
         _check(
             _finite(self.max_grad_norm) and self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm
         )
-        _check(_finite(self.temperature) and self.temperature > 0, "temperature", "> 0", self.temperature)
+        # logits / T overflows float32 for a T near 1e-37 (every log-prob NaN, every update skipped)
+        _check(
+            _finite(self.temperature) and self.temperature >= MIN_TEMPERATURE,
+            "temperature",
+            f">= {MIN_TEMPERATURE:g}",
+            self.temperature,
+        )
         _check(isinstance(self.seed, int) and self.seed >= 0, "seed", "an int >= 0", self.seed)
         _check(isinstance(self.deterministic, bool), "deterministic", "a bool", self.deterministic)
 

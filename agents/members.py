@@ -32,6 +32,7 @@ import torch
 
 from agents.base import build_tiny_base
 from agents.grpo import GRPOConfig, GRPOLearner
+from agents.grpo_config import MIN_TEMPERATURE
 from agents.policy import LoRAPolicy, model_input
 from agents.population import LoRAPopulation
 from evolve.learners import LEARNERS, LearnerConfig
@@ -94,8 +95,10 @@ class LoRAMemberOptions:
             raise ValueError(f"{where}['dtype'] must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.device is not None and not isinstance(self.device, str):
             raise ValueError(f"{where}['device'] must be a string or None, got {self.device!r}")
-        if not (is_finite_number(self.temperature) and self.temperature > 0):
-            raise ValueError(f"{where}['temperature'] must be a finite number > 0, got {self.temperature!r}")
+        if not (is_finite_number(self.temperature) and self.temperature >= MIN_TEMPERATURE):
+            raise ValueError(  # the learner scores under it: logits / T overflows near 1e-37
+                f"{where}['temperature'] must be a finite number >= {MIN_TEMPERATURE:g}, got {self.temperature!r}"
+            )
         if not (is_finite_number(self.top_p) and 0 < self.top_p <= 1):
             raise ValueError(f"{where}['top_p'] must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.prefill, bool):

@@ -330,7 +330,7 @@ class LoRAPopulation:
             top_p: nucleus mass in ``(0, 1]``.
             strategy: ``stacked`` (one batch, gathered factors; the fast path), ``peft_mixed`` (one batch,
                 PEFT's ``adapter_names=``) or ``loop`` (PEFT ``set_adapter`` per adapter, one sub-batch each).
-            ignore_eos: keep generating past EOS (fixed token counts for benchmarks).
+            ignore_eos: keep generating past the stop tokens (fixed token counts for benchmarks).
             share_prefill: rows with the same prompt and adapter (a GRPO group) run the prompt once and
                 share its KV cache (see :func:`agents.generation.decode_tokens`); same texts either way.
 

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from evolve.lowrank import ProductOverflow
+
 Genome = dict[str, torch.Tensor]
 """A genome is a flat parameter dict: a PEFT LoRA state dict (``get_peft_model_state_dict``) or a plain
 one (``module.state_dict()``, an SB3 policy's ``state_dict()``). Operators act on every floating tensor of
@@ -171,11 +173,27 @@ def detached(operator: _Operator) -> _Operator:
             if isinstance(value, Mapping):
                 check_finite(value, key)
         kwargs = {k: _detach(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()}
-        child = operator(genomes, *args, **kwargs)
+        try:
+            child = operator(genomes, *args, **kwargs)
+        except ProductOverflow as error:
+            parents = [genomes] if isinstance(genomes, Mapping) else list(genomes)
+            raise ValueError(f"{name}: {_overflowing(parents) or error}") from None
         check_finite(child, f"{name}'s child (finite inputs: the result overflows its dtype)")
         return child
 
     return run  # type: ignore[return-value]
+
+
+def _overflowing(parents: Sequence[Mapping[str, Any]]) -> str:
+    """Where a parent's ``B @ A`` overflows its dtype (the error path of ``detached``); ``""`` where none
+    does (their combination does)."""
+    for pair in lora_pairs(dict(parents[0])):
+        for index, parent in enumerate(parents):
+            b, a = parent[pair.b_key], parent[pair.a_key]
+            if not bool(torch.isfinite(b.to(compute_dtype(b.dtype)) @ a.to(compute_dtype(a.dtype))).all()):
+                whose = "the genome" if len(parents) == 1 else f"parent {index}"
+                return f"B @ A of {whose} overflows {b.dtype} at key {pair.a_key!r}"
+    return ""
 
 
 def _detach(genome: Mapping[str, Any]) -> dict[str, Any]:

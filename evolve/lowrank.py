@@ -31,6 +31,11 @@ import torch
 NULL_TOL = 1e-3
 """Components with ``√s < NULL_TOL * a_scale`` keep ``A`` rows of norm ``a_scale`` (see the module doc)."""
 
+
+class ProductOverflow(ValueError):
+    """``B @ A`` of a batch overflows its dtype (``evolve.genome.detached`` names the operator and key)."""
+
+
 MAX_AMPLIFICATION = 100.0
 """Largest rounding amplification ``coordinates`` accepts (float32: relative error up to ~1e-5)."""
 
@@ -79,9 +84,7 @@ def lowrank_svd(b: torch.Tensor, a: torch.Tensor) -> LowRankSVD:
     r_a = a_reflectors[..., : min(n, rank_in), :].triu()  # (..., k_a, R)
     core = r_b @ r_a.mT  # (..., k_b, k_a)
     if not bool(torch.isfinite(core).all()):  # LAPACK failed on it naming nothing, or gave an infinite child
-        raise ValueError(
-            f"a LoRA pair's B @ A overflows {core.dtype}: its factors are too large to decompose"
-        )
+        raise ProductOverflow(f"B @ A overflows {core.dtype}: the factors are too large to decompose")
     u, s, vh = torch.linalg.svd(core, full_matrices=False)
     return LowRankSVD(b, a, b_reflectors, b_tau, a_reflectors, a_tau, u, s, vh.mT)
 

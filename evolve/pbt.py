@@ -29,6 +29,7 @@ from evolve import operators
 from evolve.backends import make_backend
 from evolve.checkpoint import (
     atomic_write_bytes,
+    list_checkpoints,
     load_latest,
     prune_checkpoints,
     remove_temp_files,
@@ -330,21 +331,17 @@ def _check_unsaved_start(run_dir: Path, config: PBTConfig) -> None:
     metrics, so it is refused."""
     path = run_dir / "config.json"
     if not path.is_file():
-        if found := [name for name in OVERWRITTEN if (run_dir / name).exists()]:
-            raise ValueError(
-                f"{run_dir} holds {', '.join(found)} but no run config or checkpoint: not a run of "
-                "run_pbt, whose files would replace them; choose another run_dir (or empty that one)"
-            )
         return
     try:
         old = json.loads(path.read_text())
     except ValueError as error:
         raise ValueError(
-            f"{path} is not a run config ({error}): delete it or choose another run_dir"
+            f"{path} is not a run config ({error}): delete that folder or choose another run_dir"
         ) from None
     if not isinstance(old, dict):
         raise ValueError(
-            f"{path} is not a run config (a JSON {type(old).__name__}): delete it or choose another run_dir"
+            f"{path} is not a run config (a JSON {type(old).__name__}): delete that folder or choose another "
+            "run_dir"
         )
     if differ := _differences(old, config):
         raise ValueError(
@@ -444,8 +441,22 @@ def _run_pbt(config: PBTConfig) -> Path:
                 f"run_dir {os.fsdecode(run_dir)!r} is not UTF-8, which TensorBoard's writer needs: choose "
                 "another name or set tensorboard=False (populora train --no-tensorboard)"
             ) from None
+    _check_nothing_else_replaced(run_dir, ckpt_dir)
     with _run_lock(run_dir):
         return _run_locked(config, run_dir, ckpt_dir)
+
+
+def _check_nothing_else_replaced(run_dir: Path, ckpt_dir: Path) -> None:
+    """A folder with files a new run replaces (``OVERWRITTEN``) but neither a run config nor a checkpoint
+    is refused (before its lock file is made): they were replaced without a word (``--run-dir .`` in a
+    project folder)."""
+    if (run_dir / "config.json").exists() or list_checkpoints(ckpt_dir):
+        return
+    if found := [name for name in OVERWRITTEN if (run_dir / name).exists()]:
+        raise ValueError(
+            f"{run_dir} holds {', '.join(found)} but no run config or checkpoint, and a new run would replace "
+            "them: delete that folder (or those files) or choose another run_dir"
+        )
 
 
 def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:

@@ -90,7 +90,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     Args:
         run_dir: a run folder written by ``run_pbt`` (holding ``metrics.jsonl``).
-        out: where to write the figure; default ``run_dir/curves.png``.
+        out: where to write the figure (an existing folder: ``curves.png`` in it); default
+            ``run_dir/curves.png``.
 
     Returns:
         The path of the written PNG.
@@ -210,7 +211,7 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
 
     Args:
         run_dirs: run folders written by ``run_pbt`` (each holding ``metrics.jsonl``).
-        out: where to write the figure.
+        out: where to write the figure (an existing folder: ``compare.png`` in it).
 
     Returns:
         The path of the written PNG.

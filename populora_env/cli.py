@@ -271,6 +271,7 @@ def train(args: TrainArgs) -> int:
     # PEFT calls a transformers method deprecated in v5 on every adapter it adds: noise, not a problem here
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     start = time.perf_counter()
+    started = False
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if _main_thread() else None
     try:
         # Every option is checked before the tiny base is built (minutes on a fresh machine): the base's
@@ -301,12 +302,14 @@ def train(args: TrainArgs) -> int:
             base = args.base
         torch.set_num_threads(args.threads)
         config = _train_config(args, base)
+        started = True
         run_dir = run_pbt(config)
-    except OSError as error:  # an unwritable --run-dir or --cache-dir, a full disk
-        print(f"populora train: {error}; {_resume_hint(Path(args.run_dir))}", file=sys.stderr)
+    except (ValueError, BaseModelLoadError, CheckpointError, RunInUseError) as error:  # (BaseModelLoadError
+        print(f"populora train: {error}", file=sys.stderr)  # is an OSError: it comes first)
         return 2
-    except (ValueError, BaseModelLoadError, CheckpointError, RunInUseError) as error:
-        print(f"populora train: {error}", file=sys.stderr)
+    except OSError as error:  # an unwritable --run-dir or --cache-dir, a full disk
+        hint = f"; {_resume_hint(Path(args.run_dir))}" if started else ""  # once the run has begun
+        print(f"populora train: {error}{hint}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, _Terminated) as stop:
         name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"
@@ -430,7 +433,7 @@ class PlotArgs:
             help_behavior_hint="(default: RUN_DIR/curves.png for one run, ./compare.png for several)",
         ),
     ] = None
-    """Where to write the PNG."""
+    """Where to write the PNG (an existing folder: curves.png or compare.png in it)."""
 
 
 def _comparison_table(rows: list[dict[str, Any]]) -> str:

@@ -327,14 +327,15 @@ def test_a_run_folder_in_the_way_is_refused_before_any_work(tmp_path: Path) -> N
 
 
 def test_a_folder_holding_other_files_a_run_would_replace_is_refused(tmp_path: Path) -> None:
-    """Without a config.json or checkpoint (not a run of ours) its metrics.jsonl, lineage.jsonl and
-    curves.png were replaced without a word (``--run-dir .`` in a project folder)."""
+    """Without a config.json or checkpoint, its metrics.jsonl, lineage.jsonl and curves.png were replaced
+    without a word (``--run-dir .`` in a project folder)."""
     for name in ("metrics.jsonl", "curves.png"):
         run = tmp_path / name
         run.mkdir()
         (run / name).write_text("precious")
-        with pytest.raises(ValueError, match=rf"holds {name} but no run config or checkpoint"):
+        with pytest.raises(ValueError, match=rf"holds {name} but no run config or checkpoint, and a new run"):
             run_pbt(tiny_config(str(run)))
+        assert sorted(p.name for p in run.iterdir()) == [name]  # not even a lock file
         assert (run / name).read_text() == "precious"
 
 
@@ -342,13 +343,13 @@ def test_a_run_folder_is_one_runs_at_a_time(tmp_path: Path) -> None:
     """Two runs on one folder (two ``populora train`` with the same --run-dir) both "succeeded", every
     metric written twice. The folder is locked for the run; a killed run's lock goes with its process."""
     run = tmp_path / "run"
+    run.mkdir()
     holder = subprocess.Popen(
         [sys.executable, "-c", "import fcntl, os, sys, time\n"
          f"fd = os.open({str(run / pbt.LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT)\n"
          "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'4242'); print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    run.mkdir()
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         with pytest.raises(pbt.RunInUseError, match=r"run is in use by another run \(pid 4242\)"):

@@ -231,8 +231,8 @@ def test_teachers_see_k_distinct_reference_tasks_of_their_type(verifier, mode, k
 @pytest.mark.parametrize("teacher", ["random_program", "random_action"])
 def test_induction_candidates_do_not_give_the_answer_away(verifier, teacher):
     """The right program must not be findable without the pairs: picking the candidate closest to all the
-    others does about as well as a random pick, by DSL slots and by rendered source (what a student's
-    observation shows), for scripted programs and for uniform random teacher actions (an untrained RL
+    others does about as well as a random pick, by DSL slots and by rendered source (a function of the
+    candidate rows a student's observation shows), for scripted programs and for uniform random teacher actions (an untrained RL
     teacher). When the distractors were variants of the right program, the slot pick found it in 92% of
     tasks against 50% by chance; when their hidden centre could render as the right program itself (a
     change that does nothing), the source pick found it in 62% of random-action tasks against 41%."""

@@ -148,6 +148,7 @@ def count_a(prompt: str, completion: str) -> float:
         ("max_grad_norm", float("inf")),
         ("group_size", 1),
         ("temperature", 0.0),
+        ("temperature", 1e-40),  # logits / T overflowed: every log-prob NaN, every update skipped
         ("max_new_tokens", 0),
         ("seed", -1),
     ],

@@ -271,6 +271,7 @@ def test_grpo_learner_maps_transitions_and_keeps_per_adapter_state(
         ({"lora": {"rank": 0}}, "rank"),
         ({"lora": {"rnak": 4}}, "rnak"),
         ({"lora": {"temperature": 0.0}}, "temperature"),
+        ({"lora": {"temperature": 1e-40}}, "temperature'\\] must be a finite number >= 1e-06"),
         ({"lora": {"dtype": "float64"}}, "dtype"),
         ({"grpo": {"learning_rate": -1.0}}, "learning_rate"),
         ({"grpo": {"max_new_tokens": 4}}, "max_new_tokens"),
@@ -357,6 +358,11 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (extra, err)
         assert not (tmp_path / "cache").exists()
+    # a base that cannot load: no "the same command starts the run again" (it would fail the same way)
+    argv = ["train", "--run-dir", str(tmp_path / "run"), "--base", str(tmp_path / "no-base")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no such local directory" in err and "the same command" not in err, err
 
 
 def test_populora_train_resumes_when_the_cached_base_is_reached_by_another_path(
