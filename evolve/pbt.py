@@ -420,8 +420,13 @@ def _run_lock(run_dir: Path) -> Iterator[None]:
             raise RunInUseError(
                 f"{run_dir} is in use by another run (pid {holder}): wait for it to end or choose another run_dir"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as error:  # a file system without flock (some network and FUSE mounts)
+            logger.warning(
+                "%s: cannot lock the run folder (%s): nothing stops a second run there", run_dir, error
+            )
+        else:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock

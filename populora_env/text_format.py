@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from populora_env.tasks import Task, TaskType
-from populora_env.verifier.literals import LiteralError, canonical_text, parse_args
+from populora_env.verifier.literals import LiteralError, canonical_text, on_a_fresh_stack, parse_args
 
 # The deliberate printable charset of every Text space: tab, newline and printable ASCII.
 CHARSET = frozenset("\t\n" + "".join(chr(c) for c in range(32, 127)))
@@ -153,14 +153,13 @@ _VALUE_KEYS: dict[str, str] = {}
 def _value_key(args: str) -> str:
     """What makes two argument lists the same input: their canonical literal text (``"5"`` and ``"(5)"``
     are one input), or the text itself where it is not a plain literal argument list (the verifier judges
-    those). Only parsed keys are kept: rendering the key can run out of recursion deep in the caller's
-    stack (``canonical_text`` recurses; the parse itself is retried on a fresh stack), and the same text
-    may render later."""
+    those). Parsed and rendered on a fresh stack when the caller's runs out (``on_a_fresh_stack``); only
+    parsed keys are kept."""
     key = _VALUE_KEYS.get(args)
     if key is not None:
         return key
     try:
-        key = "v" + canonical_text(parse_args(args, max_chars=MAX_LITERAL_CHARS))
+        key = "v" + on_a_fresh_stack(lambda: canonical_text(parse_args(args, max_chars=MAX_LITERAL_CHARS)))
     except (LiteralError, TypeError, RecursionError, MemoryError):
         return "t" + args
     if len(_VALUE_KEYS) >= 4096:

@@ -499,3 +499,19 @@ def test_a_checkpoint_whose_name_says_another_generation_is_refused(tmp_path: Pa
     shutil.copy(list_checkpoints(checkpoints)[0], checkpoints / "gen_000007.ckpt")
     with pytest.raises(CheckpointError, match=r"gen_000007\.ckpt: holds the state after generation 1, not 7"):
         run_pbt(tiny_config(str(run_dir), generations=2))
+
+
+def test_a_file_system_without_locks_runs_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Some network and FUSE mounts refuse flock (ENOLCK): the run goes on, saying it is unprotected."""
+    import errno
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(pbt.fcntl, "flock", no_locks)
+    with caplog.at_level("WARNING", logger="evolve.pbt"):
+        run = run_pbt(tiny_config(str(tmp_path / "run"), generations=1))
+    assert load_latest(run / "checkpoints") is not None
+    assert "cannot lock the run folder" in caplog.text and "No locks available" in caplog.text
