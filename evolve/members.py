@@ -238,8 +238,8 @@ def options_from(cls: Any, member_options: Mapping[str, Any], kind: str, **fixed
         raise ValueError(f"{where} has unknown option(s) {unknown}; options: {allowed}")
     try:
         return cls(**{**fixed, **given})
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{where}: {error}") from None
+    except (TypeError, ValueError) as error:  # (the options' own messages may name where already)
+        raise ValueError(str(error) if str(error).startswith(where) else f"{where}: {error}") from None
 
 
 PolicyFactory = Callable[[Any, str, int, Any], Any]

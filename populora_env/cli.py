@@ -6,6 +6,7 @@ Subcommands import their heavy dependencies (torch, ``agents``, ``evolve``) insi
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -271,7 +272,7 @@ def train(args: TrainArgs) -> int:
     # PEFT calls a transformers method deprecated in v5 on every adapter it adds: noise, not a problem here
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     start = time.perf_counter()
-    started = False
+    started = made = False
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if _main_thread() else None
     try:
         # Every option is checked before the tiny base is built (minutes on a fresh machine): the base's
@@ -290,6 +291,7 @@ def train(args: TrainArgs) -> int:
         grpo_config(config.member_options, lora)
         if Path(args.run_dir).is_file():
             raise ValueError(f"--run-dir {args.run_dir} is a file, not a folder")
+        made = not Path(args.run_dir).exists()
         Path(args.run_dir).mkdir(parents=True, exist_ok=True)  # an unusable --run-dir fails now, not after
         if args.base is None:
             print(
@@ -306,10 +308,12 @@ def train(args: TrainArgs) -> int:
         run_dir = run_pbt(config)
     except (ValueError, BaseModelLoadError, CheckpointError, RunInUseError) as error:  # (BaseModelLoadError
         print(f"populora train: {error}", file=sys.stderr)  # is an OSError: it comes first)
+        _remove_if_made_and_empty(Path(args.run_dir), made)
         return 2
     except OSError as error:  # an unwritable --run-dir or --cache-dir, a full disk
         hint = f"; {_resume_hint(Path(args.run_dir))}" if started else ""  # once the run has begun
         print(f"populora train: {error}{hint}", file=sys.stderr)
+        _remove_if_made_and_empty(Path(args.run_dir), made)
         return 2
     except (KeyboardInterrupt, _Terminated) as stop:
         name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"
@@ -359,6 +363,18 @@ def _main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
+
+
+def _remove_if_made_and_empty(run_dir: Path, made: bool) -> None:
+    """The run folder this command made, if a failure left nothing in it but run_pbt's lock file (a base
+    that cannot load)."""
+    from evolve.pbt import LOCK_FILE
+
+    if made:
+        with contextlib.suppress(OSError):  # something else in it, or gone: left as it is
+            if [p.name for p in run_dir.iterdir()] == [LOCK_FILE]:
+                (run_dir / LOCK_FILE).unlink()
+            run_dir.rmdir()
 
 
 def _resume_hint(run_dir: Path) -> str:

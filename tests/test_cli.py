@@ -68,7 +68,8 @@ def test_verify_missing_file_is_a_clear_error(tmp_path):
     assert populora("verify").returncode == 2
     folder = populora("verify", str(tmp_path))
     assert folder.returncode == 2 and f"{tmp_path} is a folder, not a JSONL file" in folder.stderr
-    for option, message in ((["--workers", "0"], "workers must be None or an int >= 1, got 0"),
+    for option, message in ((["--workers", "0"], "workers must be None or an int in [1, 256], got 0"),
+                            (["--workers", "100000"], "workers must be None or an int in [1, 256], got 100000"),
                             (["--timeout", "-1"], "timeout must be > 0, got -1.0"),
                             (["--timeout", "inf"], "timeout must be at most 86400 s")):  # fmt: skip
         bad = populora("verify", "--examples", *option)

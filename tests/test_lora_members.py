@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import random
+import re
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -282,8 +283,9 @@ def test_a_bad_member_option_raises_value_error_naming_it(
     tmp_path: Path, tiny_base_dir: Path, options: dict[str, Any], named: str
 ) -> None:
     config = lora_config(tmp_path, tiny_base_dir, member_options=options)
-    with pytest.raises(ValueError, match=named):
+    with pytest.raises(ValueError, match=named) as raised:
         POLICIES["lora"](teacher_student_v0.raw_env(config=config.env), "teacher", 0, config)
+    assert not re.search(r"(member_options\['\w+'\]): \1", str(raised.value))  # the prefix once
 
 
 def test_lora_members_need_text_mode_and_the_grpo_learner(tmp_path: Path, tiny_base_dir: Path) -> None:
@@ -359,10 +361,12 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
         assert message in err and "Traceback" not in err, (extra, err)
         assert not (tmp_path / "cache").exists()
     # a base that cannot load: no "the same command starts the run again" (it would fail the same way)
-    argv = ["train", "--run-dir", str(tmp_path / "run"), "--base", str(tmp_path / "no-base")]
+    assert not (tmp_path / "run-nobase").exists()
+    argv = ["train", "--run-dir", str(tmp_path / "run-nobase"), "--base", str(tmp_path / "no-base")]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "no such local directory" in err and "the same command" not in err, err
+    assert not (tmp_path / "run-nobase").exists()  # the folder this command made is not left behind, empty
 
 
 def test_populora_train_resumes_when_the_cached_base_is_reached_by_another_path(

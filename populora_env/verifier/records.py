@@ -37,6 +37,8 @@ class Execution:
 
 MAX_SECONDS = 86_400
 """Longest ``timeout`` / ``start_timeout`` accepted (larger or infinite values overflow the deadlines)."""
+MAX_WORKERS = 256
+"""Most worker processes per hash-seed pool (two pools start them all up front)."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,12 @@ class VerifierConfig:
         for name, most in (("memory_mb", 1 << 20), ("recursion_limit", 1_000_000)):  # rlimits and C ints
             if getattr(self, name) > most:
                 raise ValueError(f"VerifierConfig.{name} must be at most {most}, got {getattr(self, name)!r}")
-        if self.workers is not None and not (isinstance(self.workers, int) and self.workers >= 1):
-            raise ValueError(f"VerifierConfig.workers must be None or an int >= 1, got {self.workers!r}")
+        if self.workers is not None and not (
+            isinstance(self.workers, int) and 1 <= self.workers <= MAX_WORKERS
+        ):  # each worker is a process, and each of the two hash-seed pools starts them all up front
+            raise ValueError(
+                f"VerifierConfig.workers must be None or an int in [1, {MAX_WORKERS}], got {self.workers!r}"
+            )
         seeds = self.hash_seeds
         if (
             len(seeds) != 2
