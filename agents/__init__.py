@@ -3,7 +3,7 @@
 from agents import build_tiny_base, LoRAPopulation, GRPOConfig, GRPOLearner
 base_dir = build_tiny_base()                                   # offline, cached on disk
 pop = LoRAPopulation.from_pretrained(base_dir, names=["teacher_0", "student_0"], rank=8)
-texts = pop.generate(prompts, adapters=["teacher_0", "student_0"], max_new_tokens=64, seed=0)
+texts = pop.generate(prompts, adapters=["teacher_0", "student_0"], max_new_tokens=64, temperature=0.0, seed=0)
 policy = pop.policy("student_0")                               # a Policy for the env
 
 Importing ``agents`` also registers LoRA members for ``evolve``'s PBT loop (``agents.members``):

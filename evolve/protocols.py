@@ -77,7 +77,7 @@ class LearnStats:
 
 @runtime_checkable
 class Learner(Protocol):
-    """A member's own learner (REINFORCE here; GRPO for LoRA members, PPO for SB3 members later).
+    """A member's own learner (REINFORCE here; GRPO for LoRA members, PPO for SB3 members).
 
     A learner holds its optimiser state; ``state_dict``/``load_state_dict`` make it part of checkpoints,
     and ``reset`` is called when the member's genome is replaced by an operator's child.

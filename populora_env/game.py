@@ -25,7 +25,7 @@ from populora_env.candidates import make_candidates
 from populora_env.matchmaking import Matchmaker
 from populora_env.metrics import EpisodeMetrics, summarize_episode
 from populora_env.tasks import TASK_TYPES, Task, TaskBuffer, TaskType, run_all, task_id_for
-from populora_env.text_format import Answer, FormatError, Proposal, unshowable
+from populora_env.text_format import Answer, FormatError, Proposal, teacher_prompt, unshowable
 
 __all__ = ["Game", "ResolvedProposal", "StepOutcome", "TeacherStudentConfig", "Turn", "teacher_reward"]
 
@@ -182,7 +182,9 @@ class TeacherStudentConfig:
     max_action_chars: int = 8192
     """Text actions longer than this are format errors; also the Text action space's max length."""
     max_prompt_chars: int = 8192
-    """Prompts are truncated to this; the Text observation space's max length."""
+    """The Text observation space's max length: teacher prompts leave out references to fit, a task whose
+    student prompt is longer is invalid (``prompt_too_long``); in text mode at least a teacher prompt
+    without references."""
     n_slots: int = 6
     """Structured mode: op slots of a DSL program."""
     n_candidates: int = 4
@@ -232,6 +234,13 @@ class TeacherStudentConfig:
                 "induction_min_inputs must be <= induction_max_inputs, "
                 f"got {self.induction_min_inputs} > {self.induction_max_inputs}"
             )
+        if self.mode == "text":  # a prompt over the cap is cut, and the answer format goes first
+            needed = max(len(teacher_prompt(t, ())) for t in self.task_types)
+            if self.max_prompt_chars < needed:
+                raise ValueError(
+                    f"max_prompt_chars must be >= {needed} in text mode (a teacher prompt without references "
+                    f"for these task types, answer format included), got {self.max_prompt_chars}"
+                )
         if self.mode == "structured" and self.induction_max_inputs > dsl.N_INPUTS:
             raise ValueError(  # the inputs are consecutive table entries: more would repeat shown ones
                 f"induction_max_inputs must be <= {dsl.N_INPUTS} in structured mode (its table of inputs per "
@@ -543,7 +552,10 @@ class Game:
             source=turn.agent,
             program_dsl=program_dsl,
         )
-        if cfg.mode == "text" and (reason := unshowable(task, cfg.max_prompt_chars)) is not None:
+        if (
+            cfg.mode == "text"
+            and (reason := unshowable(task, cfg.max_prompt_chars, cfg.max_action_chars)) is not None
+        ):
             return None, "invalid", reason  # a task its students could not read is not a task
         if cfg.mode == "structured":
             candidates = make_candidates(task, self.verifier, self._local, cfg.n_candidates)

@@ -12,11 +12,12 @@ required blocks, or the action is a format error.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from populora_env.tasks import Task, TaskType
-from populora_env.verifier.literals import LiteralError, canonical_text, on_a_fresh_stack, parse_args
+from populora_env.verifier.literals import LiteralError, on_a_fresh_stack, parse_args
 
 # The deliberate printable charset of every Text space: tab, newline and printable ASCII.
 CHARSET = frozenset("\t\n" + "".join(chr(c) for c in range(32, 127)))
@@ -87,6 +88,7 @@ def _blocks(text: str, max_chars: int) -> dict[str, list[str]] | FormatError:
         return FormatError("not_a_string")
     if len(text) > max_chars:
         return FormatError("too_long")
+    text = text.replace("\r\n", "\n")  # CRLF line ends: the program's lines would keep their "\r"
     # The last closed <answer> element, found in linear time (no backtracking regex on hostile text).
     # (str.lower() may change lengths on non-ASCII text, so the tags are matched case-insensitively.)
     if text.isascii():  # lower() keeps ASCII lengths, so indices carry over
@@ -134,7 +136,7 @@ def parse_proposal(
         return FormatError("missing_or_bad_input")
     if task_type != "induction":
         return Proposal(program, (inputs[0],))
-    first_of_each: dict[str, str] = {}  # distinct by value, not by text: "5" and "(5)" are one input
+    first_of_each: dict[Hashable, str] = {}  # distinct by value (==), not by text: "5", "(5)", "5.0" are one
     for args in inputs:
         first_of_each.setdefault(_value_key(args), args)
     distinct = tuple(first_of_each.values())
@@ -146,26 +148,45 @@ def parse_proposal(
     return Proposal(program, distinct, messages[0].strip())
 
 
-_VALUE_KEYS: dict[str, str] = {}
+_VALUE_KEYS: dict[str, Hashable] = {}
 """``_value_key``'s parsed keys (a literal parse per input; teachers repeat inputs; the env's step is hot)."""
 
 
-def _value_key(args: str) -> str:
-    """What makes two argument lists the same input: their canonical literal text (``"5"`` and ``"(5)"``
-    are one input), or the text itself where it is not a plain literal argument list (the verifier judges
-    those). Parsed and rendered on a fresh stack when the caller's runs out (``on_a_fresh_stack``); only
-    parsed keys are kept."""
+def _value_key(args: str) -> Hashable:
+    """What makes two argument lists the same input: equal keys for argument lists that are ``==`` (the
+    verifier's comparison: ``"5"``, ``"(5)"`` and ``"5.0"`` are one input, ``"1"`` and ``"True"`` another),
+    or the text itself where it is not a plain literal argument list (the verifier judges those). Parsed
+    on a fresh stack when the caller's runs out (``on_a_fresh_stack``); only parsed keys are kept."""
     key = _VALUE_KEYS.get(args)
     if key is not None:
         return key
     try:
-        key = "v" + on_a_fresh_stack(lambda: canonical_text(parse_args(args, max_chars=MAX_LITERAL_CHARS)))
+        key = ("v", on_a_fresh_stack(lambda: _equality_key(parse_args(args, max_chars=MAX_LITERAL_CHARS))))
     except (LiteralError, TypeError, RecursionError, MemoryError):
-        return "t" + args
+        return ("t", args)
     if len(_VALUE_KEYS) >= 4096:
         _VALUE_KEYS.clear()
     _VALUE_KEYS[args] = key
     return key
+
+
+def _equality_key(value: Any) -> Hashable:
+    """A hashable key equal for plain literal values that are ``==``: numbers by value (``True == 1 ==
+    1.0 == 1+0j``, ``-0.0 == 0``), lists and tuples element-wise (a list never equals a tuple), sets and
+    dicts whatever their order."""
+    if isinstance(value, bool | int):
+        return ("n", int(value))
+    if isinstance(value, float):
+        return ("n", int(value)) if value.is_integer() else ("n", value)
+    if isinstance(value, complex):
+        return _equality_key(value.real) if value.imag == 0 else ("c", value)
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, tuple(_equality_key(v) for v in value))
+    if isinstance(value, set | frozenset):
+        return ("set", frozenset(_equality_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", frozenset((_equality_key(k), _equality_key(v)) for k, v in value.items()))
+    return (type(value).__name__, value)  # str, bytes, None
 
 
 def parse_answer(text: str, task_type: TaskType, *, max_chars: int) -> Answer | FormatError:
@@ -255,13 +276,16 @@ def teacher_prompt(task_type: TaskType, references: Sequence[Task], max_chars: i
     return "\n\n".join([*head, *shown, tail])
 
 
-def unshowable(task: Task, max_prompt_chars: int) -> str | None:
+def unshowable(task: Task, max_prompt_chars: int, max_action_chars: int | None = None) -> str | None:
     """Why a text-mode student could not see ``task`` as it is, or ``None``: a character outside ``CHARSET``
     in what its prompt shows or in its gold answer (the prompt would show ``?``: ``'é'`` could not be
     answered; an induction task's hidden program and pairs need not be shown), the answer format's own
     markup (a ```` ``` ```` fence, ``<answer>`` or ``</answer>``) in what it shows or in the gold answer
-    (the gold, written in the answer format, would not parse back), or a prompt over ``max_prompt_chars``
-    (it would be cut short)."""
+    (the gold, written in the answer format, would not parse back), a prompt over ``max_prompt_chars``
+    (it would be cut short), or a gold answer over what ``parse_answer`` takes (``MAX_LITERAL_CHARS``, or
+    ``MAX_PROGRAM_CHARS`` for induction) or, written in the answer format, over ``max_action_chars``: no
+    student could give it (a deduction output of 1 200 characters was a format error, the solve rate 0 by
+    construction, which the adversarial reward paid)."""
     if task.task_type == "induction":
         texts: tuple[str, ...] = (task.message, *(text for pair in task.shown_pairs for text in pair))
     else:
@@ -272,6 +296,12 @@ def unshowable(task: Task, max_prompt_chars: int) -> str | None:
         return "answer_markup"
     if len(student_prompt(task)) > max_prompt_chars:
         return "prompt_too_long"
+    cap = MAX_PROGRAM_CHARS if task.task_type == "induction" else MAX_LITERAL_CHARS
+    gold = task.gold if task.task_type == "induction" else task.gold.strip()
+    if len(gold) > cap or (
+        max_action_chars is not None and len(format_answer(task.task_type, task.gold)) > max_action_chars
+    ):
+        return "answer_too_long"
     return None
 
 

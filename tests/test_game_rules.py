@@ -71,6 +71,8 @@ def test_teacher_reward_table(config, solve_rate, reward):
         ({"seed_tasks_path": 123}, "seed_tasks_path must be None or a path"),
         ({"n_candidates": "4"}, "n_candidates must be an int >= 2"),
         ({"max_prompt_chars": None}, "max_prompt_chars must be an int >= 256"),
+        # the bare induction teacher prompt: a shorter cap cut the answer format out of it
+        ({"max_prompt_chars": 300}, "max_prompt_chars must be >= 460 in text mode"),
         ({"max_action_chars": 300.5}, "max_action_chars must be an int >= 256"),
         ({"induction_max_inputs": 2.5}, "induction_max_inputs must be an int >= 2"),
         ({"induction_max_inputs": 1}, "induction_max_inputs must be an int >= 2"),
@@ -433,6 +435,8 @@ def test_every_int_and_float_config_field_is_validated():
         ("def f(x):\n    return '<' + 'answer>'", ["1"], "answer_markup"),
         ("def f(x):\n    return 'a' + '`' * 3 + 'b'", ["1"], "answer_markup"),
         ("def f(x):\n    return '</ANSWER' + '>'", ["1"], "answer_markup"),
+        # an output longer than a deduction answer may be: the right answer was a format error
+        ("def f(x):\n    return 'ab' * x", ["600"], "answer_too_long"),
     ],
 )
 def test_text_tasks_a_student_could_not_read_are_invalid(verifier, program, inputs, status):
@@ -700,4 +704,50 @@ def test_an_input_key_does_not_depend_on_the_callers_stack():
     first = deep(sys.getrecursionlimit() - 60, nested)
     _VALUE_KEYS.clear()
     assert first == deep(sys.getrecursionlimit() - 60, f"({nested})") == _value_key(nested)
-    assert first.startswith("v")
+    assert first[0] == "v"  # parsed, not the text
+
+
+def test_a_gold_answer_over_the_action_cap_is_invalid(verifier):
+    """With a small ``max_action_chars`` the right answer, written in the answer format, did not fit: every
+    student got the format penalty and the solve rate was 0 by construction."""
+    from populora_env import teacher_student_v0
+    from populora_env.text_format import format_proposal
+
+    env = teacher_student_v0.env(verifier=verifier, n_teachers=1, n_students=1, rounds=1,
+                                 task_types=("deduction",), max_action_chars=300)  # fmt: skip
+    env.reset(seed=0)
+    env.step(format_proposal("def f(x):\n    return 'a' * x", ["250"]))
+    info = env.unwrapped.infos["teacher_0"]
+    assert (info["verdict"], info["status"]) == ("invalid", "answer_too_long"), info
+
+
+def test_crlf_line_ends_read_as_lf(verifier):
+    """The program of a CRLF proposal kept its carriage returns and was invalid (unshowable_characters)."""
+    from populora_env import teacher_student_v0
+    from populora_env.text_format import format_answer, format_proposal
+
+    env = teacher_student_v0.env(verifier=verifier, n_teachers=1, n_students=1, rounds=1,
+                                 task_types=("deduction",))  # fmt: skip
+    env.reset(seed=0)
+    env.step(format_proposal("def f(x):\n    return x + 1", ["5"]).replace("\n", "\r\n"))
+    assert env.unwrapped.infos["teacher_0"]["verdict"] == "valid"
+    env.step(format_answer("deduction", "6").replace("\n", "\r\n"))
+    assert env.unwrapped.infos["student_0"]["verdict"] == "correct"
+
+
+def test_induction_inputs_equal_by_value_are_one_input():
+    """``1``, ``True`` and ``1.0`` are one value under ``==`` (the verifier's comparison): as separate inputs
+    a shown pair came back as the hidden test, and a lookup of the shown pair passed it."""
+    from populora_env.text_format import FormatError, format_proposal, parse_proposal
+
+    def inputs(*args: str):
+        parsed = parse_proposal(format_proposal("def f(x):\n    return x", list(args), "m"), "induction",
+                                max_chars=8192, min_inputs=1)  # fmt: skip
+        return parsed if isinstance(parsed, FormatError) else parsed.inputs
+
+    assert inputs("1", "True", "1.0", "(1+0j)", "2") == ("1", "2")
+    assert inputs("-0.0", "0", "[1, 2.0]", "[True, 2]", "(1,)", "[1]") == ("-0.0", "[1, 2.0]", "(1,)", "[1]")
+    assert inputs("{1: 'a', 2: 'b'}", "{2: 'b', True: 'a'}", "{1, 2}", "{2.0, 1}") == (
+        "{1: 'a', 2: 'b'}", "{1, 2}")  # fmt: skip
+    assert inputs("'a'", "b'a'", "None") == ("'a'", "b'a'", "None")
+    assert inputs("1", "True") == ("1",)

@@ -471,3 +471,13 @@ def test_a_long_elif_chain_with_a_finally_is_not_refused_for_the_callers_stack()
     prefilter.cache_clear()
     assert deep(sys.getrecursionlimit() - 100).status == "ok"
     assert prefilter(program).status == "ok"
+
+
+def test_from_future_import_annotations_is_the_one_future_import_allowed(verifier):
+    """Models write ``from __future__ import annotations`` above typed code: a right induction answer scored
+    0 (``forbidden``). Exactly that statement is allowed; any other ``__future__`` import is not."""
+    typed = "from __future__ import annotations\ndef f(x: int) -> int:\n    return x * 2\n"
+    assert verifier.check_induction(typed, [("3", "6"), ("4", "8")]) == 1.0
+    for other in ("import __future__", "from __future__ import annotations, division",
+                  "from __future__ import annotations as a", "from __future__ import barry_as_FLUFL"):  # fmt: skip
+        assert verifier.run(f"{other}\ndef f(x):\n    return x", "1").status == "forbidden", other

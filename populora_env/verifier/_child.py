@@ -1,8 +1,9 @@
 """Runs one program inside a freshly forked, already isolated child and streams one verdict per call.
 
 Loaded by the worker as a top-level module (the worker never imports the ``populora_env`` package).
-Each verdict is one JSON line ``[status, output_or_null, detail]`` written to the result pipe; the
-worker turns a missing line (crash, kill, time-out) into a verdict of its own.
+Each verdict is one line written to the result pipe (``verdicts.line``: status, output and detail
+separated by ``\x1f``, never JSON); the worker turns a missing line (crash, kill, time-out) into a verdict
+of its own.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ _ALLOWED_MODULES: frozenset[str] = frozenset()
 def _guarded_import(
     name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
 ) -> Any:
-    if level or name.split(".")[0] not in _ALLOWED_MODULES:
+    future = name == "__future__" and tuple(fromlist or ()) == ("annotations",)  # as the pre-filter allows
+    if level or (name.split(".")[0] not in _ALLOWED_MODULES and not future):
         raise ImportError(f"import of {name!r} is not allowed")
     return _real_import(name, globals, locals, fromlist, level)
 

@@ -415,6 +415,15 @@ _FORMAT_REACH = re.compile(r"\{[^{}]*\.\s*(?:_|gi_|cr_|ag_|tb_|f_)")
 """A ``str.format`` field walking to a private, dunder or frame attribute: ``"{0.__globals__}"``."""
 
 
+def _future_annotations(node: ast.ImportFrom) -> bool:
+    """Whether ``node`` is exactly ``from __future__ import annotations``."""
+    return (
+        node.module == "__future__"
+        and not node.level
+        and [(a.name, a.asname) for a in node.names] == [("annotations", None)]
+    )
+
+
 def _module_refused(name: str) -> bool:
     parts = name.split(".")
     return (
@@ -439,6 +448,8 @@ def _forbidden(node: ast.AST) -> str | None:
                 return f"import of module {alias.name!r} is not allowed"
     elif isinstance(node, ast.ImportFrom):
         module = node.module or ""
+        if _future_annotations(node):  # a compiler directive models write; it binds a plain _Feature record
+            return None
         if node.level or _module_refused(module):
             return f"import from module {module!r} is not allowed"
         if any(a.name == "*" for a in node.names):  # the names it binds would go unchecked
