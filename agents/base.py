@@ -147,9 +147,7 @@ def load_base(
     target = torch.device(device) if device is not None else default_device()
     if dtype is None:
         dtype = torch.bfloat16 if native_bf16(target) else torch.float32
-    # A Hub id is "name" or "org/name"; anything else that is not a directory cannot load.
-    looks_local = ref.startswith(("/", ".", "~")) or ref.count("/") > 1 or Path(ref).exists()
-    if looks_local and not Path(ref).expanduser().is_dir():
+    if names_a_path(ref) and not Path(ref).expanduser().is_dir():
         raise BaseModelLoadError(_load_message(ref, "no such local directory"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(ref)
@@ -165,6 +163,12 @@ def load_base(
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", _CUBLAS_WORKSPACE)
     model.to(target)  # type: ignore[arg-type]  # transformers' stub types .to() narrowly
     return model, tokenizer
+
+
+def names_a_path(ref: str) -> bool:
+    """Whether a base reference names a local path: a Hub id is ``name`` or ``org/name``; anything else
+    that is not a directory cannot load."""
+    return ref.startswith(("/", ".", "~")) or ref.count("/") > 1 or Path(ref).exists()
 
 
 def _load_message(ref: str, reason: str) -> str:

@@ -57,7 +57,7 @@ class VerifyArgs:
     """Exit with status 1 when any record errors or mismatches its claimed output, a line is malformed, or
     the file holds no records."""
     workers: Annotated[
-        int | None, tyro.conf.arg(metavar="INT", help_behavior_hint="(default: number of CPUs)")
+        int | None, tyro.conf.arg(metavar="INT", help_behavior_hint="(default: number of CPUs, at most 256)")
     ] = None
     """Worker processes per hash-seed pool."""
 
@@ -263,7 +263,7 @@ def train(args: TrainArgs) -> int:
     import torch
 
     import agents.members  # noqa: F401  # registers the "lora" members and the "grpo" learner
-    from agents.base import BaseModelLoadError, build_tiny_base
+    from agents.base import BaseModelLoadError, build_tiny_base, names_a_path
     from agents.members import LoRAMemberOptions, grpo_config
     from evolve.checkpoint import CheckpointError
     from evolve.pbt import RunInUseError, run_pbt
@@ -291,6 +291,8 @@ def train(args: TrainArgs) -> int:
         grpo_config(config.member_options, lora)
         if Path(args.run_dir).is_file():
             raise ValueError(f"--run-dir {args.run_dir} is a file, not a folder")
+        if args.base is not None and names_a_path(args.base) and not Path(args.base).expanduser().is_dir():
+            raise ValueError(f"--base {args.base}: no such model folder")  # found before any folder is made
         made = not Path(args.run_dir).exists()
         Path(args.run_dir).mkdir(parents=True, exist_ok=True)  # an unusable --run-dir fails now, not after
         if args.base is None:
@@ -306,8 +308,11 @@ def train(args: TrainArgs) -> int:
         config = _train_config(args, base)
         started = True
         run_dir = run_pbt(config)
-    except (ValueError, BaseModelLoadError, CheckpointError, RunInUseError) as error:  # (BaseModelLoadError
-        print(f"populora train: {error}", file=sys.stderr)  # is an OSError: it comes first)
+    except RunInUseError as error:  # the folder is another run's now: nothing of it is touched
+        print(f"populora train: {error}", file=sys.stderr)
+        return 2
+    except (ValueError, BaseModelLoadError, CheckpointError) as error:  # (BaseModelLoadError is an OSError:
+        print(f"populora train: {error}", file=sys.stderr)  # it comes first)
         _remove_if_made_and_empty(Path(args.run_dir), made)
         return 2
     except OSError as error:  # an unwritable --run-dir or --cache-dir, a full disk
@@ -366,14 +371,11 @@ def _main_thread() -> bool:
 
 
 def _remove_if_made_and_empty(run_dir: Path, made: bool) -> None:
-    """The run folder this command made, if a failure left nothing in it but run_pbt's lock file (a base
-    that cannot load)."""
-    from evolve.pbt import LOCK_FILE
-
+    """The run folder this command made, if a failure before the run left it empty (a tiny base that could
+    not be built; a run that began holds its lock file there, which is never removed: another run may
+    hold it by now)."""
     if made:
-        with contextlib.suppress(OSError):  # something else in it, or gone: left as it is
-            if [p.name for p in run_dir.iterdir()] == [LOCK_FILE]:
-                (run_dir / LOCK_FILE).unlink()
+        with contextlib.suppress(OSError):  # not empty, or gone: left as it is
             run_dir.rmdir()
 
 

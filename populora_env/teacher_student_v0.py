@@ -9,7 +9,10 @@ A round (AEC order)
        The verifier validates it (runs in isolation, checks determinism, computes the gold output); in
        text mode a task is invalid too if what its students are shown, or its gold answer, holds characters
        the prompt cannot show (outside printable ASCII, tab and newline; an induction task's program and
-       hidden pairs are not shown), or if its prompt would exceed ``max_prompt_chars``.
+       hidden pairs are not shown), if its prompt would exceed ``max_prompt_chars`` (at least a teacher
+       prompt without references in text mode), or if no answer of a student could hold its gold answer
+       (``answer_too_long``: over ``parse_answer``'s cap or ``max_action_chars``, even written as the most
+       compact ``==`` literal).
     2. Solve: the matchmaker (all-pairs, random, OpenSkill PFSP, or any ``Matchmaker``) assigns students to
        the valid tasks; each student attempts each assigned task ``student_group_size`` times in a row,
        one AEC step each, with an immediate verified reward.

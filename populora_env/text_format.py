@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from populora_env.tasks import Task, TaskType
-from populora_env.verifier.literals import LiteralError, on_a_fresh_stack, parse_args
+from populora_env.verifier.literals import LiteralError, on_a_fresh_stack, parse_args, parse_literal
 
 # The deliberate printable charset of every Text space: tab, newline and printable ASCII.
 CHARSET = frozenset("\t\n" + "".join(chr(c) for c in range(32, 127)))
@@ -282,10 +282,11 @@ def unshowable(task: Task, max_prompt_chars: int, max_action_chars: int | None =
     answered; an induction task's hidden program and pairs need not be shown), the answer format's own
     markup (a ```` ``` ```` fence, ``<answer>`` or ``</answer>``) in what it shows or in the gold answer
     (the gold, written in the answer format, would not parse back), a prompt over ``max_prompt_chars``
-    (it would be cut short), or a gold answer over what ``parse_answer`` takes (``MAX_LITERAL_CHARS``, or
-    ``MAX_PROGRAM_CHARS`` for induction) or, written in the answer format, over ``max_action_chars``: no
-    student could give it (a deduction output of 1 200 characters was a format error, the solve rate 0 by
-    construction, which the adversarial reward paid)."""
+    (it would be cut short), or a gold answer no student could give (``answer_too_long``: a deduction
+    output of 1 200 characters was a format error, the solve rate 0 by construction, which the adversarial
+    reward paid). Measured on the shortest answer that counts: the gold's most compact ``==`` literal
+    (``_compact``; deduction) in the least markup ``parse_answer`` takes, against its cap
+    (``MAX_LITERAL_CHARS``, ``MAX_PROGRAM_CHARS`` for induction) and ``max_action_chars``."""
     if task.task_type == "induction":
         texts: tuple[str, ...] = (task.message, *(text for pair in task.shown_pairs for text in pair))
     else:
@@ -297,12 +298,39 @@ def unshowable(task: Task, max_prompt_chars: int, max_action_chars: int | None =
     if len(student_prompt(task)) > max_prompt_chars:
         return "prompt_too_long"
     cap = MAX_PROGRAM_CHARS if task.task_type == "induction" else MAX_LITERAL_CHARS
-    gold = task.gold if task.task_type == "induction" else task.gold.strip()
-    if len(gold) > cap or (
-        max_action_chars is not None and len(format_answer(task.task_type, task.gold)) > max_action_chars
+    shortest = task.gold if task.task_type == "induction" else task.gold.strip()
+    if task.task_type == "deduction":
+        try:
+            shortest = _compact(parse_literal(shortest, max_chars=len(shortest)))
+        except (LiteralError, TypeError, RecursionError):
+            pass  # (a verifier's output always parses)
+    tag = {"deduction": "output", "abduction": "input", "induction": "python"}[task.task_type]
+    least_markup = len(f"<answer>```{tag}\n```</answer>")
+    if len(shortest) > cap or (
+        max_action_chars is not None and len(shortest) + least_markup > max_action_chars
     ):
         return "answer_too_long"
     return None
+
+
+def _compact(value: Any) -> str:
+    """The shortest literal text ``==`` to plain data ``value`` that this writes: no spaces, ``1``/``0``
+    for ``True``/``False``, an integral float as the shorter of its int and float forms."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return min(repr(value), repr(int(value)), key=len)
+    if isinstance(value, complex) and value.imag == 0:
+        return _compact(value.real)
+    if isinstance(value, list):
+        return "[" + ",".join(map(_compact, value)) + "]"
+    if isinstance(value, tuple):
+        return "(" + ",".join(map(_compact, value)) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, set | frozenset):
+        return "{" + ",".join(map(_compact, value)) + "}" if value else "set()"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_compact(k)}:{_compact(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def student_prompt(task: Task) -> str:

@@ -708,17 +708,47 @@ def test_an_input_key_does_not_depend_on_the_callers_stack():
 
 
 def test_a_gold_answer_over_the_action_cap_is_invalid(verifier):
-    """With a small ``max_action_chars`` the right answer, written in the answer format, did not fit: every
-    student got the format penalty and the solve rate was 0 by construction."""
+    """With a small ``max_action_chars`` the right answer did not fit in any action: every student got the
+    format penalty and the solve rate was 0 by construction. What fits is judged on the shortest answer
+    that counts (the least markup ``parse_answer`` takes; for deduction the most compact ``==`` literal):
+    a task whose answer just fits stays valid, and that answer is correct."""
     from populora_env import teacher_student_v0
-    from populora_env.text_format import format_proposal
+    from populora_env.text_format import _compact, format_proposal
+    from populora_env.verifier import parse_literal
+
+    def proposed(program: str, args: str):
+        env = teacher_student_v0.env(verifier=verifier, n_teachers=1, n_students=1, rounds=1,
+                                     task_types=("deduction",), max_action_chars=300)  # fmt: skip
+        env.reset(seed=0)
+        env.step(format_proposal(program, [args]))
+        return env, env.unwrapped.infos["teacher_0"]
+
+    _, info = proposed("def f(x):\n    return 'a' * x", "270")  # 272 characters + 30 of markup
+    assert (info["verdict"], info["status"]) == ("invalid", "answer_too_long"), info
+    env, info = proposed("def f(x):\n    return 'a' * x", "260")
+    assert info["verdict"] == "valid", info
+    answer = "<answer>```output\n'" + "a" * 260 + "'```</answer>"
+    assert len(answer) == 292
+    env.step(answer)
+    assert env.unwrapped.infos["student_0"]["verdict"] == "correct"
+    # 1 200 characters as the verifier writes them, 401 as a student may: answerable, so valid
+    _, info = proposed("def f(x):\n    return [True] * x", "200")
+    assert info["verdict"] == "invalid" and info["status"] == "answer_too_long"  # 401 + 30 > 300
+    value = [True, 2.0, -0.0, 1e300, (1,), (), {1: (2.5, None)}, {3}, set(), "a, b", b"x", 1j, 2 + 0j]
+    assert parse_literal(_compact(value)) == value and len(_compact(value)) < len(repr(value))
+
+
+def test_a_long_deduction_output_that_compacts_under_the_cap_is_valid(verifier):
+    from populora_env import teacher_student_v0
+    from populora_env.text_format import format_answer, format_proposal
 
     env = teacher_student_v0.env(verifier=verifier, n_teachers=1, n_students=1, rounds=1,
-                                 task_types=("deduction",), max_action_chars=300)  # fmt: skip
+                                 task_types=("deduction",))  # fmt: skip
     env.reset(seed=0)
-    env.step(format_proposal("def f(x):\n    return 'a' * x", ["250"]))
-    info = env.unwrapped.infos["teacher_0"]
-    assert (info["verdict"], info["status"]) == ("invalid", "answer_too_long"), info
+    env.step(format_proposal("def f(x):\n    return [True] * x", ["200"]))  # gold of 1 200 characters
+    assert env.unwrapped.infos["teacher_0"]["verdict"] == "valid"
+    env.step(format_answer("deduction", "[" + ",".join(["1"] * 200) + "]"))
+    assert env.unwrapped.infos["student_0"]["verdict"] == "correct"
 
 
 def test_crlf_line_ends_read_as_lf(verifier):

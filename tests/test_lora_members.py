@@ -365,8 +365,8 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
     argv = ["train", "--run-dir", str(tmp_path / "run-nobase"), "--base", str(tmp_path / "no-base")]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "no such local directory" in err and "the same command" not in err, err
-    assert not (tmp_path / "run-nobase").exists()  # the folder this command made is not left behind, empty
+    assert "no such model folder" in err and "the same command" not in err, err
+    assert not (tmp_path / "run-nobase").exists()  # found before any folder is made
 
 
 def test_populora_train_resumes_when_the_cached_base_is_reached_by_another_path(

@@ -478,6 +478,11 @@ def test_from_future_import_annotations_is_the_one_future_import_allowed(verifie
     0 (``forbidden``). Exactly that statement is allowed; any other ``__future__`` import is not."""
     typed = "from __future__ import annotations\ndef f(x: int) -> int:\n    return x * 2\n"
     assert verifier.check_induction(typed, [("3", "6"), ("4", "8")]) == 1.0
+    # string annotations of a dataclass are looked up in sys.modules by the class's module: it was missing
+    record = ("from __future__ import annotations\nfrom dataclasses import dataclass\n@dataclass\nclass P:\n"
+              "    x: int\ndef f(a: int) -> int:\n    return P(a).x * 2\n")  # fmt: skip
+    assert verifier.check_induction(record, [("3", "6"), ("4", "8")]) == 1.0
+    assert verifier.run("X = dir()\ndef f():\n    return X", "").output == "['__builtins__', '__name__']"
     for other in ("import __future__", "from __future__ import annotations, division",
                   "from __future__ import annotations as a", "from __future__ import barry_as_FLUFL"):  # fmt: skip
         assert verifier.run(f"{other}\ndef f(x):\n    return x", "1").status == "forbidden", other

@@ -184,7 +184,14 @@ def _define_and_call(
     """One call's verdict line: runs the module code in fresh globals, then calls its ``f``."""
     if isinstance(args, bytes):  # an argument text that did not compile: its verdict is ready
         return args
-    glb: dict[str, Any] = {"__builtins__": table, "__name__": "__program__"}
+    # The program's globals are a module's, listed in sys.modules: dataclasses (and typing.get_type_hints)
+    # look string annotations (`from __future__ import annotations`) up there, by the class's __module__.
+    program = type(sys)("__program__")  # types.ModuleType, without importing `types` into the worker
+    glb: dict[str, Any] = program.__dict__
+    for name in ("__doc__", "__package__", "__loader__", "__spec__"):  # as the plain dict had them: absent
+        del glb[name]
+    glb["__builtins__"] = table
+    sys.modules["__program__"] = program  # a fresh child per program; each call replaces it
     try:
         exec(code, glb)
     except MemoryError:

@@ -50,7 +50,7 @@ class VerifierConfig:
     memory_mb: int = 512
     """Address-space limit of each program's process, in MiB."""
     workers: int | None = None
-    """Worker processes per hash-seed pool; ``None`` uses the number of CPUs."""
+    """Worker processes per hash-seed pool, at most ``MAX_WORKERS``; ``None`` uses the number of CPUs (capped so)."""
     check_determinism: bool = True
     """Re-run every successful call in a second pool with another ``PYTHONHASHSEED`` and compare."""
     hash_seeds: tuple[int, int] = (11, 29)

@@ -15,7 +15,7 @@ from typing import Any
 from .literals import LiteralError, outputs_equal, parse_args, parse_literal
 from .pool import WorkerDied, WorkerHandle, WorkerHung, readable
 from .prefilter import ALLOWED_MODULES, compile_guard, prefilter, prefilter_expression
-from .records import Execution, IsolationReport, VerifierConfig
+from .records import MAX_WORKERS, Execution, IsolationReport, VerifierConfig
 from .sandbox import build_seccomp_programs
 from .verdicts import parse_line
 
@@ -85,7 +85,7 @@ class Verifier:
         self._cache_chars = 0  # characters held by the cache's keys and verdicts
         self._parsed: dict[str, tuple[Any, ...]] = {}  # literal args text -> values, for the call in progress
         self._closed = False
-        n = config.workers or os.cpu_count() or 1
+        n = config.workers or min(os.cpu_count() or 1, MAX_WORKERS)  # (a given count is checked against it)
         seeds = config.hash_seeds if config.check_determinism else config.hash_seeds[:1]
         self._worker_config: dict[str, Any] = {
             "isolate": config.isolate,
