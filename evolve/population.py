@@ -192,14 +192,14 @@ def fitness_of(pop: Population, member: Member, outcome: PlayOutcome) -> float |
     matchmaking gave it no task, or every task of its episodes was invalid), a teacher that proposed
     nothing. Such a member is neither replaced nor a parent that generation (it scored 0.0 before, tied
     with a member that failed everything, and a child could be retired before it had played)."""
-    if pop.config.fitness == "rating":
-        return pop.table.get(member.id).ordinal
     transitions = outcome.transitions.get(member.id, [])
     roles = ("teacher", "student") if member.role == "both" else (member.role,)
     values = [
         v for v in (_role_fitness(r, member.id, transitions, outcome.results) for r in roles) if v is not None
     ]
-    return sum(values) if values else None
+    if not values:  # also with fitness="rating": an unplayed child's fresh sigma ranked it near the bottom
+        return None
+    return pop.table.get(member.id).ordinal if pop.config.fitness == "rating" else sum(values)
 
 
 def _replace(pop: Population, role: str, fitness: list[float | None], generation: int) -> list[LineageRecord]:

@@ -108,7 +108,8 @@ class MemberMatchmaker:
     """A ``populora_env`` ``Matchmaker`` that seats members and records their match results.
 
     ``assign`` is the env's ``RatingPFSP`` (near-balanced matchups preferred) fed with the members' current
-    ratings for the episode's seating, or all-pairs when ``pfsp`` is off; ``update`` only records results
+    ratings for the episode's seating, never matching a self-play member with its own student seat when
+    another is there, or all-pairs when ``pfsp`` is off; ``update`` only records results
     (as member ids), which the PBT loop rates once per generation in a fixed order.
 
     Args:
@@ -135,6 +136,11 @@ class MemberMatchmaker:
         """Students per task: PFSP on the seated members' ratings, or all of them."""
         if self.pfsp is None:
             return [tuple(students) for _ in teachers]
+        others = {t: [s for s in students if self.seats.get(s) != self.seats.get(t)] for t in teachers}
+        if any(len(o) < len(students) for o in others.values()) and all(others.values()):
+            # self-play: a member's own student seat rates as an even match (PFSP's heaviest weight) and its
+            # results are not rated; the others' seats, as long as there are any (1x1 has only its own)
+            return [self.pfsp.assign([t], others[t], rng)[0] for t in teachers]
         return self.pfsp.assign(teachers, students, rng)
 
     def update(self, results: Sequence[tuple[str, str, bool]]) -> None:

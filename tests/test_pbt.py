@@ -741,14 +741,20 @@ def test_fitness_definitions_per_role() -> None:
     rating = table.get(2)
     assert fitness_of(pop, member(2, "student"), outcome) == pytest.approx(rating.mu - 3 * rating.sigma)  # type: ignore[arg-type]
     assert rating.mu - 3 * rating.sigma != pytest.approx(table.get(3).mu - 3 * table.get(3).sigma)
+    # not evaluated is not evaluated whatever the fitness: a child's fresh sigma ranked it near the bottom,
+    # so it was retired (or chosen as a parent) before it had played
+    assert fitness_of(pop, member(5, "student"), outcome) is None  # type: ignore[arg-type]
+    assert fitness_of(pop, member(6, "teacher"), outcome) is None  # type: ignore[arg-type]
 
 
-def test_a_member_not_evaluated_is_neither_replaced_nor_a_parent(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fitness", ["reward", "rating"])
+def test_a_member_not_evaluated_is_neither_replaced_nor_a_parent(tmp_path: Path, fitness: str) -> None:
     """Under PFSP matchmaking a student can get no task in a generation: it scored 0.0, tied with one
-    that failed everything, and children were retired before they had played."""
+    that failed everything, and children were retired before they had played (with fitness="rating"
+    too: the ordinal was returned before asking whether the member had played)."""
     config = PBTConfig(
         run_dir=str(tmp_path / "run"), seed=0, generations=6, episodes_per_generation=2, env=_env(2),
-        population=4, pfsp=True, teachers="scripted", progress=False, tensorboard=False,
+        population=4, pfsp=True, teachers="scripted", progress=False, tensorboard=False, fitness=fitness,  # type: ignore[arg-type]
     )  # fmt: skip
     history = [json.loads(line) for line in (run_pbt(config) / "metrics.jsonl").read_text().splitlines()]
     unevaluated = [(r["generation"], int(k)) for r in history for k, v in r["fitness"].items() if v is None]

@@ -57,6 +57,24 @@ def test_matchmaker_records_member_ids_and_prefers_balanced_matchups() -> None:
     assert maker.drain() == []
 
 
+def test_pfsp_does_not_match_a_self_play_member_with_itself() -> None:
+    """A member's own student seat rates as an even match, PFSP's heaviest weight: half the tasks went to
+    their proposer (more as ratings spread), and self-attempts are not rated. Its own seat is left out
+    while there is another; a 1x1 game keeps its only seat."""
+    table = RatingTable()
+    for _ in range(20):
+        table.update([MatchResult(1, 2, False)])  # member 1 well above member 2
+    maker = MemberMatchmaker(table, per_task=1, pfsp=True)
+    maker.seat({"teacher_0": 1, "teacher_1": 2, "student_0": 1, "student_1": 2})
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        assert maker.assign(["teacher_0", "teacher_1"], ["student_0", "student_1"], rng) == [
+            ("student_1",), ("student_0",)
+        ]
+    maker.seat({"teacher_0": 1, "student_0": 1})
+    assert maker.assign(["teacher_0"], ["student_0"], rng) == [("student_0",)]
+
+
 def test_matchmaker_all_pairs_without_pfsp() -> None:
     maker = MemberMatchmaker(RatingTable(), pfsp=False)
     out = maker.assign(["teacher_0", "teacher_1"], ["student_0", "student_1"], np.random.default_rng(0))

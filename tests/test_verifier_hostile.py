@@ -486,3 +486,35 @@ def test_from_future_import_annotations_is_the_one_future_import_allowed(verifie
     for other in ("import __future__", "from __future__ import annotations, division",
                   "from __future__ import annotations as a", "from __future__ import barry_as_FLUFL"):  # fmt: skip
         assert verifier.run(f"{other}\ndef f(x):\n    return x", "1").status == "forbidden", other
+
+
+def test_a_builtin_class_name_rebound_by_the_program_is_no_self_matching_pattern(verifier):
+    """``case str(v)`` reads no attribute only while ``str`` is the built-in: rebound to a dataclass whose
+    field is named ``gi_frame`` (a metaclass matching anything), the pattern walked from a generator to
+    the child's frames and globals (the real ``os``; an ``ok`` verdict for the kernel's release)."""
+    escape = (
+        "from dataclasses import dataclass\n"
+        "class M(type):\n    def __instancecheck__(cls, obj): return True\n"
+        "@dataclass\nclass G(metaclass=M): gi_frame: int\n"
+        "def walk(obj, cls):\n    str = cls\n    match obj:\n        case str(v): return v\n"
+        "def f(x):\n    def gen():\n        yield 1\n    g = gen()\n    return walk(g, G) is not None\n"
+    )
+    verdict = verifier.run(escape, "1")
+    assert verdict.status == "forbidden" and "a name the program binds itself" in verdict.detail, verdict
+    for binding in ("def f(str):", "def f(x):\n    for str in [1]: pass", "def f(x):\n    global str",
+                    "from string import ascii_letters as str\ndef f(x):"):  # fmt: skip
+        program = f"{binding}\n    match x:\n        case str(v): return v\n    return 0"
+        assert verifier.run(program, "'a'").status == "forbidden", binding
+    plain = "def f(x):\n    match x:\n        case str(v): return v + '!'\n        case int(n): return n + 1"
+    assert verifier.run(plain, "'a'").output == "'a!'" and verifier.run(plain, "1").output == "2"
+
+
+def test_the_future_record_a_call_changes_is_its_own(verifier):
+    """The one ``__future__`` import handed out the worker's own record: a call that changed it changed the
+    next call's (nondeterministic verdicts, depending on the order of a run_many)."""
+    program = ("from __future__ import annotations\n"
+               "def f(x):\n    annotations.optional = annotations.optional + (x,)\n"
+               "    return len(annotations.optional)")  # fmt: skip
+    alone = verifier.run(program, "1")
+    assert alone.status == "ok"
+    assert verifier.run_many([(program, "1"), (program, "2"), (program, "3")]) == [alone] * 3

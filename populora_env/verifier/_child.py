@@ -26,10 +26,20 @@ _ALLOWED_MODULES: frozenset[str] = frozenset()
 def _guarded_import(
     name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
 ) -> Any:
-    future = name == "__future__" and tuple(fromlist or ()) == ("annotations",)  # as the pre-filter allows
-    if level or (name.split(".")[0] not in _ALLOWED_MODULES and not future):
+    if name == "__future__" and not level and tuple(fromlist or ()) == ("annotations",):  # the pre-filter's
+        return _fresh_future()  # one allowed __future__ import
+    if level or name.split(".")[0] not in _ALLOWED_MODULES:
         raise ImportError(f"import of {name!r} is not allowed")
     return _real_import(name, globals, locals, fromlist, level)
+
+
+def _fresh_future() -> Any:
+    """A module holding a fresh copy of ``__future__.annotations``: the worker's own record (its modules use
+    the directive) is never handed out, so a call that changes it changes nothing for the next call."""
+    feature = _real_import("__future__").annotations
+    module = type(sys)("__future__")
+    module.annotations = type(feature)(feature.optional, feature.mandatory, feature.compiler_flag)  # type: ignore[attr-defined]
+    return module
 
 
 def _refuse(*_args: Any, **_kwargs: Any) -> Any:

@@ -153,6 +153,12 @@ def prefilter(program: str) -> Prefiltered:
         reason = _forbidden(node)
         if reason:
             return Prefiltered("forbidden", f"line {getattr(node, 'lineno', '?')}: {reason}")
+    if "case" in program and (pattern := _rebound_self_matching(tree)) is not None:
+        return Prefiltered(
+            "forbidden",
+            f"line {pattern.lineno}: a class pattern of {pattern.cls.id!r}, a name the program binds itself "  # type: ignore[attr-defined]
+            "(rebound to its own class, its positional pattern reads any attribute of the subject)",
+        )
     return Prefiltered("ok")
 
 
@@ -410,6 +416,44 @@ _SELF_MATCHING = frozenset(
     {"bool", "bytearray", "bytes", "dict", "float", "frozenset", "int", "list", "set", "str", "tuple"}
 )
 """Built-in classes whose one positional pattern matches the subject itself (no attribute is read)."""
+
+
+def _rebound_self_matching(tree: ast.AST) -> ast.MatchClass | None:
+    """The first ``case str(v)``-style pattern whose built-in class name the program binds somewhere: the
+    exception for ``_SELF_MATCHING`` holds for the built-in only (``str`` rebound to a class whose
+    ``__match_args__`` names ``gi_frame``, with a metaclass matching anything, walked out of the sandbox's
+    language layer)."""
+    patterns = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.MatchClass) and node.patterns and isinstance(node.cls, ast.Name)
+    ]
+    if not patterns:
+        return None
+    bound = _bound_names(tree)
+    return next((p for p in patterns if p.cls.id in bound), None)  # type: ignore[attr-defined]
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    """Every name ``tree`` binds, deletes or declares global/nonlocal, in any scope."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            names.update(node.names)
+    return names
+
 
 _FORMAT_REACH = re.compile(r"\{[^{}]*\.\s*(?:_|gi_|cr_|ag_|tb_|f_)")
 """A ``str.format`` field walking to a private, dunder or frame attribute: ``"{0.__globals__}"``."""
