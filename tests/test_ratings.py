@@ -69,7 +69,8 @@ def test_pfsp_does_not_match_a_self_play_member_with_itself() -> None:
     rng = np.random.default_rng(0)
     for _ in range(200):
         assert maker.assign(["teacher_0", "teacher_1"], ["student_0", "student_1"], rng) == [
-            ("student_1",), ("student_0",)
+            ("student_1",),
+            ("student_0",),
         ]
     maker.seat({"teacher_0": 1, "student_0": 1})
     assert maker.assign(["teacher_0"], ["student_0"], rng) == [("student_0",)]
