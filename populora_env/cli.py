@@ -240,6 +240,24 @@ def _train_config(args: TrainArgs, base: str) -> Any:
     )  # fmt: skip
 
 
+_FLAGS = {  # config fields the train command sets from an option of another name
+    "episodes_per_generation": "--episodes",
+    "member_options['lora']['rank']": "--rank",
+    "member_options['lora']['max_new_tokens']": "--max-new-tokens",
+    "member_options['grpo']['learning_rate']": "--learning-rate",
+    "teacher_group_size": "--group-size",
+    "student_group_size": "--group-size",
+}
+
+
+def _as_flags(message: str) -> str:
+    """``message`` with the config fields that ``populora train`` options set named as those options too
+    (``episodes_per_generation`` was all a user of ``--episodes`` read)."""
+    for field, flag in _FLAGS.items():
+        message = message.replace(field, f"{flag} ({field})")
+    return message
+
+
 def _summary_table(run_dir: Path) -> str:
     """One line per generation of ``metrics.jsonl``."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
@@ -312,7 +330,7 @@ def train(args: TrainArgs) -> int:
         print(f"populora train: {error}", file=sys.stderr)
         return 2
     except (ValueError, BaseModelLoadError, CheckpointError) as error:  # (BaseModelLoadError is an OSError:
-        print(f"populora train: {error}", file=sys.stderr)  # it comes first)
+        print(f"populora train: {_as_flags(str(error))}", file=sys.stderr)  # it comes first)
         _remove_if_made_and_empty(Path(args.run_dir), made)
         return 2
     except OSError as error:  # an unwritable --run-dir or --cache-dir, a full disk

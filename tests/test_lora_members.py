@@ -347,7 +347,8 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
     for extra, message in (
         (["--population", "0"], "population must be an int >= 1, got 0"),
         (["--threads", "0"], "threads must be an int >= 1, got 0"),
-        (["--rank", "0"], "'rank'] must be an int >= 1, got 0"),
+        (["--rank", "0"], "--rank (member_options['lora']['rank']) must be an int >= 1, got 0"),
+        (["--episodes", "1"], "--episodes (episodes_per_generation) * seats (1 * 1) must be >= population"),
         (["--learning-rate", "-1"], "learning_rate must be"),
         (["--learning-rate", "nan"], "learning_rate must be a finite number > 0, got nan"),
         (["--group-size", "0"], "group_size must be an int >= 2"),
