@@ -189,17 +189,21 @@ def _equality_key(value: Any) -> Hashable:
     return (type(value).__name__, value)  # str, bytes, None
 
 
+_ANSWER_BLOCKS: dict[str, tuple[str, int]] = {
+    "deduction": ("output", MAX_LITERAL_CHARS),
+    "abduction": ("input", MAX_LITERAL_CHARS),
+    "induction": ("python", MAX_PROGRAM_CHARS),
+}
+"""Per task type, the block a student's answer holds and the longest body ``parse_answer`` takes."""
+
+
 def parse_answer(text: str, task_type: TaskType, *, max_chars: int) -> Answer | FormatError:
     """Parses a student's raw output: an ```output (deduction), ```input (abduction) or ```python
     (induction) block inside ``<answer>``; any string is accepted and never raises."""
     found = _blocks(text, max_chars)
     if isinstance(found, FormatError):
         return found
-    tag, cap = {
-        "deduction": ("output", MAX_LITERAL_CHARS),
-        "abduction": ("input", MAX_LITERAL_CHARS),
-        "induction": ("python", MAX_PROGRAM_CHARS),
-    }[task_type]
+    tag, cap = _ANSWER_BLOCKS[task_type]
     bodies = found.get(tag, [])
     if not bodies:
         return FormatError(f"missing_{tag}")
@@ -221,7 +225,7 @@ def format_proposal(program: str, inputs: Sequence[str], message: str = "", reas
 
 def format_answer(task_type: TaskType, body: str, reasoning: str = "") -> str:
     """Writes a student answer in the answer format."""
-    tag = {"deduction": "output", "abduction": "input", "induction": "python"}[task_type]
+    tag = _ANSWER_BLOCKS[task_type][0]
     return f"<think>{reasoning}</think>\n<answer>\n```{tag}\n{body}\n```\n</answer>"
 
 
@@ -297,14 +301,13 @@ def unshowable(task: Task, max_prompt_chars: int, max_action_chars: int | None =
         return "answer_markup"
     if len(student_prompt(task)) > max_prompt_chars:
         return "prompt_too_long"
-    cap = MAX_PROGRAM_CHARS if task.task_type == "induction" else MAX_LITERAL_CHARS
+    tag, cap = _ANSWER_BLOCKS[task.task_type]
     shortest = task.gold if task.task_type == "induction" else task.gold.strip()
     if task.task_type == "deduction":
         try:
             shortest = _compact(parse_literal(shortest, max_chars=len(shortest)))
         except (LiteralError, TypeError, RecursionError):
             pass  # (a verifier's output always parses)
-    tag = {"deduction": "output", "abduction": "input", "induction": "python"}[task.task_type]
     least_markup = len(f"<answer>```{tag}\n```</answer>")
     if len(shortest) > cap or (
         max_action_chars is not None and len(shortest) + least_markup > max_action_chars
@@ -337,12 +340,12 @@ def student_prompt(task: Task) -> str:
     """The prompt a student sees for one task, with the answer format it must use."""
     if task.task_type == "deduction":
         body = f"```python\n{task.program}\n```\n```input\n{task.inputs[0]}\n```"
-        ask, tag = "Predict the output of `f` on this input.", "output"
+        ask = "Predict the output of `f` on this input."
     elif task.task_type == "abduction":
         body = f"```python\n{task.program}\n```\n```output\n{task.outputs[0]}\n```"
-        ask, tag = "Give arguments for `f` that produce this output.", "input"
+        ask = "Give arguments for `f` that produce this output."
     else:
         body = _task_block(task)
-        ask, tag = "Write the function `f` that maps these inputs to these outputs.", "python"
-    fmt = f"<think>reasoning</think>\n<answer>\n```{tag}\n...\n```\n</answer>"
+        ask = "Write the function `f` that maps these inputs to these outputs."
+    fmt = format_answer(task.task_type, "...", "reasoning")
     return f"## Solve a {task.task_type} task\n{ask}\n\n{body}\n\n## Answer format\n{fmt}"
