@@ -134,10 +134,7 @@ def dare(
     """
     check_parents(parents)
     if base is not None:
-        try:
-            check_parents([parents[0], base])
-        except ValueError as error:  # "parent 1" is the base there
-            raise ValueError(str(error).replace("parent 1", "base")) from None
+        check_parents([parents[0], base], names=["parent 0", "base"])
     check_fitness(fitness, len(parents))
     if not 0 <= drop < 1:
         raise ValueError(f"drop: must be in [0, 1), got {drop}")

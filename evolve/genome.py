@@ -222,12 +222,15 @@ def check_finite(genome: Mapping[str, Any], which: str) -> None:
                 raise ValueError(f"{which} has non-finite values (NaN or inf) at key {key!r}")
 
 
-def check_parents(parents: Sequence[Genome], *, count: int | None = None) -> None:
+def check_parents(
+    parents: Sequence[Genome], *, count: int | None = None, names: Sequence[str] | None = None
+) -> None:
     """Check that parents can be combined: same keys, shapes, dtypes (hence the same LoRA ranks), devices.
 
     Args:
         parents: The parent genomes.
         count: The exact number of parents the operator needs, if it needs one.
+        names: What the messages call each genome (default ``parent <index>``; ``dare``'s base: ``base``).
 
     Raises:
         ValueError: No parents, the wrong number of them, or a key that is missing or differs in shape,
@@ -237,29 +240,31 @@ def check_parents(parents: Sequence[Genome], *, count: int | None = None) -> Non
         raise ValueError("parents: need at least one parent genome")
     if count is not None and len(parents) != count:
         raise ValueError(f"parents: this operator needs exactly {count} parents, got {len(parents)}")
+    label = list(names) if names is not None else [f"parent {i}" for i in range(len(parents))]
     first = parents[0]
     for index, other in enumerate(parents[1:], start=1):
         if other.keys() != first.keys():
             missing = sorted(set(first) - set(other))
             extra = sorted(set(other) - set(first))
             key, where = (missing[0], "missing from") if missing else (extra[0], "only in")
-            raise ValueError(f"parents differ at key {key!r}: {where} parent {index}")
+            raise ValueError(f"parents differ at key {key!r}: {where} {label[index]}")
         for key, tensor in first.items():
             theirs = other[key]
             if theirs.shape != tensor.shape:
                 rank = " (LoRA rank differs)" if ".lora_" in key else ""
                 raise ValueError(
-                    f"parents differ at key {key!r}: shape {tuple(tensor.shape)} in parent 0, "
-                    f"{tuple(theirs.shape)} in parent {index}{rank}"
+                    f"parents differ at key {key!r}: shape {tuple(tensor.shape)} in {label[0]}, "
+                    f"{tuple(theirs.shape)} in {label[index]}{rank}"
                 )
             if theirs.dtype != tensor.dtype:
                 raise ValueError(
-                    f"parents differ at key {key!r}: dtype {tensor.dtype} in parent 0, {theirs.dtype} in parent {index}"
+                    f"parents differ at key {key!r}: dtype {tensor.dtype} in {label[0]}, {theirs.dtype} in "
+                    f"{label[index]}"
                 )
             if theirs.device != tensor.device:
                 raise ValueError(
-                    f"parents differ at key {key!r}: device {tensor.device} in parent 0, {theirs.device} in "
-                    f"parent {index} (move them to one device first)"
+                    f"parents differ at key {key!r}: device {tensor.device} in {label[0]}, {theirs.device} in "
+                    f"{label[index]} (move them to one device first)"
                 )
 
 
