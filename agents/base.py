@@ -147,7 +147,7 @@ def load_base(
     target = torch.device(device) if device is not None else default_device()
     if dtype is None:
         dtype = torch.bfloat16 if native_bf16(target) else torch.float32
-    if names_a_path(ref) and not Path(ref).expanduser().is_dir():
+    if missing_local_dir(ref):
         raise BaseModelLoadError(_load_message(ref, "no such local directory"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(ref)
@@ -165,10 +165,11 @@ def load_base(
     return model, tokenizer
 
 
-def names_a_path(ref: str) -> bool:
-    """Whether a base reference names a local path: a Hub id is ``name`` or ``org/name``; anything else
-    that is not a directory cannot load."""
-    return ref.startswith(("/", ".", "~")) or ref.count("/") > 1 or Path(ref).exists()
+def missing_local_dir(ref: str) -> bool:
+    """Whether a base reference names a local path (a Hub id is ``name`` or ``org/name``) where there is no
+    directory: it cannot load."""
+    names_a_path = ref.startswith(("/", ".", "~")) or ref.count("/") > 1 or Path(ref).exists()
+    return names_a_path and not Path(ref).expanduser().is_dir()
 
 
 def _load_message(ref: str, reason: str) -> str:

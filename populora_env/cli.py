@@ -281,7 +281,7 @@ def train(args: TrainArgs) -> int:
     import torch
 
     import agents.members  # noqa: F401  # registers the "lora" members and the "grpo" learner
-    from agents.base import BaseModelLoadError, build_tiny_base, names_a_path
+    from agents.base import BaseModelLoadError, build_tiny_base, missing_local_dir
     from agents.members import LoRAMemberOptions, grpo_config
     from evolve.checkpoint import CheckpointError
     from evolve.pbt import RunInUseError, run_pbt
@@ -309,7 +309,7 @@ def train(args: TrainArgs) -> int:
         grpo_config(config.member_options, lora)
         if Path(args.run_dir).is_file():
             raise ValueError(f"--run-dir {args.run_dir} is a file, not a folder")
-        if args.base is not None and names_a_path(args.base) and not Path(args.base).expanduser().is_dir():
+        if args.base is not None and missing_local_dir(args.base):
             raise ValueError(f"--base {args.base}: no such model folder")  # found before any folder is made
         made = not Path(args.run_dir).exists()
         Path(args.run_dir).mkdir(parents=True, exist_ok=True)  # an unusable --run-dir fails now, not after
