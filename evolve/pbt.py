@@ -152,10 +152,11 @@ class PBTConfig:
     """Torch intra-op threads for the members' play and learning, in this process (while ``run_pbt`` runs)
     and in every Ray actor. ``None`` leaves each process its count: this process's
     (``torch.get_num_threads()``) on the local backend, the actors' own on Ray (one, from Ray's
-    ``OMP_NUM_THREADS=1``, or the machine's where torch was imported first, e.g. by a set-up hook). Some updates round differently under other counts (SB3's PPO, SB3's orthogonal
-    initialisation; the small ``torch`` nets do not), so a Ray run equals the local one only when both use
-    the same count: set it for such members (1 suits Ray, where the learners run at once, an actor each).
-    Part of the run's fingerprint when set."""
+    ``OMP_NUM_THREADS=1``, or the machine's where torch was imported first, e.g. by a set-up hook). Some
+    updates round differently under other counts (SB3's PPO, SB3's orthogonal initialisation; the small
+    ``torch`` nets do not), so a Ray run equals the local one only when both use the same count: set it
+    for such members (1 suits Ray, where the learners run at once, an actor each). Part of the run's
+    fingerprint when set."""
     progress: bool = True
     """Show a tqdm progress bar."""
     tensorboard: bool = True
@@ -385,14 +386,37 @@ def run_pbt(config: PBTConfig) -> Path:
         ``run_dir``, holding ``config.json``, ``metrics.jsonl`` (one ``GenerationMetrics`` per line),
         ``lineage.jsonl`` (one ``LineageRecord`` per line), ``checkpoints/`` and ``tb/``.
     """
-    if config.torch_threads is None:
-        return _run_pbt(config)
+    run_dir = Path(config.run_dir)
+    ckpt_dir = run_dir / "checkpoints"
+    for path in (run_dir, ckpt_dir):  # found now, not when the first generation is saved
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{path} is a file, not a folder: run_pbt writes the run's checkpoints there")
+    if config.tensorboard:
+        try:
+            os.fsdecode(run_dir).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"run_dir {os.fsdecode(run_dir)!r} is not UTF-8, which TensorBoard's writer needs: choose "
+                "another name or set tensorboard=False (populora train --no-tensorboard)"
+            ) from None
+    _check_nothing_else_replaced(run_dir, ckpt_dir)
+    # the thread count before the members exist: some initialise by QR
+    with _torch_threads(config.torch_threads), _run_lock(run_dir):
+        return _run_locked(config, run_dir, ckpt_dir)
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int | None) -> Iterator[None]:
+    """Torch at ``count`` intra-op threads inside, the caller's count again after (``None``: unchanged)."""
+    if count is None:
+        yield
+        return
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(config.torch_threads)  # before the members exist: some initialise by QR
+    torch.set_num_threads(count)
     try:
-        return _run_pbt(config)
+        yield
     finally:
         torch.set_num_threads(threads)
 
@@ -430,25 +454,6 @@ def _run_lock(run_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
-
-
-def _run_pbt(config: PBTConfig) -> Path:
-    run_dir = Path(config.run_dir)
-    ckpt_dir = run_dir / "checkpoints"
-    for path in (run_dir, ckpt_dir):  # found now, not when the first generation is saved
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"{path} is a file, not a folder: run_pbt writes the run's checkpoints there")
-    if config.tensorboard:
-        try:
-            os.fsdecode(run_dir).encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(
-                f"run_dir {os.fsdecode(run_dir)!r} is not UTF-8, which TensorBoard's writer needs: choose "
-                "another name or set tensorboard=False (populora train --no-tensorboard)"
-            ) from None
-    _check_nothing_else_replaced(run_dir, ckpt_dir)
-    with _run_lock(run_dir):
-        return _run_locked(config, run_dir, ckpt_dir)
 
 
 def _check_nothing_else_replaced(run_dir: Path, ckpt_dir: Path) -> None:

@@ -504,8 +504,8 @@ def test_a_dying_learner_actor_is_reported_and_skipped_like_a_raising_learner(tm
 def test_torch_threads_apply_here_and_in_every_ray_actor(tmp_path: Path) -> None:
     """Ray's actors had their own torch thread count (one, or the machine's when torch was imported before
     Ray set ``OMP_NUM_THREADS=1``); updates that round differently under another count (SB3's PPO) made a
-    Ray run differ from the local one. ``torch_threads`` sets the count
-    in this process for the run (and gives the caller's back) and in the learner actors."""
+    Ray run differ from the local one. ``torch_threads`` sets the count in this process for the run (and
+    gives the caller's back) and in the learner actors."""
     ray = pytest.importorskip("ray")
     from tests import ray_hooks
 
