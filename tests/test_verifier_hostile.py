@@ -209,6 +209,11 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
     "attribute_by_name": (
         _p("return [operator.attrgetter('gi_frame')(i for i in [x]) is None]", "import operator\n"),
         {"forbidden"}, {"ok"}),
+    # README, "Not guaranteed": the verifier's own folder stays readable (the worker imports from it)
+    "reads_the_verifier_folder": (
+        _p("return len(open(verdicts_file).read()) > 0",
+           f"verdicts_file = {str(Path(prefilter_module.__file__).with_name('verdicts.py'))!r}\n"),
+        {"forbidden"}, {"ok"}),
 }  # fmt: skip
 
 
@@ -518,3 +523,15 @@ def test_the_future_record_a_call_changes_is_its_own(verifier):
     alone = verifier.run(program, "1")
     assert alone.status == "ok"
     assert verifier.run_many([(program, "1"), (program, "2"), (program, "3")]) == [alone] * 3
+
+
+@pytest.mark.xfail(strict=True, reason="open, in README's threat model: a format string built at run time")
+def test_a_format_string_built_at_run_time_does_not_walk_frames(verifier):
+    """The pre-filter refuses constant format strings that walk to frame attributes only; one built at run
+    time reads the frames above the program as text (found by a red-team audit). Strict: once this
+    passes, the README's "Not guaranteed" paragraph must lose that sentence."""
+    program = (
+        "def f(x):\n    box = []\n    def gen():\n        s = '{0.gi' + '_frame.f_back}'\n"
+        "        yield s.format(box[0])\n    g = gen()\n    box.append(g)\n    return next(g)[:6]"
+    )
+    assert verifier.run(program, "1").status == "forbidden"
