@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import inspect
@@ -9,7 +10,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -371,6 +372,20 @@ def _thread_count_setters() -> tuple[Callable[[int], Any], Callable[[int], Any] 
 
 
 _SETTERS = _thread_count_setters() if _PER_THREAD_COUNTS else None
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Torch at ``count`` intra-op threads inside, the caller's count again after (``None``: unchanged)."""
+    if count is None:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _one_torch_thread() -> None:

@@ -35,6 +35,7 @@ from evolve.checkpoint import (
     remove_temp_files,
     save_checkpoint,
 )
+from evolve.genome import torch_threads
 from evolve.learners import LEARNERS, LearnerConfig
 from evolve.members import POLICIES, NetConfig, is_finite_number, is_int_at_least
 from evolve.population import Population, extend, run_generation
@@ -401,24 +402,8 @@ def run_pbt(config: PBTConfig) -> Path:
             ) from None
     _check_nothing_else_replaced(run_dir, ckpt_dir)
     # the thread count before the members exist: some initialise by QR
-    with _torch_threads(config.torch_threads), _run_lock(run_dir):
+    with torch_threads(config.torch_threads), _run_lock(run_dir):
         return _run_locked(config, run_dir, ckpt_dir)
-
-
-@contextlib.contextmanager
-def _torch_threads(count: int | None) -> Iterator[None]:
-    """Torch at ``count`` intra-op threads inside, the caller's count again after (``None``: unchanged)."""
-    if count is None:
-        yield
-        return
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 class RunInUseError(RuntimeError):

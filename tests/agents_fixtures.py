@@ -6,13 +6,15 @@ Import the fixtures into a test module (``from tests.agents_fixtures import tiny
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agents.base import TinyBaseConfig, build_tiny_base
+from evolve.genome import torch_threads
+
+__all__ = ["TEST_BASE_CONFIG", "one_torch_thread", "tiny_base_dir", "torch_threads"]
 
 # Far smaller than the default base: builds in seconds, still a real Llama with a trained BPE tokenizer.
 TEST_BASE_CONFIG = TinyBaseConfig(
@@ -36,19 +38,6 @@ def tiny_base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_base(
         tmp_path_factory.mktemp("tiny-base-cache"), TEST_BASE_CONFIG, progress=False, num_threads=1
     )
-
-
-@contextlib.contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """Run a block with ``count`` torch intra-op threads in the calling thread (restored afterwards)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture
