@@ -62,8 +62,10 @@ def _best_first(count: int, fitness: list[float] | None) -> list[int]:
 
 
 def _concatenate(terms: list[tuple[float, Genome]], batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(b_cat_t (G, R, m), a_cat (G, R, n))`` of ``Σ c_i B_i A_i`` for a batch, written straight from the
-    genomes (the weight fused into ``B``'s transposing copy; see ``lowrank.reproject_concatenated``)."""
+    """``(b_cat (G, m, R), a_cat (G, R, n))`` of ``Σ c_i B_i A_i`` for a batch, written straight from the
+    genomes. ``b_cat`` is column-major, the layout ``geqrf`` works in, so the Householder path of
+    ``lowrank.reproject_concatenated`` needs no copy of it; the weights go into that one transposing copy
+    of PEFT's row-major ``B``."""
     (out_features, rank), in_features = batch.b_shape, batch.a_shape[1]
     count, device = len(batch.pairs), terms[0][1][batch.pairs[0].a_key].device
     b_cat_t = torch.empty(count, len(terms) * rank, out_features, dtype=batch.dtype, device=device)
@@ -72,7 +74,7 @@ def _concatenate(terms: list[tuple[float, Genome]], batch: PairBatch) -> tuple[t
             torch.mul(parent[pair.b_key].mT.to(batch.dtype), c, out=b_cat_t[j, i * rank : (i + 1) * rank])
     # the A rows need no transpose: one concatenation in (module, term) order is the whole batch
     a_rows = torch.cat([parent[pair.a_key] for pair in batch.pairs for _, parent in terms])
-    return b_cat_t, a_rows.to(batch.dtype).view(count, len(terms) * rank, in_features)
+    return b_cat_t.mT, a_rows.to(batch.dtype).view(count, len(terms) * rank, in_features)
 
 
 def linear_combination(parents: Sequence[Genome], coeffs: Sequence[float]) -> Genome:

@@ -312,30 +312,125 @@ def reproject(
         norm for null components is the RMS row norm over the non-skipped terms' ``A``.
     """
     terms = [(c, b, a) for c, b, a in zip(coeffs, bs, as_, strict=True) if c != 0] or [(0.0, bs[0], as_[0])]
-    m, n = bs[0].shape[-2], as_[0].shape[-1]
-    widths = [b.shape[-1] for _, b, _ in terms]
-    b_cat_t = bs[0].new_empty(*bs[0].shape[:-2], sum(widths), m)  # (..., R, m)
-    a_cat = as_[0].new_empty(*as_[0].shape[:-2], sum(widths), n)  # (..., R, n)
-    start = 0
-    for (c, b, a), width in zip(terms, widths, strict=True):
-        torch.mul(b.mT, c, out=b_cat_t[..., start : start + width, :])
-        a_cat[..., start : start + width, :] = a
-        start += width
-    return reproject_concatenated(b_cat_t, a_cat, rank)
+    b_cat = torch.cat([b * c for c, b, _ in terms], dim=-1)  # (..., m, R)
+    a_cat = torch.cat([a for _, _, a in terms], dim=-2)  # (..., R, n)
+    return reproject_concatenated(b_cat, a_cat, rank)
 
 
 def reproject_concatenated(
-    b_cat_t: torch.Tensor, a_cat: torch.Tensor, rank: int
+    b_cat: torch.Tensor, a_cat: torch.Tensor, rank: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``reproject`` for terms already concatenated: ``ΔW = b_cat_tᵀ @ a_cat``.
+    """``reproject`` for terms already concatenated: ``ΔW = b_cat @ a_cat``, ``b_cat (..., m, R)`` and
+    ``a_cat (..., R, n)``. ``b_cat`` may be in either layout; column-major saves Householder QR a copy.
 
-    ``B_cat`` comes transposed, ``b_cat_t (..., R, m)`` row-major, i.e. ``B_cat`` column-major: the layout
-    geqrf works in, so callers fuse their one unavoidable transposing copy of PEFT's row-major ``B`` with
-    the term weights. ``a_cat (..., R, n)`` row-major (its transpose is column-major for free).
+    Decomposed from the factors' Gram matrices (``_reproject_by_gram``) where both concatenated factors
+    are well-conditioned, by Householder QR (``lowrank_svd``) elsewhere: related parents (a child and its
+    parent), factors with a steeply falling spectrum, zero or overflowing factors, more columns than rows.
     """
-    svd = lowrank_svd(b_cat_t.mT, a_cat)
+    batch_shape, (m, width), n = b_cat.shape[:-2], b_cat.shape[-2:], a_cat.shape[-1]
+    b_cat, a_cat = b_cat.reshape(-1, m, width), a_cat.reshape(-1, width, n)
+    tri_a = _gram_triangle(a_cat @ a_cat.mT)
+    fast = tri_a.accepted
+    if bool(fast.any()):  # (the smaller side first: related parents' stacks fail it already)
+        tri_b = _gram_triangle(b_cat.mT @ b_cat)
+        fast = fast & tri_b.accepted
+    if bool(fast.all()):
+        b, a = _reproject_by_gram(b_cat, a_cat, tri_b, tri_a, rank)
+        return b.view(*batch_shape, m, rank), a.view(*batch_shape, rank, n)
+    some = bool(fast.any())
+    rest = ~fast
+    b_rest, a_rest = (b_cat[rest], a_cat[rest]) if some else (b_cat, a_cat)
+    svd = lowrank_svd(b_rest, a_rest)
     u, s, v = take_columns(svd.u, rank), take_columns(svd.s, rank), take_right_vectors(svd.v, rank)
-    return to_factors(svd, u, s, v, row_scale(a_cat))
+    b, a = to_factors(svd, u, s, v, row_scale(a_rest))
+    if some:
+        b_all, a_all = b.new_empty(b_cat.shape[0], m, rank), a.new_empty(b_cat.shape[0], rank, n)
+        b_all[rest], a_all[rest] = b, a
+        b_all[fast], a_all[fast] = _reproject_by_gram(
+            b_cat[fast], a_cat[fast], tri_b[fast], tri_a[fast], rank
+        )
+        b, a = b_all, a_all
+    return b.view(*batch_shape, m, rank), a.view(*batch_shape, rank, n)
+
+
+GRAM_MAX_CONDITION = 1000.0
+"""Largest condition bound ``‖R_s‖_F ‖R_s⁻¹‖_F`` (>= the 2-norm condition number) of a column-scaled
+concatenated factor that ``reproject_concatenated`` decomposes from its Gram matrix; above it, or where
+the Cholesky factorisation fails, the matrix goes through Householder QR. In a sweep of related and
+unrelated parents with flat and falling spectra (641 stacks, 600x400 to 4864x896) the children taken
+below this bound stayed within 2e-6 (relative) of the Eckart–Young optimum, as Householder's do; with
+the bound at 1e8, a ``B`` whose spectrum falls 1000-fold was taken and came out 1.3e-5 off
+(``tests/test_operators.py`` keeps such a case)."""
+
+
+@dataclass(frozen=True)
+class _Triangle:
+    """``X = Q̃ R`` from the Gram matrix ``XᵀX`` (see ``_gram_triangle``), batched like ``X``."""
+
+    r: torch.Tensor
+    """``R = R_s D`` ``(..., R, R)``, upper triangular."""
+    r_scaled_inv: torch.Tensor
+    """``R_s⁻¹`` ``(..., R, R)``."""
+    scale: torch.Tensor
+    """``D``, the column norms of ``X`` (1 for a zero column), ``(..., R)``."""
+    accepted: torch.Tensor
+    """Per matrix: the factorisation succeeded and ``‖R_s‖_F ‖R_s⁻¹‖_F <= GRAM_MAX_CONDITION``."""
+
+    def __getitem__(self, index: torch.Tensor | slice) -> _Triangle:
+        return _Triangle(self.r[index], self.r_scaled_inv[index], self.scale[index], self.accepted[index])
+
+
+def _gram_triangle(gram: torch.Tensor) -> _Triangle:
+    """A triangular factor of ``X`` from its Gram matrix ``XᵀX (..., R, R)``: ``X = Q̃ R`` with ``R = R_s D``,
+    ``D`` the column norms and ``R_sᵀ R_s`` the Cholesky factorisation of the column-scaled ``D⁻¹ XᵀX D⁻¹``
+    (a zero column or a non-finite value is not accepted)."""
+    norms = gram.diagonal(dim1=-2, dim2=-1).clamp(min=0).sqrt()
+    scale = torch.where(norms > 0, norms, torch.ones_like(norms))
+    lower, info = torch.linalg.cholesky_ex(gram / (scale.unsqueeze(-1) * scale.unsqueeze(-2)))
+    r_scaled = lower.mT
+    eye = torch.eye(r_scaled.shape[-1], dtype=r_scaled.dtype, device=r_scaled.device)
+    r_scaled_inv = torch.linalg.solve_triangular(r_scaled, eye.expand_as(r_scaled), upper=True)
+    bound = torch.linalg.matrix_norm(r_scaled) * torch.linalg.matrix_norm(r_scaled_inv)
+    accepted = (info == 0) & (bound <= GRAM_MAX_CONDITION)  # NaN and inf fail the comparison
+    return _Triangle(r_scaled * scale.unsqueeze(-2), r_scaled_inv, scale, accepted)
+
+
+def _reproject_by_gram(
+    b_cat: torch.Tensor, a_cat: torch.Tensor, tri_b: _Triangle, tri_a: _Triangle, rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reproject_concatenated`` with the triangular factors taken from the Gram matrices (Cholesky QR)
+    instead of Householder QR: a batched matrix product per factor instead of ``geqrf``, about 3x faster
+    on Qwen2.5-0.5B-shaped stacks here, and no transposing copy of ``B`` (``geqrf`` works column-major).
+
+    With ``X_b = Q̃_b R_b`` and ``X_a = Q̃_a R_a`` (``_gram_triangle``), ``ΔW = Q̃_b C Q̃_aᵀ`` with the core
+    ``C = R_b R_aᵀ``, exactly for any invertible factors. From ``CᵀC = V S² Vᵀ`` (``eigh`` in float64,
+    as accurate as an SVD of the float32 core and cheaper), the child is ``B = X_b R_aᵀ V D_a⁻¹`` and
+    ``A = D_a Vᵀ R_a⁻ᵀ X_aᵀ`` with ``D_b D_a = S`` (``gauge``): ``B`` needs no inverse, as
+    ``R_b⁻¹ C = R_aᵀ``, and ``U = C V S⁻¹`` is never formed (null components included).
+
+    Rounding in the Gram matrices leaves ``Q̃`` off orthonormal by about ``ε κ²`` (Fukaya, Nakatsukasa,
+    Yanagisawa and Yamamoto, "CholeskyQR2", 2014), which only ranks the components in a slightly
+    distorted norm; with the columns scaled to unit norm first (van der Sluis 1969) and ``κ`` bounded
+    by ``GRAM_MAX_CONDITION`` the child stays the Eckart–Young optimum to float32 rounding.
+
+    ``A`` is expanded through ``R_a⁻¹``: rounding amplified at most ``κ`` fold (``coordinates``), below
+    ``GRAM_MAX_CONDITION`` on accepted matrices (measured: no larger errors than Householder's).
+
+    Raises:
+        ProductOverflow: A singular value overflows the factors' dtype.
+    """
+    wide = b_cat.device if b_cat.device.type != "mps" else torch.device("cpu")  # MPS has no float64
+    core = tri_b.r.to(wide, torch.float64) @ tri_a.r.to(wide, torch.float64).mT  # no overflow in float64
+    eigenvalues, vectors = torch.linalg.eigh(core.mT @ core)  # ascending
+    top = min(rank, vectors.shape[-1])
+    s = eigenvalues[..., -top:].flip(-1).clamp(min=0).sqrt().to(b_cat.device, b_cat.dtype)
+    if not bool(torch.isfinite(s).all()):
+        raise ProductOverflow(f"B @ A overflows {b_cat.dtype}: the factors are too large to decompose")
+    v = take_right_vectors(vectors[..., -top:].flip(-1).to(b_cat.device, b_cat.dtype), rank)
+    _, d_a = gauge(take_columns(s, rank), row_scale(a_cat))  # D_b = S D_a⁻¹ never needed
+    coords_b = (tri_a.r.mT @ v) / d_a.unsqueeze(-2)  # R_b⁻¹ U D_b = R_b⁻¹ C V D_a⁻¹ = R_aᵀ V D_a⁻¹
+    coords_a = (tri_a.r_scaled_inv @ (v * d_a.unsqueeze(-2))) / tri_a.scale.unsqueeze(-1)  # R_a⁻¹ V D_a
+    return b_cat @ coords_b, coords_a.mT @ a_cat
 
 
 def adapter_svd(

@@ -398,6 +398,69 @@ def test_reprojection_is_near_optimal_at_every_conditioning():
         assert error.max() < 1e-5, (relative, error)
 
 
+def _related_stacks(relative: float, decay: tuple[float, float], count: int, m: int, n: int, seed: int):
+    """``count`` pairs ``(B_1, A_1)`` and ``(B_1 + δ, A_1 + δ')`` with ``‖δ‖ = relative * ‖B_1‖``, from unrelated
+    parents to a child and its parent; ``B``'s singular values fall by ``10**-decay[0]`` across the rank and
+    ``A``'s by ``10**-decay[1]`` (a trained adapter's ``B`` falls, its ``A`` stays near its random start)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def spectral(rows: int, fall: float) -> torch.Tensor:
+        left = torch.linalg.qr(torch.randn(count, rows, RANK, generator=g)).Q
+        right = torch.linalg.qr(torch.randn(count, RANK, RANK, generator=g)).Q
+        return left * torch.logspace(0, -fall, RANK) @ right
+
+    b1, a1 = spectral(m, decay[0]) * 0.01, spectral(n, decay[1]).mT
+    return [b1, b1 + relative * spectral(m, decay[0]) * 0.01], [a1, a1 + relative * spectral(n, decay[1]).mT]
+
+
+def test_gram_reprojection_is_optimal_where_it_is_taken_and_householder_elsewhere():
+    """``reproject_concatenated`` decomposes well-conditioned stacks from their Gram matrices and the rest by
+    Householder QR: every child is the Eckart-Young optimum to float32 rounding, over related and unrelated
+    parents with flat and falling spectra. Both paths are taken: unrelated flat parents through the Gram
+    matrices; a child with its parent at 1e-4, and a ``B`` whose spectrum falls 1000-fold (its Gram
+    matrix loses what the small components need: 1.3e-5 off when taken), by Householder QR."""
+    taken = {}
+    for relative, decay, coeffs in [
+        (1.0, (0, 0), (0.5, 0.5)), (1.0, (1, 1), (1.3, -0.3)), (1.0, (2, 2), (0.99, 0.01)),
+        (0.3, (0, 0), (0.75, 0.25)), (0.1, (1, 1), (0.5, 0.5)), (0.03, (0, 0), (1.3, -0.3)),
+        (1e-2, (2, 2), (0.5, 0.5)), (1e-4, (0, 0), (0.5, 0.5)), (0.0, (0, 0), (0.5, 0.5)),
+        (1.0, (3, 0), (0.99, 0.01)), (0.3, (3, 0), (1.3, -0.3)),
+    ]:  # fmt: skip
+        bs, as_ = _related_stacks(relative, decay, 3, 600, 400, seed=int(relative * 1e4) + decay[0])
+        b_cat = torch.cat([c * b for c, b in zip(coeffs, bs, strict=True)], dim=-1)
+        a_cat = torch.cat(as_, dim=-2)
+        gram = (
+            lowrank._gram_triangle(b_cat.mT @ b_cat).accepted
+            & lowrank._gram_triangle(a_cat @ a_cat.mT).accepted
+        )
+        taken[(relative, decay)] = gram.tolist()
+        b, a = lowrank.reproject_concatenated(b_cat, a_cat, RANK)
+        best = best_rank(
+            sum(c * x.double() @ y.double() for c, x, y in zip(coeffs, bs, as_, strict=True)), RANK
+        )
+        error = ((b.double() @ a.double()) - best).norm(dim=(-2, -1)) / best.norm(dim=(-2, -1))
+        assert error.max() < 1e-5, (relative, decay, coeffs, error)
+    assert taken[(1.0, (0, 0))] == [True] * 3, taken
+    assert taken[(1e-4, (0, 0))] == taken[(1.0, (3, 0))] == taken[(0.3, (3, 0))] == [False] * 3, taken
+
+
+def test_gram_reprojection_falls_back_per_matrix(monkeypatch):
+    """In one batch, matrices the Gram path takes and one it does not (one parent's ``B`` is zero, a fresh
+    adapter: the stack has rank r): each child is the same as with Householder QR alone, in its own slot."""
+    bs, as_ = _related_stacks(1.0, (0, 0), 3, 200, 150, seed=4)
+    bs[1][1] = 0.0
+    b_cat, a_cat = torch.cat([0.6 * bs[0], 0.4 * bs[1]], dim=-1), torch.cat(as_, dim=-2)
+    accepted = lowrank._gram_triangle(b_cat.mT @ b_cat).accepted
+    assert accepted.tolist() == [True, False, True]
+    mixed = lowrank.reproject_concatenated(b_cat, a_cat, RANK)
+    monkeypatch.setattr(lowrank, "GRAM_MAX_CONDITION", 0.0)  # nothing through the Gram path
+    householder = lowrank.reproject_concatenated(b_cat, a_cat, RANK)
+    # the same child up to the sign of each component (singular vectors are defined up to sign)
+    torch.testing.assert_close(mixed[0] @ mixed[1], householder[0] @ householder[1], atol=1e-7, rtol=1e-4)
+    for ours, reference, dim in zip(mixed, householder, (-2, -1), strict=True):
+        torch.testing.assert_close(ours.norm(dim=dim), reference.norm(dim=dim), atol=1e-6, rtol=1e-4)
+
+
 def test_null_components_keep_a_trainable_a_row():
     """A fresh adapter (B = 0) through a ΔW-space operator must not come back with A = 0 too."""
     parents = [lora_genome(1), lora_genome(2)]
