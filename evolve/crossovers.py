@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from evolve import lowrank
 from evolve.genome import (
     CHUNK_PAIRS,
     Genome,
@@ -44,7 +45,7 @@ from evolve.genome import (
     stack_factors,
     store_factors,
 )
-from evolve.lowrank import adapter_svd, reproject_concatenated, row_scale, to_factors
+from evolve.lowrank import reproject_concatenated
 
 Fitness = Sequence[float] | torch.Tensor | None
 
@@ -244,11 +245,9 @@ def svd_splice(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitn
     def splice(unit: tuple[PairBatch, torch.Tensor]) -> None:
         chunk, k = unit
         b, a = stack_factors([top, rest], chunk)  # (2G, ...): one batched SVD for both parents
-        svd, u, s, v = adapter_svd(b, a)
         from_top = torch.arange(chunk.a_shape[0], device=device) < k  # (G, r)
-        keep = torch.cat([from_top, ~from_top]).to(s.dtype)  # top's components < k, rest's from k on
-        b_child, a_child = to_factors(svd, u, s, v, row_scale(a), keep=keep, sum_halves=True)
-        store_factors(child, chunk, b_child, a_child, like=first)
+        keep = torch.cat([from_top, ~from_top]).to(b.dtype)  # top's components < k, rest's from k on
+        store_factors(child, chunk, *lowrank.splice(b, a, keep), like=first)
 
     run_parallel(splice, units, [rows(chunk) for chunk, _ in units], device)
     return ordered_like(child, first)

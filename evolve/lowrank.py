@@ -419,18 +419,78 @@ def _reproject_by_gram(
     Raises:
         ProductOverflow: A singular value overflows the factors' dtype.
     """
-    wide = b_cat.device if b_cat.device.type != "mps" else torch.device("cpu")  # MPS has no float64
+    coords_b, coords_a = _gram_coordinates(tri_b, tri_a, rank, row_scale(a_cat))
+    return b_cat @ coords_b, coords_a.mT @ a_cat
+
+
+def _gram_coordinates(
+    tri_b: _Triangle, tri_a: _Triangle, rank: int, a_scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top ``rank`` components of ``X_b X_aᵀ`` as coordinates on the factors themselves (see
+    ``_reproject_by_gram``): ``(R_aᵀ V D_a⁻¹ (..., R, rank), R_a⁻¹ V D_a (..., R, rank))``, so that
+    ``B = X_b @ first`` and ``A = secondᵀ @ X_aᵀ``, in the balanced gauge with ``gauge``'s null rule.
+
+    Raises:
+        ProductOverflow: A singular value overflows the factors' dtype.
+    """
+    dtype, device = tri_a.r.dtype, tri_a.r.device
+    wide = device if device.type != "mps" else torch.device("cpu")  # MPS has no float64
     core = tri_b.r.to(wide, torch.float64) @ tri_a.r.to(wide, torch.float64).mT  # no overflow in float64
     eigenvalues, vectors = torch.linalg.eigh(core.mT @ core)  # ascending
     top = min(rank, vectors.shape[-1])
-    s = eigenvalues[..., -top:].flip(-1).clamp(min=0).sqrt().to(b_cat.device, b_cat.dtype)
+    s = eigenvalues[..., -top:].flip(-1).clamp(min=0).sqrt().to(device, dtype)
     if not bool(torch.isfinite(s).all()):
-        raise ProductOverflow(f"B @ A overflows {b_cat.dtype}: the factors are too large to decompose")
-    v = take_right_vectors(vectors[..., -top:].flip(-1).to(b_cat.device, b_cat.dtype), rank)
-    _, d_a = gauge(take_columns(s, rank), row_scale(a_cat))  # D_b = S D_a⁻¹ never needed
+        raise ProductOverflow(f"B @ A overflows {dtype}: the factors are too large to decompose")
+    v = take_right_vectors(vectors[..., -top:].flip(-1).to(device, dtype), rank)
+    _, d_a = gauge(take_columns(s, rank), a_scale)  # D_b = S D_a⁻¹ is never needed
     coords_b = (tri_a.r.mT @ v) / d_a.unsqueeze(-2)  # R_b⁻¹ U D_b = R_b⁻¹ C V D_a⁻¹ = R_aᵀ V D_a⁻¹
     coords_a = (tri_a.r_scaled_inv @ (v * d_a.unsqueeze(-2))) / tri_a.scale.unsqueeze(-1)  # R_a⁻¹ V D_a
-    return b_cat @ coords_b, coords_a.mT @ a_cat
+    return coords_b, coords_a
+
+
+def splice(b: torch.Tensor, a: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per module, the sum of two adapters' SVD components picked by ``keep``: ``svd_splice``'s child.
+
+    Args:
+        b: ``(2G, m, r)``: the first adapter of each of ``G`` modules, then the second (``stack_factors``).
+        a: ``(2G, r, n)``, likewise.
+        keep: ``(2G, r)`` 0/1 per component (in descending order of singular value) of each adapter.
+
+    Returns:
+        ``(B (G, m, r), A (G, r, n))``: ``Σ_{adapters} Σ_{kept j} s_j u_j v_jᵀ`` in the balanced gauge (a
+        component that is not kept leaves a zero column of ``B`` and a zero row of ``A``). Modules whose two
+        adapters are well-conditioned go through their Gram matrices (``_reproject_by_gram``), the others
+        through Householder QR (``adapter_svd``, ``to_factors``).
+    """
+    rank, count = a.shape[-2], b.shape[0] // 2
+    tri_b, tri_a = _gram_triangle(b.mT @ b), _gram_triangle(a @ a.mT)
+    accepted = tri_b.accepted & tri_a.accepted
+    fast = accepted[:count] & accepted[count:]  # per module: both adapters
+
+    def by_gram(modules: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = _both_halves(modules, count)
+        coords_b, coords_a = _gram_coordinates(tri_b[rows], tri_a[rows], rank, row_scale(a[rows]))
+        kept = keep[rows].unsqueeze(-2)
+        (x1, x2), (c1, c2) = _halves(b[rows]), _halves(coords_b * kept)
+        (y1, y2), (e1, e2) = _halves(a[rows]), _halves(coords_a * kept)
+        return torch.baddbmm(x1 @ c1, x2, c2), torch.baddbmm(e1.mT @ y1, e2.mT, y2)
+
+    if bool(fast.all()):
+        return by_gram(slice(None))
+    rest = _both_halves(~fast, count)
+    svd, u, s, v = adapter_svd(b[rest], a[rest])
+    b_child, a_child = to_factors(svd, u, s, v, row_scale(a[rest]), keep=keep[rest], sum_halves=True)
+    if bool(fast.any()):
+        b_all, a_all = b_child.new_empty(count, *b.shape[1:]), a_child.new_empty(count, *a.shape[1:])
+        b_all[~fast], a_all[~fast] = b_child, a_child
+        b_all[fast], a_all[fast] = by_gram(fast)
+        b_child, a_child = b_all, a_all
+    return b_child, a_child
+
+
+def _both_halves(modules: torch.Tensor | slice, count: int) -> torch.Tensor | slice:
+    """Rows of both adapters of the selected modules in a ``(2G, ...)`` stack (``splice``)."""
+    return modules if isinstance(modules, slice) else torch.cat([modules, modules])
 
 
 def adapter_svd(
