@@ -8,6 +8,12 @@ This is the textbook route to the SVD of a matrix given as a product of thin fac
 each factor, decompose the small core; Golub & Van Loan, *Matrix Computations*, 4th ed., chapters on the
 QR factorisation and the SVD) and the one DESIGN.md measured against PEFT's dense ``svd`` merge.
 
+Where the concatenated factors are well-conditioned, the crossovers that re-project (``reproject_concatenated``)
+or splice (``splice``) take the triangular factors from the column-scaled Gram matrices instead (Cholesky
+QR with a condition bound, ``GRAM_MAX_CONDITION``): matrix products in place of ``geqrf``, about a third
+off those operators' time; everything else, and every matrix that fails the bound, goes through
+Householder QR as below.
+
 The orthonormal ``Q`` factors are never formed: ``torch.geqrf`` keeps them as Householder reflectors.
 Results are expanded through them as ``Q w = X (R⁻¹ w)``, one matrix product with the factor ``X``
 itself, wherever a per-matrix check bounds the rounding that ``R⁻¹`` could amplify (``coordinates``), and
