@@ -335,6 +335,8 @@ def reproject_concatenated(
     """
     batch_shape, (m, width), n = b_cat.shape[:-2], b_cat.shape[-2:], a_cat.shape[-1]
     b_cat, a_cat = b_cat.reshape(-1, m, width), a_cat.reshape(-1, width, n)
+    if not b_cat.shape[0]:
+        return b_cat.new_empty(*batch_shape, m, rank), a_cat.new_empty(*batch_shape, rank, n)
     tri_a = _gram_triangle(a_cat @ a_cat.mT)
     fast = tri_a.accepted
     if bool(fast.any()):  # (the smaller side first: related parents' stacks fail it already)
@@ -390,14 +392,21 @@ def _gram_triangle(gram: torch.Tensor) -> _Triangle:
     """A triangular factor of ``X`` from its Gram matrix ``XᵀX (..., R, R)``: ``X = Q̃ R`` with ``R = R_s D``,
     ``D`` the column norms and ``R_sᵀ R_s`` the Cholesky factorisation of the column-scaled ``D⁻¹ XᵀX D⁻¹``
     (a zero column or a non-finite value is not accepted)."""
-    norms = gram.diagonal(dim1=-2, dim2=-1).clamp(min=0).sqrt()
+    squares = gram.diagonal(dim1=-2, dim2=-1)
+    norms = squares.clamp(min=0).sqrt()
     scale = torch.where(norms > 0, norms, torch.ones_like(norms))
     lower, info = torch.linalg.cholesky_ex(gram / (scale.unsqueeze(-1) * scale.unsqueeze(-2)))
     r_scaled = lower.mT
     eye = torch.eye(r_scaled.shape[-1], dtype=r_scaled.dtype, device=r_scaled.device)
     r_scaled_inv = torch.linalg.solve_triangular(r_scaled, eye.expand_as(r_scaled), upper=True)
     bound = torch.linalg.matrix_norm(r_scaled) * torch.linalg.matrix_norm(r_scaled_inv)
-    accepted = (info == 0) & (bound <= GRAM_MAX_CONDITION)  # NaN and inf fail the comparison
+    # Products below the normal range round to subnormals, which carry fewer digits: a column whose squared
+    # norm is under tiny / eps (float32: |column| < 3e-16) lost precision in its Gram entries.
+    finfo = torch.finfo(gram.dtype)
+    normal = (squares >= finfo.tiny / finfo.eps).all(dim=-1)
+    accepted = (info == 0) & (bound <= GRAM_MAX_CONDITION) & normal  # NaN and inf fail the comparisons
+    if gram.device.type == "mps":  # no float64 for the core there, nor every routine here: Householder
+        accepted = torch.zeros_like(accepted)
     return _Triangle(r_scaled * scale.unsqueeze(-2), r_scaled_inv, scale, accepted)
 
 
@@ -439,17 +448,21 @@ def _gram_coordinates(
     Raises:
         ProductOverflow: A singular value overflows the factors' dtype.
     """
-    dtype, device = tri_a.r.dtype, tri_a.r.device
-    wide = device if device.type != "mps" else torch.device("cpu")  # MPS has no float64
-    core = tri_b.r.to(wide, torch.float64) @ tri_a.r.to(wide, torch.float64).mT  # no overflow in float64
-    eigenvalues, vectors = torch.linalg.eigh(core.mT @ core)  # ascending
+    dtype = tri_a.r.dtype
+    core = tri_b.r.double() @ tri_a.r.double().mT
+    # CᵀC squares the core: taken of C / ‖C‖ (float64 factors of 1e77 overflowed it), then scaled back
+    size = core.abs().amax(dim=(-2, -1)).unsqueeze(-1)  # (..., 1); a norm's squares could overflow
+    size = torch.where(size > 0, size, torch.ones_like(size))
+    unit = core / size.unsqueeze(-1)
+    eigenvalues, vectors = torch.linalg.eigh(unit.mT @ unit)  # ascending
     top = min(rank, vectors.shape[-1])
-    s = eigenvalues[..., -top:].flip(-1).clamp(min=0).sqrt().to(device, dtype)
+    s = (eigenvalues[..., -top:].flip(-1).clamp(min=0).sqrt() * size).to(dtype)
     if not bool(torch.isfinite(s).all()):
         raise ProductOverflow(f"B @ A overflows {dtype}: the factors are too large to decompose")
-    v = take_right_vectors(vectors[..., -top:].flip(-1).to(device, dtype), rank)
+    v = take_right_vectors(vectors[..., -top:].flip(-1).to(dtype), rank)
     _, d_a = gauge(take_columns(s, rank), a_scale)  # D_b = S D_a⁻¹ is never needed
     coords_b = (tri_a.r.mT @ v) / d_a.unsqueeze(-2)  # R_b⁻¹ U D_b = R_b⁻¹ C V D_a⁻¹ = R_aᵀ V D_a⁻¹
+    coords_b[..., top:] = 0  # components past the core's size (rank > R) have s = 0: no B column
     coords_a = (tri_a.r_scaled_inv @ (v * d_a.unsqueeze(-2))) / tri_a.scale.unsqueeze(-1)  # R_a⁻¹ V D_a
     return coords_b, coords_a
 
@@ -469,6 +482,8 @@ def splice(b: torch.Tensor, a: torch.Tensor, keep: torch.Tensor) -> tuple[torch.
         through Householder QR (``adapter_svd``, ``to_factors``).
     """
     rank, count = a.shape[-2], b.shape[0] // 2
+    if not count:
+        return b.new_empty(0, *b.shape[1:]), a.new_empty(0, *a.shape[1:])
     tri_b, tri_a = _gram_triangle(b.mT @ b), _gram_triangle(a @ a.mT)
     accepted = tri_b.accepted & tri_a.accepted
     fast = accepted[:count] & accepted[count:]  # per module: both adapters

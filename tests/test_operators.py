@@ -461,6 +461,42 @@ def test_gram_reprojection_falls_back_per_matrix(monkeypatch):
         torch.testing.assert_close(ours.norm(dim=dim), reference.norm(dim=dim), atol=1e-6, rtol=1e-4)
 
 
+def test_gram_reprojection_edge_cases():
+    """The Gram path keeps what Householder QR gave (found by a review of it): an output rank above the
+    concatenated width (extra components: zero ``B`` columns, typical ``A`` rows; they copied real ones),
+    float64 factors of 1e150 (the core's square overflowed inside ``eigh``: a raw LAPACK error), factors
+    whose Gram entries are subnormal (accepted and 0.1 off), and an empty batch (an UnboundLocalError)."""
+    g = torch.Generator().manual_seed(0)
+    b, a = torch.randn(2, 40, 4, generator=g), torch.randn(2, 4, 30, generator=g)
+    child_b, child_a = lowrank.reproject([b], [a], [1.0], rank=8)
+    torch.testing.assert_close(child_b @ child_a, b @ a, atol=1e-4, rtol=1e-5)
+    assert torch.count_nonzero(child_b[..., 4:]) == 0 and (child_a[:, 4:].norm(dim=-1) > 1).all()
+
+    def relative_error(
+        child: dict[str, torch.Tensor], parents: list[dict[str, torch.Tensor]], scale: float
+    ) -> float:
+        worst = 0.0
+        for module, dw in delta_w(child).items():
+            target = sum(0.5 * delta_w(p)[module] / scale for p in parents)
+            best = best_rank(target, RANK)
+            worst = max(worst, float((dw / scale - best).norm() / best.norm()))
+        return worst
+
+    huge = [lora_genome(seed, torch.float64) for seed in (1, 2)]
+    for parent in huge:
+        for key in parent:
+            parent[key] = parent[key] * 1e150
+    assert relative_error(cross("interpolate", huge, weight=0.5), huge, 1e300) < 1e-12
+    tiny = [lora_genome(seed) for seed in (1, 2)]
+    for parent in tiny:
+        for key in parent:
+            if ".lora_B." in key:
+                parent[key] = parent[key] * 1e-20
+    assert relative_error(cross("interpolate", tiny, weight=0.5), tiny, 1e-20) < 1e-5
+    empty = lowrank.reproject([b[:0]], [a[:0]], [1.0], rank=4)
+    assert empty[0].shape == (0, 40, 4) and empty[1].shape == (0, 4, 30)
+
+
 def test_null_components_keep_a_trainable_a_row():
     """A fresh adapter (B = 0) through a ΔW-space operator must not come back with A = 0 too."""
     parents = [lora_genome(1), lora_genome(2)]
