@@ -329,7 +329,9 @@ class LoRAPopulation:
             seed: seed of the local sampling generator.
             top_p: nucleus mass in ``(0, 1]``.
             strategy: ``stacked`` (one batch, gathered factors; the fast path), ``peft_mixed`` (one batch,
-                PEFT's ``adapter_names=``) or ``loop`` (PEFT ``set_adapter`` per adapter, one sub-batch each).
+                PEFT's ``adapter_names=``) or ``loop`` (PEFT ``set_adapter`` per adapter, one sub-batch each,
+                each sampling from its own seeded stream: greedy texts equal the others', sampled ones
+                differ from theirs).
             ignore_eos: keep generating past the stop tokens (fixed token counts for benchmarks).
             share_prefill: rows with the same prompt and adapter (a GRPO group) run the prompt once and
                 share its KV cache (see :func:`agents.generation.decode_tokens`); same texts either way.
@@ -412,10 +414,15 @@ class LoRAPopulation:
         self, prompts: Sequence[str], adapters: Sequence[str], args: dict[str, Any]
     ) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in prompts]
-        for name in dict.fromkeys(adapters):
+        for index, name in enumerate(dict.fromkeys(adapters)):
             rows = [i for i, a in enumerate(adapters) if a == name]
             self.model.set_adapter(name)
-            generated = decode_tokens(self.model, self.tokenizer, [prompts[i] for i in rows], **args)
+            # Each sub-batch samples from its own stream: with the one seed, row j of every adapter drew
+            # the same numbers (common random numbers across the population's rollouts).
+            seed = _sub_batch_seed(args["seed"], index)
+            generated = decode_tokens(
+                self.model, self.tokenizer, [prompts[i] for i in rows], **{**args, "seed": seed}
+            )
             for i, ids in zip(rows, generated, strict=True):
                 out[i] = ids
         return out
@@ -622,3 +629,12 @@ def _read_manifest(run: Path) -> tuple[dict[str, Any], Path]:
     if not (isinstance(folder, str) and _SAVE_FOLDER.fullmatch(folder)):
         raise ValueError(f"{path}: 'adapters_dir' must name an adapters folder of {run}, got {folder!r}")
     return manifest, run / folder
+
+
+def _sub_batch_seed(seed: int, index: int) -> int:
+    """The sampling seed of the ``loop`` strategy's ``index``-th adapter sub-batch: ``seed`` for the first (one
+    adapter samples as in the one-batch strategies), a 63-bit hash of both for the others."""
+    if index == 0:
+        return seed
+    digest = hashlib.sha256(f"populora-loop:{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1

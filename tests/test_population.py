@@ -370,6 +370,28 @@ def test_mixed_batch_greedy_equals_per_adapter_generation(pop: LoRAPopulation) -
     assert len({tuple(texts) for texts in by_adapter}) > 1  # the adapters really generate differently
 
 
+def test_loop_strategy_samples_each_adapter_from_its_own_stream(pop: LoRAPopulation) -> None:
+    """Two adapters with the same weights on the same prompts: one sub-batch each in the ``loop`` strategy,
+    seeded alike they drew the same numbers and sampled the same texts (correlated rollouts across the
+    population); the one-batch strategies' rows draw differently, and so must the loop's sub-batches."""
+    original = pop.get_genome(NAMES[2])
+    pop.set_genome(NAMES[2], pop.get_genome(NAMES[1]))
+    try:
+        text = prompts(4)
+        rows = [NAMES[1]] * 4 + [NAMES[2]] * 4
+        args = dict(max_new_tokens=10, temperature=1.0, seed=5)
+        loop = pop.generate(text + text, rows, strategy="loop", **args)
+        assert loop[:4] != loop[4:]
+        assert loop == pop.generate(text + text, rows, strategy="loop", **args)  # reproducible
+        assert loop[:4] == pop.generate(text, rows[:4], strategy="loop", **args)  # the first adapter's stream
+        greedy = dict(args, temperature=0.0)
+        assert pop.generate(text + text, rows, strategy="loop", **greedy) == pop.generate(
+            text + text, rows, **greedy
+        )
+    finally:
+        pop.set_genome(NAMES[2], original)
+
+
 def test_sampling_is_reproducible_for_a_seed(pop: LoRAPopulation) -> None:
     text, rows = prompts(4), [NAMES[i % 3] for i in range(4)]
     state = torch.random.get_rng_state()
