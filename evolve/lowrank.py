@@ -339,7 +339,7 @@ def reproject_concatenated(
         return b_cat.new_empty(*batch_shape, m, rank), a_cat.new_empty(*batch_shape, rank, n)
     tri_a = _gram_triangle(a_cat @ a_cat.mT)
     fast = tri_a.accepted
-    if bool(fast.any()):  # (the smaller side first: related parents' stacks fail it already)
+    if bool(fast.any()):  # A first: where related parents' stacks fail it, B's Gram matrix is not formed
         tri_b = _gram_triangle(b_cat.mT @ b_cat)
         fast = fast & tri_b.accepted
     if bool(fast.all()):
@@ -414,8 +414,8 @@ def _reproject_by_gram(
     b_cat: torch.Tensor, a_cat: torch.Tensor, tri_b: _Triangle, tri_a: _Triangle, rank: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``reproject_concatenated`` with the triangular factors taken from the Gram matrices (Cholesky QR)
-    instead of Householder QR: a batched matrix product per factor instead of ``geqrf``, about 3x faster
-    on Qwen2.5-0.5B-shaped stacks here, and no transposing copy of ``B`` (``geqrf`` works column-major).
+    instead of Householder QR: a batched matrix product per factor instead of ``geqrf`` (for 16 stacked
+    4864 x 32 factors at one thread here, 2.8 ms against 9.5).
 
     With ``X_b = Q̃_b R_b`` and ``X_a = Q̃_a R_a`` (``_gram_triangle``), ``ΔW = Q̃_b C Q̃_aᵀ`` with the core
     ``C = R_b R_aᵀ``, exactly for any invertible factors. From ``CᵀC = V S² Vᵀ`` (``eigh`` in float64,
@@ -478,7 +478,7 @@ def splice(b: torch.Tensor, a: torch.Tensor, keep: torch.Tensor) -> tuple[torch.
     Returns:
         ``(B (G, m, r), A (G, r, n))``: ``Σ_{adapters} Σ_{kept j} s_j u_j v_jᵀ`` in the balanced gauge (a
         component that is not kept leaves a zero column of ``B`` and a zero row of ``A``). Modules whose two
-        adapters are well-conditioned go through their Gram matrices (``_reproject_by_gram``), the others
+        adapters are well-conditioned go through their Gram matrices (``_gram_coordinates``), the others
         through Householder QR (``adapter_svd``, ``to_factors``).
     """
     rank, count = a.shape[-2], b.shape[0] // 2
