@@ -45,7 +45,6 @@ from evolve.genome import (
     stack_factors,
     store_factors,
 )
-from evolve.lowrank import reproject_concatenated
 
 Fitness = Sequence[float] | torch.Tensor | None
 
@@ -91,7 +90,7 @@ def linear_combination(parents: Sequence[Genome], coeffs: Sequence[float]) -> Ge
         terms = [(c, p) for c, p in zip(coeffs, parents, strict=True) if c != 0] or [(0.0, first)]
 
         def combine(batch: PairBatch) -> None:
-            b, a = reproject_concatenated(*_concatenate(terms, batch), batch.a_shape[0])
+            b, a = lowrank.reproject_concatenated(*_concatenate(terms, batch), batch.a_shape[0])
             store_factors(child, batch, b, a, like=first)
 
         units = [unit for batch in pair_batches(first, pairs) for unit in chunks(batch)]
