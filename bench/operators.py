@@ -22,7 +22,9 @@ adapter; its svd merge is given ``svd_full_matrices=False`` (faster than PEFT's 
 the run short, is timed on one layer and scaled to all layers (``--svd-layers`` changes that). ``populora``'s
 operators mutate a slot of its ``Population`` in place (no copy of the result), ours return a new genome.
 The ΔW-space comparison is PEFT svd (dense ΔW, dense SVD) against our ``interpolate`` at weight 0.5
-(the same two-adapter ΔW merge to rank 16, done low-rank).
+(the same two-adapter ΔW merge to rank 16, done low-rank). The parents are independent, so our ΔW-space
+crossovers decompose them from their Gram matrices; ``ours_interpolate_near_clone_ms`` also times
+``interpolate`` of a parent and a near-clone of it (1e-3 noise), which takes the Householder path.
 """
 
 from __future__ import annotations
@@ -213,6 +215,14 @@ def bench_ours(parents, args: Args) -> dict[str, Timing]:
     return results
 
 
+def near_clone(genome: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """``genome`` plus Gaussian noise of 1e-3 of each tensor's spread: the stacked factors of a parent and
+    this clone are too ill-conditioned for the Gram path (``evolve.lowrank.GRAM_MAX_CONDITION``), so
+    ``interpolate`` on the pair times the Householder path, after the refused Gram check."""
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + 1e-3 * v.std() * torch.randn(v.shape, generator=g) for k, v in genome.items()}
+
+
 def peft_model(shape: Shape, seed: int):
     """A PEFT model over ``Blocks`` with two random adapters ``p0``, ``p1``; returns it and the parents."""
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
@@ -328,6 +338,8 @@ def main(args: Args) -> dict[str, Any]:
         "shapes": {},
         "ours_ms": {},
         "ours_cpu_ms": {},
+        "ours_interpolate_near_clone_ms": {},
+        "ours_interpolate_near_clone_cpu_ms": {},
         "peft_ms": {},
         "peft_cpu_ms": {},
         "peft_svd_measured_layers": args.svd_layers,
@@ -356,6 +368,14 @@ def main(args: Args) -> dict[str, Any]:
         }
         ours = bench_ours(parents, args)
         log(f"{shape.name}: ours {ours}")
+        clone_pair = [parents[0], near_clone(parents[0], args.seed + 7)]
+        clone = timed(
+            partial(operators.CROSSOVERS["interpolate"], clone_pair, rng=torch.Generator(), weight=0.5),
+            args.repeats,
+        )
+        log(f"{shape.name}: ours, interpolate of a parent and its near-clone {clone}")
+        report["ours_interpolate_near_clone_ms"][shape.name] = clone.wall_ms
+        report["ours_interpolate_near_clone_cpu_ms"][shape.name] = clone.cpu_ms
         theirs = bench_populora(shape, parents, args)
         log(f"{shape.name}: populora {theirs}")
         for field, suffix in (("wall_ms", "ms"), ("cpu_ms", "cpu_ms")):
