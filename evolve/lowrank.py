@@ -352,13 +352,21 @@ def reproject_concatenated(
     u, s, v = take_columns(svd.u, rank), take_columns(svd.s, rank), take_right_vectors(svd.v, rank)
     b, a = to_factors(svd, u, s, v, row_scale(a_rest))
     if some:
-        b_all, a_all = b.new_empty(b_cat.shape[0], m, rank), a.new_empty(b_cat.shape[0], rank, n)
-        b_all[rest], a_all[rest] = b, a
-        b_all[fast], a_all[fast] = _reproject_by_gram(
-            b_cat[fast], a_cat[fast], tri_b[fast], tri_a[fast], rank
-        )
-        b, a = b_all, a_all
+        gram = _reproject_by_gram(b_cat[fast], a_cat[fast], tri_b[fast], tri_a[fast], rank)
+        b, a = _in_slots(fast, gram, (b, a))
     return b.view(*batch_shape, m, rank), a.view(*batch_shape, rank, n)
+
+
+def _in_slots(
+    taken: torch.Tensor, ours: tuple[torch.Tensor, torch.Tensor], others: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors computed for the matrices ``taken`` (a bool mask) and for the rest, each in its own slot."""
+    merged = []
+    for mine, theirs in zip(ours, others, strict=True):
+        whole = mine.new_empty(len(taken), *mine.shape[1:])
+        whole[taken], whole[~taken] = mine, theirs
+        merged.append(whole)
+    return merged[0], merged[1]
 
 
 GRAM_MAX_CONDITION = 1000.0
@@ -391,7 +399,11 @@ class _Triangle:
 def _gram_triangle(gram: torch.Tensor) -> _Triangle:
     """A triangular factor of ``X`` from its Gram matrix ``XᵀX (..., R, R)``: ``X = Q̃ R`` with ``R = R_s D``,
     ``D`` the column norms and ``R_sᵀ R_s`` the Cholesky factorisation of the column-scaled ``D⁻¹ XᵀX D⁻¹``
-    (a zero column or a non-finite value is not accepted)."""
+    (a zero column or a non-finite value is not accepted). On MPS nothing is accepted and nothing factored
+    (no float64 there for the core, and not every routine here): Householder QR, as before."""
+    if gram.device.type == "mps":
+        refused = torch.zeros(gram.shape[:-2], dtype=torch.bool, device=gram.device)
+        return _Triangle(gram, gram, gram.diagonal(dim1=-2, dim2=-1), refused)  # (never read where refused)
     squares = gram.diagonal(dim1=-2, dim2=-1)
     norms = squares.clamp(min=0).sqrt()
     scale = torch.where(norms > 0, norms, torch.ones_like(norms))
@@ -405,8 +417,6 @@ def _gram_triangle(gram: torch.Tensor) -> _Triangle:
     finfo = torch.finfo(gram.dtype)
     normal = (squares >= finfo.tiny / finfo.eps).all(dim=-1)
     accepted = (info == 0) & (bound <= GRAM_MAX_CONDITION) & normal  # NaN and inf fail the comparisons
-    if gram.device.type == "mps":  # no float64 for the core there, nor every routine here: Householder
-        accepted = torch.zeros_like(accepted)
     return _Triangle(r_scaled * scale.unsqueeze(-2), r_scaled_inv, scale, accepted)
 
 
@@ -502,10 +512,7 @@ def splice(b: torch.Tensor, a: torch.Tensor, keep: torch.Tensor) -> tuple[torch.
     svd, u, s, v = adapter_svd(b[rest], a[rest])
     b_child, a_child = to_factors(svd, u, s, v, row_scale(a[rest]), keep=keep[rest], sum_halves=True)
     if bool(fast.any()):
-        b_all, a_all = b_child.new_empty(count, *b.shape[1:]), a_child.new_empty(count, *a.shape[1:])
-        b_all[~fast], a_all[~fast] = b_child, a_child
-        b_all[fast], a_all[fast] = by_gram(fast)
-        b_child, a_child = b_all, a_all
+        b_child, a_child = _in_slots(fast, by_gram(fast), (b_child, a_child))
     return b_child, a_child
 
 
