@@ -444,6 +444,23 @@ def test_gram_reprojection_is_optimal_where_it_is_taken_and_householder_elsewher
     assert taken[(1e-4, (0, 0))] == taken[(1.0, (3, 0))] == taken[(0.3, (3, 0))] == [False] * 3, taken
 
 
+def test_crossovers_take_the_gram_path_for_independent_parents_and_householder_for_a_near_clone(monkeypatch):
+    """The path README and bench/operators.py name for each case: independent parents (the benchmark's) never
+    reach Householder QR in ``interpolate`` or ``svd_splice``; a parent with a near-clone of it (1e-3 noise)
+    reaches it for every module."""
+    householder: list[int] = []
+    original = lowrank.lowrank_svd
+    monkeypatch.setattr(lowrank, "lowrank_svd", lambda b, a: householder.append(b.shape[0]) or original(b, a))
+    parents = [lora_genome(1), lora_genome(2)]
+    for name in ("interpolate", "svd_splice"):
+        cross(name, parents)
+    assert householder == []
+    g = torch.Generator().manual_seed(3)
+    clone = {k: v + 1e-3 * v.std() * torch.randn(v.shape, generator=g) for k, v in parents[0].items()}
+    cross("interpolate", [parents[0], clone], weight=0.5)
+    assert sum(householder) == len(lora_pairs(clone))
+
+
 def test_gram_reprojection_falls_back_per_matrix(monkeypatch):
     """In one batch, matrices the Gram path takes and one it does not (one parent's ``B`` is zero, a fresh
     adapter: the stack has rank r): each child is the same as with Householder QR alone, in its own slot."""

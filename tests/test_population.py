@@ -383,7 +383,7 @@ def test_loop_strategy_samples_each_adapter_from_its_own_stream(pop: LoRAPopulat
         loop = pop.generate(text + text, rows, strategy="loop", **args)
         assert loop[:4] != loop[4:]
         assert loop == pop.generate(text + text, rows, strategy="loop", **args)  # reproducible
-        assert loop[:4] == pop.generate(text, rows[:4], strategy="loop", **args)  # the first adapter's stream
+        assert loop[:4] == pop.generate(text, rows[:4], **args)  # the first adapter's: the one-batch stream
         greedy = dict(args, temperature=0.0)
         assert pop.generate(text + text, rows, strategy="loop", **greedy) == pop.generate(
             text + text, rows, **greedy
