@@ -318,7 +318,7 @@ def reproject(
         norm for null components is the RMS row norm over the non-skipped terms' ``A``.
     """
     terms = [(c, b, a) for c, b, a in zip(coeffs, bs, as_, strict=True) if c != 0] or [(0.0, bs[0], as_[0])]
-    b_cat = torch.cat([b * c for c, b, _ in terms], dim=-1)  # (..., m, R)
+    b_cat = torch.cat([(b * c).mT for c, b, _ in terms], dim=-2).mT  # (..., m, R), column-major
     a_cat = torch.cat([a for _, _, a in terms], dim=-2)  # (..., R, n)
     return reproject_concatenated(b_cat, a_cat, rank)
 
