@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from populora_env import dsl
+from populora_env.verifier import Execution, Verifier
 from populora_env.verifier import prefilter as prefilter_module
 from populora_env.verifier.literals import parse_args
 from populora_env.verifier.prefilter import prefilter
@@ -525,13 +526,39 @@ def test_the_future_record_a_call_changes_is_its_own(verifier):
     assert verifier.run_many([(program, "1"), (program, "2"), (program, "3")]) == [alone] * 3
 
 
-@pytest.mark.xfail(strict=True, reason="open, in README's threat model: a format string built at run time")
-def test_a_format_string_built_at_run_time_does_not_walk_frames(verifier):
+def test_a_frame_reached_at_run_time_is_forbidden_whatever_the_program_does_with_the_error(verifier):
     """The pre-filter refuses constant format strings that walk to frame attributes only; one built at run
-    time reads the frames above the program as text (found by a red-team audit). Strict: once this
-    passes, the README's "Not guaranteed" paragraph must lose that sentence."""
-    program = (
-        "def f(x):\n    box = []\n    def gen():\n        s = '{0.gi' + '_frame.f_back}'\n"
-        "        yield s.format(box[0])\n    g = gen()\n    box.append(g)\n    return next(g)[:6]"
+    time read the frames above the program as text (the worker's locals: the request's other programs;
+    found by a red-team audit). The child's audit hook refuses every frame attribute read in a guarded call,
+    and the verdict is ``forbidden`` even where the program catches the error."""
+    gen = "    box = []\n    def gen():\n        s = '{0.gi' + '_frame.f_back}'\n"
+    walk = f"def f(x):\n{gen}        yield s.format(box[0])\n    g = gen()\n    box.append(g)\n    return next(g)[:6]"
+    caught = (f"def f(x):\n{gen}        try:\n            yield s.format(box[0])\n        except BaseException:\n"
+              "            yield 'caught'\n    g = gen()\n    box.append(g)\n    return next(g)")  # fmt: skip
+    traceback = ("def f(x):\n    try:\n        1 / 0\n    except Exception as e:\n"
+                 "        s = '{0.' + '__traceback__.tb_frame}'\n        return s.format(e)[:5]")  # fmt: skip
+    coroutine = ("def f(x):\n    async def c():\n        pass\n    k = c()\n    try:\n"
+                 "        s = '{0.cr' + '_frame}'\n        return s.format(k)[:5]\n    finally:\n        k.close()")  # fmt: skip
+    for program, read in (
+        (walk, "gi_frame"),
+        (caught, "gi_frame"),
+        (traceback, "tb_frame"),
+        (coroutine, "cr_frame"),
+    ):
+        verdict = verifier.run(program, "1")
+        assert verdict == Execution("forbidden", None, f"the program reached a frame at run time ({read})"), (
+            verdict
+        )
+    # the determinism re-run and the calls after a refused one agree; programs that read no frame are untouched
+    assert verifier.run_many([(walk, "1"), ("def f(x):\n    return x * 2", "3")])[1].output == "6"
+    record = (
+        "from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef f(x):\n    return repr(P(x, 2))"
     )
-    assert verifier.run(program, "1").status == "forbidden"
+    assert verifier.run(record, "1").output == "'P(x=1, y=2)'"  # namedtuple calls sys._getframe itself
+
+
+def test_without_the_language_guards_a_program_may_read_frames():
+    """``language_guards=False`` (trusted programs) turns the run-time frame refusal off with the rest."""
+    program = "def f(x):\n    def g():\n        yield 1\n    return type(g().gi_frame).__name__"
+    with Verifier(language_guards=False, workers=1) as trusting:
+        assert trusting.run(program, "1").output == "'frame'"

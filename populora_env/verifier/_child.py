@@ -48,6 +48,41 @@ def _refuse(*_args: Any, **_kwargs: Any) -> Any:
 
 _real_import = builtins.__import__
 
+# Where a frame comes from, for a program: the frame attributes of generators, coroutines, async generators
+# and tracebacks (each read raises the audit event ``object.__getattr__`` with its name) and the functions
+# that hand frames out (``sys._current_frames``; a trace or profile function is given every frame).
+# ``sys._getframe`` is left alone: ``collections.namedtuple``, ``typing`` and ``enum`` call it on their own
+# and a program cannot reach it without a call the pre-filter refuses.
+_FRAME_ATTRIBUTES = frozenset({"gi_frame", "cr_frame", "ag_frame", "tb_frame"})
+_FRAME_EVENTS = frozenset({"sys._current_frames", "sys.settrace", "sys.setprofile"})
+_frame_guard = {"on": False, "read": ""}  # `on` for guarded calls; `read` names the first frame reached
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    """The child's audit hook (added by the worker, for good: audit hooks cannot be removed): in a guarded
+    call, any way to a frame fails and is recorded, whoever reads it (the program, a format string built at
+    run time, a module on the program's behalf) and whatever the program does with the error."""
+    if not _frame_guard["on"]:
+        return
+    if event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRIBUTES:
+        name = str(args[1])
+    elif event in _FRAME_EVENTS:
+        name = event
+    else:
+        return
+    _frame_guard["read"] = _frame_guard["read"] or name
+    raise RuntimeError(f"{name}: frames are not available to programs")
+
+
+def install_frame_guard() -> None:
+    """Adds ``_audit`` to this process (the worker, before its first fork: every child has it)."""
+    sys.addaudithook(_audit)
+
+
+def disarm_frame_guard() -> None:
+    """Off until the next call (``run_program`` sets it per call)."""
+    _frame_guard["on"], _frame_guard["read"] = False, ""
+
 
 def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
     """A copy of the built-ins with the interpreter's doors replaced (a second layer, not the boundary)."""
@@ -98,17 +133,19 @@ class Prepared:
     the compiled program, the arguments (parsed literals, or compiled argument expressions) and the
     built-ins table. No program code runs."""
 
-    __slots__ = ("args", "code", "error", "table")
+    __slots__ = ("args", "code", "error", "guarded", "table")
 
-    def __init__(self, table: dict[str, Any]) -> None:
+    def __init__(self, table: dict[str, Any], guarded: bool) -> None:
         self.code: Any = None
         self.error = b""
         self.args: list[Any] = []
         self.table = table
+        self.guarded = guarded
+        """The language layer is on: built-ins guarded, frames refused (``_audit``)."""
 
     def rest(self, start: int) -> Prepared:
         """The same program with the calls from ``start`` on (for a new child after one died)."""
-        other = Prepared(self.table)
+        other = Prepared(self.table, self.guarded)
         other.code, other.error, other.args = self.code, self.error, self.args[start:]
         return other
 
@@ -130,7 +167,7 @@ def prepare(
     guards = allowed is not None
     if guards not in _TABLES:
         _TABLES[guards] = safe_builtins(allowed) if allowed is not None else dict(vars(builtins))
-    prepared = Prepared(_TABLES[guards])
+    prepared = Prepared(_TABLES[guards], guards)
     try:
         # dont_inherit: not this module's `from __future__ import annotations` (programs run as plain Python,
         # annotations evaluated when `f` is defined)
@@ -185,7 +222,13 @@ def run_program(
         if index and len(sys.modules) > n_modules:  # an earlier call imported modules: the newest entries
             for name in list(islice(reversed(sys.modules), len(sys.modules) - n_modules)):
                 del sys.modules[name]
-        os.write(out_fd, _define_and_call(prepared.code, prepared.table, args, mode, max_output, max_depth))
+        _frame_guard["on"], _frame_guard["read"] = prepared.guarded, ""  # stays on after the call's verdict
+        verdict = _define_and_call(prepared.code, prepared.table, args, mode, max_output, max_depth)
+        if _frame_guard["read"]:  # refused, whatever the program made of the error
+            verdict = _line(
+                "forbidden", None, f"the program reached a frame at run time ({_frame_guard['read']})"
+            )
+        os.write(out_fd, verdict)
 
 
 def _define_and_call(

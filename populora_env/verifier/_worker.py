@@ -111,6 +111,7 @@ class Worker:
         shift = int(config.get("heap_shift", 0))
         sizes = (*range(2, 480, 16), 600, 1100, 2100, 4200)
         self._held = [v for _ in range(shift) for v in (object(), 0.5 + shift, *(bytes(n) for n in sizes))]
+        _child.install_frame_guard()  # the language layer's run-time half: no frames for guarded programs
         self._warm_up()
         gc.freeze()  # children then leave the worker's objects alone instead of copying their pages
         if isolate and not sandbox.limit_worker_memory(size):
@@ -130,6 +131,7 @@ class Worker:
             prepared = _child.prepare("def f(*a):\n    return a", calls, mode=mode, allowed=self.allowed)
             for _ in range(16):
                 _child.run_program(prepared, self.devnull, max_output=10_000, max_depth=50, mode=mode)
+        _child.disarm_frame_guard()  # a guarded warm-up call left it on: the worker itself reads no frames
 
     def handle(self, request: dict[str, Any]) -> bytes:
         """Runs every job of a request, one child per program (another one for the calls left when a
