@@ -61,20 +61,23 @@ def _best_first(count: int, fitness: list[float] | None) -> list[int]:
     return sorted(range(count), key=lambda i: -fitness[i])
 
 
-def _concatenate(terms: list[tuple[float, Genome]], batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(b_cat (G, m, R), a_cat (G, R, n))`` of ``Σ c_i B_i A_i`` for a batch, written straight from the
-    genomes. ``b_cat`` is column-major, the layout ``geqrf`` works in, so the Householder path of
-    ``lowrank.reproject_concatenated`` needs no copy of it; the weights go into that one transposing copy
-    of PEFT's row-major ``B``."""
+def _concatenate(
+    terms: list[tuple[float, Genome]], batch: PairBatch
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(b_cat (G, m, R), a_cat (G, R, n), weights (R,))`` with ``Σ c_i B_i A_i = b_cat diag(weights) a_cat``
+    for a batch, copied straight from the genomes in their own row-major layout (a transposing copy of
+    ``B`` took twice as long); the weights stay out of the copies (``lowrank.reproject_concatenated``
+    applies them to its small matrices)."""
     (out_features, rank), in_features = batch.b_shape, batch.a_shape[1]
     count, device = len(batch.pairs), terms[0][1][batch.pairs[0].a_key].device
-    b_cat_t = torch.empty(count, len(terms) * rank, out_features, dtype=batch.dtype, device=device)
+    b_cat = torch.empty(count, out_features, len(terms) * rank, dtype=batch.dtype, device=device)
     for j, pair in enumerate(batch.pairs):
-        for i, (c, parent) in enumerate(terms):
-            torch.mul(parent[pair.b_key].mT.to(batch.dtype), c, out=b_cat_t[j, i * rank : (i + 1) * rank])
+        for i, (_, parent) in enumerate(terms):
+            b_cat[j, :, i * rank : (i + 1) * rank].copy_(parent[pair.b_key])
     # the A rows need no transpose: one concatenation in (module, term) order is the whole batch
     a_rows = torch.cat([parent[pair.a_key] for pair in batch.pairs for _, parent in terms])
-    return b_cat_t.mT, a_rows.to(batch.dtype).view(count, len(terms) * rank, in_features)
+    weights = torch.tensor([c for c, _ in terms], dtype=batch.dtype, device=device).repeat_interleave(rank)
+    return b_cat, a_rows.to(batch.dtype).view(count, len(terms) * rank, in_features), weights
 
 
 def linear_combination(parents: Sequence[Genome], coeffs: Sequence[float]) -> Genome:
@@ -90,7 +93,8 @@ def linear_combination(parents: Sequence[Genome], coeffs: Sequence[float]) -> Ge
         terms = [(c, p) for c, p in zip(coeffs, parents, strict=True) if c != 0] or [(0.0, first)]
 
         def combine(batch: PairBatch) -> None:
-            b, a = lowrank.reproject_concatenated(*_concatenate(terms, batch), batch.a_shape[0])
+            b_cat, a_cat, weights = _concatenate(terms, batch)
+            b, a = lowrank.reproject_concatenated(b_cat, a_cat, batch.a_shape[0], weights)
             store_factors(child, batch, b, a, like=first)
 
         units = [unit for batch in pair_batches(first, pairs) for unit in chunks(batch)]
@@ -243,7 +247,7 @@ def svd_splice(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitn
 
     def splice(unit: tuple[PairBatch, torch.Tensor]) -> None:
         chunk, k = unit
-        b, a = stack_factors([top, rest], chunk)  # (2G, ...): one batched SVD for both parents
+        b, a = stack_factors([top, rest], chunk, column_major=False)  # (2G, ...): both parents in one batch
         from_top = torch.arange(chunk.a_shape[0], device=device) < k  # (G, r)
         keep = torch.cat([from_top, ~from_top]).to(b.dtype)  # top's components < k, rest's from k on
         store_factors(child, chunk, *lowrank.splice(b, a, keep), like=first)

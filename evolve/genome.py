@@ -473,15 +473,24 @@ def run_parallel(
         futures[i].result()
 
 
-def stack_factors(genomes: Sequence[Genome], batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def stack_factors(
+    genomes: Sequence[Genome], batch: PairBatch, *, column_major: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack a batch's factors of one or more genomes in the compute dtype, genome by genome.
+
+    Args:
+        column_major: ``b`` column-major (``b.mT`` contiguous), the layout LAPACK's QR works in, so that
+            ``torch.geqrf`` need not copy it again; else row-major as in the genomes, a copy about twice
+            as fast (for operators that mostly multiply ``b`` rather than factor it: ``lowrank.splice``).
 
     Returns:
         ``(b, a)`` with shapes ``(len(genomes) * G, out, r)`` and ``(len(genomes) * G, r, in)``; always fresh
-        tensors, never views of the genomes. ``b`` is column-major (``b.mT`` is contiguous): the layout
-        LAPACK's QR works in, so ``torch.geqrf`` need not copy it again.
+        tensors, never views of the genomes.
     """
-    b = torch.stack([genome[p.b_key].mT for genome in genomes for p in batch.pairs]).to(batch.dtype).mT
+    if column_major:
+        b = torch.stack([genome[p.b_key].mT for genome in genomes for p in batch.pairs]).to(batch.dtype).mT
+    else:
+        b = torch.stack([genome[p.b_key] for genome in genomes for p in batch.pairs]).to(batch.dtype)
     a = torch.stack([genome[p.a_key] for genome in genomes for p in batch.pairs]).to(batch.dtype)
     return b, a
 

@@ -318,16 +318,19 @@ def reproject(
         norm for null components is the RMS row norm over the non-skipped terms' ``A``.
     """
     terms = [(c, b, a) for c, b, a in zip(coeffs, bs, as_, strict=True) if c != 0] or [(0.0, bs[0], as_[0])]
-    b_cat = torch.cat([(b * c).mT for c, b, _ in terms], dim=-2).mT  # (..., m, R), column-major
+    b_cat = torch.cat([b for _, b, _ in terms], dim=-1)  # (..., m, R)
     a_cat = torch.cat([a for _, _, a in terms], dim=-2)  # (..., R, n)
-    return reproject_concatenated(b_cat, a_cat, rank)
+    weights = torch.cat([torch.full((a.shape[-2],), c, dtype=a.dtype, device=a.device) for c, _, a in terms])
+    return reproject_concatenated(b_cat, a_cat, rank, weights)
 
 
 def reproject_concatenated(
-    b_cat: torch.Tensor, a_cat: torch.Tensor, rank: int
+    b_cat: torch.Tensor, a_cat: torch.Tensor, rank: int, weights: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``reproject`` for terms already concatenated: ``ΔW = b_cat @ a_cat``, ``b_cat (..., m, R)`` and
-    ``a_cat (..., R, n)``. ``b_cat`` may be in either layout; column-major saves Householder QR a copy.
+    """``reproject`` for terms already concatenated: ``ΔW = b_cat @ diag(weights) @ a_cat``, ``b_cat (..., m, R)``,
+    ``a_cat (..., R, n)`` and ``weights (R,)`` (all ones when None). The weights go into the small matrices
+    (the Gram matrix of ``b_cat`` and the coordinates the child is expanded with), never into a copy of
+    ``b_cat``, except for the matrices that go through Householder QR.
 
     Decomposed from the factors' Gram matrices (``_reproject_by_gram``) where both concatenated factors
     are well-conditioned, by Householder QR (``lowrank_svd``) elsewhere: related parents (a child and its
@@ -340,19 +343,20 @@ def reproject_concatenated(
     tri_a = _gram_triangle(a_cat @ a_cat.mT)
     fast = tri_a.accepted
     if bool(fast.any()):  # A first: where related parents' stacks fail it, B's Gram matrix is not formed
-        tri_b = _gram_triangle(b_cat.mT @ b_cat)
+        gram_b = b_cat.mT @ b_cat
+        tri_b = _gram_triangle(gram_b if weights is None else gram_b * (weights.unsqueeze(-1) * weights))
         fast = fast & tri_b.accepted
     if bool(fast.all()):
-        b, a = _reproject_by_gram(b_cat, a_cat, tri_b, tri_a, rank)
+        b, a = _reproject_by_gram(b_cat, a_cat, tri_b, tri_a, rank, weights)
         return b.view(*batch_shape, m, rank), a.view(*batch_shape, rank, n)
     some = bool(fast.any())
     rest = ~fast
     b_rest, a_rest = (b_cat[rest], a_cat[rest]) if some else (b_cat, a_cat)
-    svd = lowrank_svd(b_rest, a_rest)
+    svd = lowrank_svd(b_rest if weights is None else b_rest * weights, a_rest)
     u, s, v = take_columns(svd.u, rank), take_columns(svd.s, rank), take_right_vectors(svd.v, rank)
     b, a = to_factors(svd, u, s, v, row_scale(a_rest))
     if some:
-        gram = _reproject_by_gram(b_cat[fast], a_cat[fast], tri_b[fast], tri_a[fast], rank)
+        gram = _reproject_by_gram(b_cat[fast], a_cat[fast], tri_b[fast], tri_a[fast], rank, weights)
         b, a = _in_slots(fast, gram, (b, a))
     return b.view(*batch_shape, m, rank), a.view(*batch_shape, rank, n)
 
@@ -421,7 +425,12 @@ def _gram_triangle(gram: torch.Tensor) -> _Triangle:
 
 
 def _reproject_by_gram(
-    b_cat: torch.Tensor, a_cat: torch.Tensor, tri_b: _Triangle, tri_a: _Triangle, rank: int
+    b_cat: torch.Tensor,
+    a_cat: torch.Tensor,
+    tri_b: _Triangle,
+    tri_a: _Triangle,
+    rank: int,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``reproject_concatenated`` with the triangular factors taken from the Gram matrices (Cholesky QR)
     instead of Householder QR: a batched matrix product per factor instead of ``geqrf`` (for 16 stacked
@@ -445,6 +454,8 @@ def _reproject_by_gram(
         ProductOverflow: A singular value overflows the factors' dtype.
     """
     coords_b, coords_a = _gram_coordinates(tri_b, tri_a, rank, row_scale(a_cat))
+    if weights is not None:  # tri_b is of X_b = b_cat diag(weights): B = X_b @ coords_b
+        coords_b = coords_b * weights.unsqueeze(-1)
     return b_cat @ coords_b, coords_a.mT @ a_cat
 
 
