@@ -13,6 +13,7 @@ from populora_env.wrappers import SingleRoleEnv
 
 sb3_contrib = pytest.importorskip("sb3_contrib")
 torch = pytest.importorskip("torch")
+Logger = pytest.importorskip("stable_baselines3.common.logger").Logger
 
 
 class PoolTeacher:
@@ -62,6 +63,7 @@ def test_maskable_ppo_student_beats_random(verifier):
                 "MultiInputPolicy", _student_env(verifier, pool, seed=0),
                 n_steps=128, batch_size=64, n_epochs=4, learning_rate=1e-3, gamma=0.0, seed=0,
             )  # fmt: skip
+            model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default makes a folder in /tmp
             model.learn(3000)
         held_out = _student_env(verifier, pool, seed=1000)  # new episodes: new distractors and shuffles
         ppo = _accuracy(
