@@ -411,14 +411,25 @@ def test_an_output_that_does_not_parse_back_is_bad_output(bare_verifier):
 def test_a_compile_the_prefilter_misses_is_stopped_by_the_worker_memory_cap(monkeypatch):
     """The worker compiles programs before any limit of a child applies; its own address space is capped
     (a soft limit its children lower again), so a compile that would take gigabytes is a ``memory``
-    verdict and the worker serves on. The pre-filter's folding estimate is switched off to reach it."""
+    verdict and the worker serves on. The pre-filter's node count is switched off to reach it. The program
+    nests 20 ``finally`` blocks, whose copies the compiler cannot do without (a constant-folding blow-up,
+    used here before, is no such case: CPython stops folding where an allocation fails, so the compile
+    failed or succeeded within the cap by where in memory it ran out, and the two pools disagreed)."""
     from populora_env.verifier import Verifier
 
-    monkeypatch.setattr(prefilter_module, "MAX_FOLDED_CHARS", 10**15)
+    monkeypatch.setattr(prefilter_module, "MAX_COMPILED_NODES", 10**15)
     prefilter_module.prefilter.cache_clear()
     try:
         with Verifier(workers=1, cache_size=0) as v:
-            program = "def f(x):\n    return len(" + "+".join(["'a'*4096"] * 1200) + ")\n"  # 2.8 GB peak
+            program = (
+                "def f(x):\n"
+                + "".join(
+                    " " * (i + 1) + "try:\n" + " " * (i + 2) + "x += 1\n" + " " * (i + 1) + "finally:\n"
+                    for i in range(20)
+                )
+                + " " * 21
+                + "x += 1\n    return x\n"
+            )  # 2**20 copies of the innermost body: gigabytes
             execution = v.run(program, "1")
             assert (execution.status, execution.detail) == (
                 "memory",
@@ -562,3 +573,65 @@ def test_without_the_language_guards_a_program_may_read_frames():
     program = "def f(x):\n    def g():\n        yield 1\n    return type(g().gi_frame).__name__"
     with Verifier(language_guards=False, workers=1) as trusting:
         assert trusting.run(program, "1").output == "'frame'"
+
+
+def test_the_audit_hook_refuses_getframe_and_class_changes_and_the_standard_library_falls_back():
+    """The hook itself, armed in a fresh interpreter (it cannot be removed, so not in this one), for what no
+    program is known to reach past the pre-filter: ``sys._getframe`` fails with the ValueError that
+    ``namedtuple``, ``typing`` and ``enum`` catch (they then name no module) and is not recorded; a class
+    change (the gadget a red-team review used: ``copy`` setting ``__class__`` of a module) fails and is."""
+    import subprocess
+
+    folder = Path(prefilter_module.__file__).parent
+    script = (
+        "import sys, collections, enum, typing\n"
+        f"sys.path.insert(0, {str(folder)!r})\n"
+        "import _child\n"
+        "_child.install_frame_guard()\n"
+        "_child._guard['on'] = True\n"
+        "try:\n    sys._getframe()\nexcept ValueError:\n    pass\nelse:\n    raise SystemExit('getframe')\n"
+        "assert _child._guard['refused'] == ''\n"
+        "P = collections.namedtuple('P', 'x y')\n"
+        "assert repr(P(1, 2)) == 'P(x=1, y=2)'\n"
+        "E = enum.Enum('E', 'A B')\nassert E.B.value == 2\n"
+        "T = typing.TypeVar('T')\nassert repr(T) == '~T'\n"
+        "class A: pass\nclass B: pass\n"
+        "try:\n    A().__class__ = B\nexcept RuntimeError:\n    pass\nelse:\n    raise SystemExit('class')\n"
+        "assert 'changed an object' in _child._guard['refused'], _child._guard\n"
+        "_child.disarm_frame_guard()\n"
+        "A().__class__ = B\nsys._getframe()\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+
+
+def test_the_copy_gadget_that_switched_a_module_s_class_reads_nothing(verifier):
+    """A red-team review's escape, past the pre-filter: ``copy.copy`` of an object whose ``__reduce_ex__``
+    state set a module's ``__class__`` to a dataclass of the program's, so that ``dataclasses.replace`` read
+    any attribute by name (``typing.sys._getframe``), up to the worker's frame holding the request's other
+    programs: ``ok`` with their sources as output. Now ``forbidden`` at the class change, nothing read."""
+    gadget = (
+        "import copy, dataclasses, typing\nModule = type(typing)\n"
+        "def grab(obj, name):\n"
+        "    M = dataclasses.make_dataclass('M', [name], bases=(Module,), init=False,\n"
+        "                                   namespace={'__new__': lambda cls, **kw: kw})\n"
+        "    class R:\n"
+        "        def __reduce_ex__(self, proto):\n"
+        "            return (lambda: obj, (), (None, {'__class__': M}))\n"
+        "    copy.copy(R())\n"
+        "    return dataclasses.replace(obj)[name]\n"
+        "def f(x):\n"
+        "    getframe = grab(grab(typing, 'sys'), '_getframe')\n"
+        "    k = 0\n"
+        "    while ('{0.f' + '_code.co_name}').format(getframe(k)) != 'handle':\n"
+        "        k += 1\n"
+        "    return ('{0.f' + '_locals[jobs]}').format(getframe(k))\n"
+    )
+    assert prefilter(gadget).status == "ok"  # the language layer's static half lets it through
+    victims = [(f"def f(x):\n    return 'SECRET-{i}' + str(x)\n", "2") for i in range(15)]
+    first, *rest = verifier.run_many([(gadget, "1"), *victims])
+    assert first == Execution(
+        "forbidden", None, "the program changed an object's class at run time (__class__)"
+    )
+    assert [v.output for v in rest] == [f"'SECRET-{i}2'" for i in range(15)]

@@ -48,30 +48,47 @@ def _refuse(*_args: Any, **_kwargs: Any) -> Any:
 
 _real_import = builtins.__import__
 
-# Where a frame comes from, for a program: the frame attributes of generators, coroutines, async generators
-# and tracebacks (each read raises the audit event ``object.__getattr__`` with its name) and the functions
-# that hand frames out (``sys._current_frames``; a trace or profile function is given every frame).
-# ``sys._getframe`` is left alone: ``collections.namedtuple``, ``typing`` and ``enum`` call it on their own
-# and a program cannot reach it without a call the pre-filter refuses.
+# The run-time half of the language layer, an audit hook (PEP 578) in every child. Where a frame comes from,
+# for a program: the frame attributes of generators, coroutines, async generators and tracebacks (each read
+# raises the audit event ``object.__getattr__`` with its name), ``sys._getframe``, and ``sys._current_frames``
+# and trace or profile functions (given every frame). ``sys._getframe`` fails with the ValueError that
+# ``collections.namedtuple``, ``typing`` and ``enum`` catch when they call it themselves (to name a new
+# class's module: they then fall back), and is not recorded; the other reads fail and are. So does giving an
+# object another class (``obj.__class__ = C``, event ``object.__setattr__``): no allowed module does it,
+# and ``copy``'s reconstruction of a program's ``__reduce_ex__`` state did it to a module, turning
+# ``dataclasses.replace`` into a read of any attribute by name (found by a red-team review).
 _FRAME_ATTRIBUTES = frozenset({"gi_frame", "cr_frame", "ag_frame", "tb_frame"})
 _FRAME_EVENTS = frozenset({"sys._current_frames", "sys.settrace", "sys.setprofile"})
-_frame_guard = {"on": False, "read": ""}  # `on` for guarded calls; `read` names the first frame reached
+_guard = {
+    "on": False,
+    "refused": "",
+}  # `on` in guarded calls; `refused`: the verdict detail of the first refusal
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
     """The child's audit hook (added by the worker, for good: audit hooks cannot be removed): in a guarded
-    call, any way to a frame fails and is recorded, whoever reads it (the program, a format string built at
-    run time, a module on the program's behalf) and whatever the program does with the error."""
-    if not _frame_guard["on"]:
+    call, the ways to a frame and class changes fail, whoever makes them (the program, a format string built
+    at run time, a module on the program's behalf), and are recorded whatever the program does with the
+    error. Not a boundary: a program that escapes the language layer can reach this module and switch the
+    guard off, as it can do anything else in its child (README, threat model)."""
+    if not _guard["on"]:
         return
-    if event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRIBUTES:
-        name = str(args[1])
+    if event == "object.__getattr__":
+        if len(args) < 2 or args[1] not in _FRAME_ATTRIBUTES:
+            return
+        refused = f"the program reached a frame at run time ({args[1]})"
+    elif event == "object.__setattr__":
+        if len(args) < 2 or args[1] != "__class__":
+            return
+        refused = "the program changed an object's class at run time (__class__)"
+    elif event == "sys._getframe":
+        raise ValueError("sys._getframe: frames are not available to programs")
     elif event in _FRAME_EVENTS:
-        name = event
+        refused = f"the program reached a frame at run time ({event})"
     else:
         return
-    _frame_guard["read"] = _frame_guard["read"] or name
-    raise RuntimeError(f"{name}: frames are not available to programs")
+    _guard["refused"] = _guard["refused"] or refused
+    raise RuntimeError(f"{refused}: not available to programs")
 
 
 def install_frame_guard() -> None:
@@ -81,7 +98,7 @@ def install_frame_guard() -> None:
 
 def disarm_frame_guard() -> None:
     """Off until the next call (``run_program`` sets it per call)."""
-    _frame_guard["on"], _frame_guard["read"] = False, ""
+    _guard["on"], _guard["refused"] = False, ""
 
 
 def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
@@ -222,12 +239,10 @@ def run_program(
         if index and len(sys.modules) > n_modules:  # an earlier call imported modules: the newest entries
             for name in list(islice(reversed(sys.modules), len(sys.modules) - n_modules)):
                 del sys.modules[name]
-        _frame_guard["on"], _frame_guard["read"] = prepared.guarded, ""  # stays on after the call's verdict
+        _guard["on"], _guard["refused"] = prepared.guarded, ""  # stays on after the call's verdict
         verdict = _define_and_call(prepared.code, prepared.table, args, mode, max_output, max_depth)
-        if _frame_guard["read"]:  # refused, whatever the program made of the error
-            verdict = _line(
-                "forbidden", None, f"the program reached a frame at run time ({_frame_guard['read']})"
-            )
+        if _guard["refused"]:  # whatever the program made of the error
+            verdict = _line("forbidden", None, _guard["refused"])
         os.write(out_fd, verdict)
 
 
