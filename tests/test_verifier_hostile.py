@@ -24,7 +24,7 @@ from populora_env import dsl
 from populora_env.verifier import Execution, Verifier
 from populora_env.verifier import prefilter as prefilter_module
 from populora_env.verifier.literals import parse_args
-from populora_env.verifier.prefilter import prefilter
+from populora_env.verifier.prefilter import Prefiltered, prefilter
 
 from .conftest import CRUXEVAL
 
@@ -112,7 +112,7 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
     "str_subclass": (_p("class S(str):\n    def __eq__(self, o):\n        return True\nreturn [S('a')]"),
                      {"bad_output"}, {"bad_output"}),
     "reduce_trick": (_p("class R:\n    def __reduce__(self):\n        return (print, ('pwned',))\nreturn R()"),
-                     {"bad_output"}, {"bad_output"}),
+                     {"forbidden"}, {"bad_output"}),
     "hanging_repr": (_p("class H:\n    def __repr__(self):\n        while True:\n            pass\nreturn [H()]"),
                      {"bad_output"}, {"bad_output"}),
     "self_reference": (_p("a = [1]\na.append(a)\nreturn a"), {"bad_output"}, {"bad_output"}),
@@ -516,8 +516,8 @@ def test_a_builtin_class_name_rebound_by_the_program_is_no_self_matching_pattern
         "def walk(obj, cls):\n    str = cls\n    match obj:\n        case str(v): return v\n"
         "def f(x):\n    def gen():\n        yield 1\n    g = gen()\n    return walk(g, G) is not None\n"
     )
-    verdict = verifier.run(escape, "1")
-    assert verdict.status == "forbidden" and "a name the program binds itself" in verdict.detail, verdict
+    verdict = verifier.run(escape, "1")  # refused for its metaclass hook too, by the special-method rule
+    assert verdict.status == "forbidden" and "'__instancecheck__'" in verdict.detail, verdict
     for binding in ("def f(str):", "def f(x):\n    for str in [1]: pass", "def f(x):\n    global str",
                     "from string import ascii_letters as str\ndef f(x):"):  # fmt: skip
         program = f"{binding}\n    match x:\n        case str(v): return v\n    return 0"
@@ -606,11 +606,14 @@ def test_the_audit_hook_refuses_getframe_and_class_changes_and_the_standard_libr
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
 
 
-def test_the_copy_gadget_that_switched_a_module_s_class_reads_nothing(verifier):
-    """A red-team review's escape, past the pre-filter: ``copy.copy`` of an object whose ``__reduce_ex__``
-    state set a module's ``__class__`` to a dataclass of the program's, so that ``dataclasses.replace`` read
-    any attribute by name (``typing.sys._getframe``), up to the worker's frame holding the request's other
-    programs: ``ok`` with their sources as output. Now ``forbidden`` at the class change, nothing read."""
+def test_the_copy_gadget_that_switched_a_module_s_class_reads_nothing(monkeypatch):
+    """A red-team review's escape: ``copy.copy`` of an object whose ``__reduce_ex__`` state set a module's
+    ``__class__`` to a dataclass of the program's, so that ``dataclasses.replace`` read any attribute by name
+    (``typing.sys._getframe``), up to the worker's frame holding the request's other programs: ``ok`` with
+    their sources as output. The pre-filter now refuses it (``make_dataclass``, ``__reduce_ex__``); with the
+    pre-filter switched off, the run-time hook refuses the class change: ``forbidden``, nothing read."""
+    from populora_env.verifier import verifier as verifier_module
+
     gadget = (
         "import copy, dataclasses, typing\nModule = type(typing)\n"
         "def grab(obj, name):\n"
@@ -628,10 +631,111 @@ def test_the_copy_gadget_that_switched_a_module_s_class_reads_nothing(verifier):
         "        k += 1\n"
         "    return ('{0.f' + '_locals[jobs]}').format(getframe(k))\n"
     )
-    assert prefilter(gadget).status == "ok"  # the language layer's static half lets it through
+    assert prefilter(gadget) == Prefiltered(
+        "forbidden", "line 7: defining the special method '__reduce_ex__' is not allowed"
+    )
+    monkeypatch.setattr(verifier_module, "prefilter", lambda program: Prefiltered("ok"))
     victims = [(f"def f(x):\n    return 'SECRET-{i}' + str(x)\n", "2") for i in range(15)]
-    first, *rest = verifier.run_many([(gadget, "1"), *victims])
+    with Verifier(workers=1, cache_size=0) as v:
+        first, *rest = v.run_many([(gadget, "1"), *victims])
     assert first == Execution(
         "forbidden", None, "the program changed an object's class at run time (__class__)"
     )
     assert [v.output for v in rest] == [f"'SECRET-{i}2'" for i in range(15)]
+
+
+# Escapes of the language layer found by a second red-team review, each now refused by the pre-filter (the
+# detail names the first rule it breaks; each also breaks others).
+_ALIAS_BASE = "import typing, dataclasses\nclass B(type(typing.List[int]), _root=True):\n"
+LANGUAGE_ESCAPES = {
+    # typing's alias class forwards every attribute without double underscores to its origin: as a dataclass
+    # base, dataclasses.replace read any field name there (typing.sys) and called the class's own __class__
+    "alias_forwarding": (
+        _ALIAS_BASE + "    def __init_subclass__(cls, **kw):\n        pass\n    def __class__(self, **kw):\n"
+        "        return kw\n@dataclasses.dataclass(init=False, eq=False, repr=False)\nclass D(B):\n    sys: int\n"
+        "def f(x):\n    return str(dataclasses.replace(D(typing, (int,), name='x'))['sys'].modules['os'])\n",
+        "line 2: the private keyword argument '_root' is not allowed",
+    ),
+    "alias_without_root": (
+        "import typing\nclass B(type(typing.List[int])):\n    def __init_subclass__(cls, **kw):\n        pass\n"
+        "def f(x):\n    return 1\n",
+        "line 3: defining the special method '__init_subclass__' is not allowed",
+    ),
+    "class_method_named_class": (
+        "class D:\n    def __class__(self, **kw):\n        return kw\ndef f(x):\n    return 1\n",
+        "line 2: defining the special method '__class__' is not allowed",
+    ),
+    # enum.global_enum copied __members__ into the globals of the module __module__ named: a forged _line
+    "global_enum_writes_a_module": (
+        "import enum, dataclasses\ndef f(x):\n    C = dataclasses.make_dataclass('C', [], namespace={'__module__': "
+        "'_child', '__members__': {'_guard': {'on': False}}})\n    enum.global_enum(C)\n    return 1\n",
+        "line 3: access to attribute 'make_dataclass' is not allowed",
+    ),
+    "global_enum_alone": (
+        "import enum\ndef f(x):\n    E = enum.Enum('E', {'A': 1}, module='builtins')\n    enum.global_enum(E)\n"
+        "    return 1\n",
+        "line 4: access to attribute 'global_enum' is not allowed",
+    ),
+    # copy's reconstruction set any attribute a program's __reduce_ex__ state named, on any object
+    "copy_setattr": (
+        "import copy, math\ndef put(obj, name, value):\n    class R:\n        def __reduce_ex__(self, proto):\n"
+        "            return (lambda: obj, (), (None, {name: value}))\n    copy.copy(R())\n"
+        "def f(x):\n    put(math, 'pi', 3)\n    return 1\n",
+        "line 4: defining the special method '__reduce_ex__' is not allowed",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LANGUAGE_ESCAPES))
+def test_language_escapes_found_by_review_are_refused(verifier, name):
+    program, detail = LANGUAGE_ESCAPES[name]
+    assert prefilter(program) == Prefiltered("forbidden", detail)
+    assert verifier.run(program, "1") == Execution("forbidden", None, detail)
+
+
+def test_ordinary_special_methods_and_keywords_stay_allowed(verifier):
+    """The special-method allowlist keeps what programs write: construction, comparison, arithmetic,
+    containers, iteration, hashing; keyword arguments without a leading underscore."""
+    program = (
+        "from dataclasses import dataclass, field\n"
+        "@dataclass(order=True, frozen=True)\nclass P:\n    x: int\n    tags: tuple = field(default=(), compare=False)\n"
+        "    def __post_init__(self):\n        pass\n    def __add__(self, o):\n        return P(self.x + o.x)\n"
+        "    def __radd__(self, o):\n        return P(self.x + o)\n"
+        "class Bag:\n    def __init__(self, *xs):\n        self.xs = list(xs)\n    def __len__(self):\n"
+        "        return len(self.xs)\n    def __iter__(self):\n        return iter(self.xs)\n"
+        "    def __getitem__(self, i):\n        return self.xs[i]\n    def __contains__(self, v):\n        return v in self.xs\n"
+        "    def __eq__(self, o):\n        return list(self) == list(o)\n    def __hash__(self):\n        return len(self)\n"
+        "    def __repr__(self):\n        return f'Bag({self.xs})'\n"
+        "def f(x):\n    b = Bag(*sorted([P(3), P(x)], reverse=True))\n"
+        "    return [repr(b), len(b), (P(1) + P(2)).x, (5 + P(1)).x, b[0].x, P(3) in b, sorted(b)[0].x]\n"
+    )
+    assert prefilter(program) == Prefiltered("ok")
+    assert (
+        verifier.run(program, "1").output
+        == "['Bag([P(x=3, tags=()), P(x=1, tags=())])', 2, 3, 6, 3, True, 1]"
+    )
+
+
+@pytest.mark.parametrize("most", [1, 8])
+def test_programs_per_request_bounds_what_an_escaped_program_can_see(most):
+    """What a program that escapes the language layer reaches of the other programs: those of its request.
+    With the language layer off (kernel layers only), a program walks to the worker's frame and counts the
+    request's programs: up to ``programs_per_request``, and 1 keeps every program alone."""
+    spy = (
+        "import sys\ndef f(x):\n    frame = sys._getframe()\n    while frame.f_code.co_name != 'handle':\n"
+        "        frame = frame.f_back\n    return len(frame.f_locals['jobs'])\n"
+    )
+    with Verifier(
+        workers=1, language_guards=False, check_determinism=False, cache_size=0, programs_per_request=most
+    ) as v:
+        seen = v.run_many([(f"{spy}# program {i}\n", "0") for i in range(16)])  # 16 programs, not 16 calls
+    assert {e.status for e in seen} == {"ok"}, seen
+    assert max(int(e.output) for e in seen) == most
+
+
+def test_programs_per_request_is_checked():
+    from populora_env.verifier import VerifierConfig
+
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match="programs_per_request"):
+            VerifierConfig(programs_per_request=bad)

@@ -20,6 +20,7 @@ from .literals import on_a_fresh_stack, too_deep
 
 __all__ = [
     "ALLOWED_MODULES",
+    "ALLOWED_SPECIAL_METHODS",
     "BANNED_NAMES",
     "FORBIDDEN_ATTRIBUTES",
     "FORBIDDEN_MODULES",
@@ -54,6 +55,9 @@ BANNED_NAMES = frozenset(
 #: the objects a format string walks to), the evaluators of string annotations (``get_type_hints``, which
 #: ``singledispatch`` calls, runs them through ``eval`` with the real built-ins), and the modules that the
 #: allowed ones import under a public name (``typing.sys.modules`` holds every module).
+#: ``make_dataclass`` builds a class from a namespace dict of any names (``__class__``, ``__reduce_ex__``...)
+#: and ``global_enum`` copies a class's ``__members__`` into the globals of the module its ``__module__``
+#: names (the verifier's own, ``builtins``): both turned into escapes by red-team reviews.
 #: ``FORBIDDEN_ATTRIBUTES`` is checked against the running Python's allowed modules by the tests.
 FORBIDDEN_ATTRIBUTES = frozenset(
     {
@@ -63,6 +67,33 @@ FORBIDDEN_ATTRIBUTES = frozenset(
         "update_wrapper", "wraps", "WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES",
         "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
         "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
+        "make_dataclass", "global_enum",
+    }
+)  # fmt: skip
+
+#: The special methods a program may define (any other dunder-named ``def`` is refused): construction,
+#: representation, comparison, arithmetic, containers, iteration, context managers and calls. Refused by
+#: omission, among others: ``__class__`` (``dataclasses.replace`` calls ``obj.__class__(**fields)``),
+#: ``__init_subclass__`` and ``__class_getitem__`` (subclassing the typing module's attribute-forwarding
+#: alias class), ``__reduce__``/``__reduce_ex__``/``__setstate__`` and the copy hooks (``copy`` sets the
+#: attributes a reconstruction state names, on the object a program's callable returns: any module),
+#: ``__getattr__``/``__getattribute__``/``__setattr__``, descriptors (``__get__``, ``__set_name__``),
+#: metaclass hooks (``__instancecheck__``, ``__prepare__``, ``__mro_entries__``) and ``__del__``.
+ALLOWED_SPECIAL_METHODS = frozenset(
+    {
+        "__init__", "__new__", "__post_init__", "__repr__", "__str__", "__format__", "__bytes__", "__hash__",
+        "__bool__", "__len__", "__length_hint__", "__iter__", "__next__", "__reversed__", "__contains__",
+        "__getitem__", "__setitem__", "__delitem__", "__missing__", "__call__", "__enter__", "__exit__",
+        "__await__", "__aiter__", "__anext__", "__aenter__", "__aexit__",
+        "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
+        "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__", "__complex__", "__index__",
+        "__round__", "__trunc__", "__floor__", "__ceil__", "__divmod__", "__rdivmod__",
+        *(
+            f"__{prefix}{op}__"
+            for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift",
+                       "rshift", "and", "xor", "or")
+            for prefix in ("", "r", "i")
+        ),
     }
 )  # fmt: skip
 
@@ -527,4 +558,11 @@ def _forbidden(node: ast.AST) -> str | None:
         return "a format string that reaches private or frame attributes is not allowed"
     elif isinstance(node, (ast.Global, ast.Nonlocal)) and any(n.startswith("__") for n in node.names):
         return "rebinding dunder names is not allowed"
+    elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        name = node.name
+        if name.startswith("__") and name.endswith("__") and name not in ALLOWED_SPECIAL_METHODS:
+            return f"defining the special method {name!r} is not allowed"
+    elif isinstance(node, ast.keyword) and node.arg is not None and node.arg.startswith("_"):
+        # `class C(type(typing.List[int]), _root=True)` subclassed typing's attribute-forwarding alias
+        return f"the private keyword argument {node.arg!r} is not allowed"
     return None

@@ -75,6 +75,11 @@ class VerifierConfig:
     language_guards: bool = True
     """Apply the language-level layers (static pre-filter, guarded built-ins). Turning this off is for
     testing the kernel layers alone."""
+    programs_per_request: int = 8
+    """Most programs a worker is sent at once (1 to 8). Its children are forked from one process holding
+    all of them, so a program that escapes the language layer can read the others' sources and arguments
+    (README, threat model); 1 keeps each program alone with its own, at some throughput (the worker then
+    pays its copy-on-write faults once per program instead of once per request)."""
     start_timeout: float = 60.0
     """Seconds to wait for a worker to start."""
     preload: tuple[str, ...] = ("bisect", "collections", "functools", "heapq", "math", "operator")
@@ -87,7 +92,7 @@ class VerifierConfig:
 
     def __post_init__(self) -> None:
         positive = ("timeout", "memory_mb", "max_program_chars", "max_literal_chars", "max_output_chars",
-                    "max_depth", "recursion_limit", "start_timeout")  # fmt: skip
+                    "max_depth", "recursion_limit", "start_timeout", "programs_per_request")  # fmt: skip
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"VerifierConfig.{name} must be > 0, got {getattr(self, name)!r}")
@@ -96,6 +101,10 @@ class VerifierConfig:
                 raise ValueError(
                     f"VerifierConfig.{name} must be at most {MAX_SECONDS} s (a day), got {getattr(self, name)!r}"
                 )
+        if self.programs_per_request > 8:
+            raise ValueError(
+                f"VerifierConfig.programs_per_request must be at most 8, got {self.programs_per_request!r}"
+            )
         if self.memory_mb < 64:
             raise ValueError(
                 f"VerifierConfig.memory_mb must be >= 64 (a Python process needs it), got {self.memory_mb}"

@@ -41,10 +41,11 @@ class _Task:
 
 
 MAX_BATCH = 8
-"""Most programs in one request to a worker. The worker compiles a request's programs and forks their
-children in a row before running them one by one (see ``_worker.Worker.handle``), which spares it most of
-the page faults it pays on every page it writes after a fork; more than a few per request gains little
-and leaves workers idle at the end of a ``run_many``."""
+"""Most programs in one request to a worker (``VerifierConfig.programs_per_request``, its default). The
+worker compiles a request's programs and forks their children in a row before running them one by one
+(see ``_worker.Worker.handle``), which spares it most of the page faults it pays on every page it writes
+after a fork; more than a few per request gains little and leaves workers idle at the end of a
+``run_many``."""
 
 MAX_REPLY_BYTES = 64 << 20
 """Most bytes a request's reply may take at worst (every call at ``max_output_chars``): a program's calls
@@ -317,6 +318,7 @@ class Verifier:
         each task with results, which may return a follow-up task. A request carries at most
         ``max_calls`` calls (one task's, whatever their number: tasks are split to fit)."""
         n_pools = len(self._pools)
+        most = self.config.programs_per_request
         queue: list[list[_Task]] = [[] for _ in range(n_pools)]
         busy: dict[int, tuple[WorkerHandle, list[_Task]]] = {}  # out_fd -> (worker, its batch)
         idle = [list(pool) for pool in self._pools]
@@ -339,17 +341,17 @@ class Verifier:
                 for p in range(n_pools):
                     while idle[p]:
                         if p == 0:
-                            draw(MAX_BATCH)
+                            draw(most)
                         if not queue[p]:
                             break
-                        batch = self._take(queue[p], len(self._pools[p]), coming(p), max_calls)
+                        batch = self._take(queue[p], len(self._pools[p]), coming(p), max_calls, most)
                         self._send(idle[p].pop(), batch, busy)
                 if not busy:
                     if drained and not any(queue):
                         return
                     continue
                 # with checks left to make, make some while the workers run (then look again at once)
-                spare = not drained and len(queue[0]) < MAX_BATCH * len(self._pools[0])
+                spare = not drained and len(queue[0]) < most * len(self._pools[0])
                 deadline = min(w.busy_until or 0.0 for w, _ in busy.values())
                 wait = 0.0 if spare else max(0.0, deadline - time.monotonic())
                 ready = readable(list(busy), wait)
@@ -395,13 +397,15 @@ class Verifier:
         busy.clear()
 
     @staticmethod
-    def _take(queue: list[_Task], workers: int, coming: bool, max_calls: int) -> list[_Task]:
-        """The next request's tasks: up to ``MAX_BATCH`` holding up to ``max_calls`` calls (at least one
+    def _take(
+        queue: list[_Task], workers: int, coming: bool, max_calls: int, most: int = MAX_BATCH
+    ) -> list[_Task]:
+        """The next request's tasks: up to ``most`` holding up to ``max_calls`` calls (at least one
         task); when no more are ``coming``, fewer as the queue runs short so that every worker of the pool
         keeps getting work; a task marked ``alone`` by itself."""
         if queue[0].alone:
             return [queue.pop(0)]
-        size = MAX_BATCH if coming else max(1, min(MAX_BATCH, len(queue) // (2 * workers)))
+        size = most if coming else max(1, min(most, len(queue) // (2 * workers)))
         batch: list[_Task] = []
         calls = 0
         while queue and len(batch) < size and not queue[0].alone:
