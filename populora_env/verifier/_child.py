@@ -18,6 +18,7 @@ from verdicts import line as _line
 
 TYPE_CHECKING = False  # `typing` stays out of the worker (see literals.py)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 _ALLOWED_MODULES: frozenset[str] = frozenset()
@@ -48,6 +49,7 @@ def _refuse(*_args: Any, **_kwargs: Any) -> Any:
 
 _real_import = builtins.__import__
 
+
 # The run-time half of the language layer, an audit hook (PEP 578) in every child. Where a frame comes from,
 # for a program: the frame attributes of generators, coroutines, async generators and tracebacks (each read
 # raises the audit event ``object.__getattr__`` with its name), ``sys._getframe``, and ``sys._current_frames``
@@ -57,48 +59,64 @@ _real_import = builtins.__import__
 # object another class (``obj.__class__ = C``, event ``object.__setattr__``): no allowed module does it,
 # and ``copy``'s reconstruction of a program's ``__reduce_ex__`` state did it to a module, turning
 # ``dataclasses.replace`` into a read of any attribute by name (found by a red-team review).
-_FRAME_ATTRIBUTES = frozenset({"gi_frame", "cr_frame", "ag_frame", "tb_frame"})
-_FRAME_EVENTS = frozenset({"sys._current_frames", "sys.settrace", "sys.setprofile"})
-_guard = {
-    "on": False,
-    "refused": "",
-}  # `on` in guarded calls; `refused`: the verdict detail of the first refusal
+def _frame_guard() -> tuple[
+    Callable[[str, tuple[Any, ...]], None], Callable[[bool], None], Callable[[], str]
+]:
+    """The hook and its controls, ``(audit, arm, refusal)``, around a state no module global holds (so a
+    program that can write into this module's globals still cannot switch it off there)."""
+    frame_attributes = frozenset({"gi_frame", "cr_frame", "ag_frame", "tb_frame"})
+    frame_events = frozenset({"sys._current_frames", "sys.settrace", "sys.setprofile"})
+    state = {
+        "on": False,
+        "refused": "",
+    }  # `on` in guarded calls; `refused`: the first refusal's verdict detail
+
+    def audit(event: str, args: tuple[Any, ...]) -> None:
+        """The child's audit hook (added by the worker, for good: audit hooks cannot be removed): in a guarded
+        call, the ways to a frame and class changes fail, whoever makes them (the program, a format string
+        built at run time, a module on the program's behalf), and are recorded whatever the program does
+        with the error. Not a boundary: a program that escapes the language layer can still reach it."""
+        if not state["on"]:
+            return
+        if event == "object.__getattr__":
+            if len(args) < 2 or args[1] not in frame_attributes:
+                return
+            refused = f"the program reached a frame at run time ({args[1]})"
+        elif event == "object.__setattr__":
+            if len(args) < 2 or args[1] != "__class__":
+                return
+            refused = "the program changed an object's class at run time (__class__)"
+        elif event == "sys._getframe":
+            raise ValueError("sys._getframe: frames are not available to programs")
+        elif event in frame_events:
+            refused = f"the program reached a frame at run time ({event})"
+        else:
+            return
+        state["refused"] = state["refused"] or refused
+        raise RuntimeError(f"{refused}: not available to programs")
+
+    def arm(on: bool) -> None:
+        """On for a guarded call (off for an unguarded one), with no refusal recorded yet."""
+        state["on"], state["refused"] = on, ""
+
+    def refusal() -> str:
+        """The verdict detail of the first refusal since ``arm``, or ``""``."""
+        return str(state["refused"])
+
+    return audit, arm, refusal
 
 
-def _audit(event: str, args: tuple[Any, ...]) -> None:
-    """The child's audit hook (added by the worker, for good: audit hooks cannot be removed): in a guarded
-    call, the ways to a frame and class changes fail, whoever makes them (the program, a format string built
-    at run time, a module on the program's behalf), and are recorded whatever the program does with the
-    error. Not a boundary: a program that escapes the language layer can reach this module and switch the
-    guard off, as it can do anything else in its child (README, threat model)."""
-    if not _guard["on"]:
-        return
-    if event == "object.__getattr__":
-        if len(args) < 2 or args[1] not in _FRAME_ATTRIBUTES:
-            return
-        refused = f"the program reached a frame at run time ({args[1]})"
-    elif event == "object.__setattr__":
-        if len(args) < 2 or args[1] != "__class__":
-            return
-        refused = "the program changed an object's class at run time (__class__)"
-    elif event == "sys._getframe":
-        raise ValueError("sys._getframe: frames are not available to programs")
-    elif event in _FRAME_EVENTS:
-        refused = f"the program reached a frame at run time ({event})"
-    else:
-        return
-    _guard["refused"] = _guard["refused"] or refused
-    raise RuntimeError(f"{refused}: not available to programs")
+_audit, arm_frame_guard, frame_guard_refusal = _frame_guard()
 
 
 def install_frame_guard() -> None:
-    """Adds ``_audit`` to this process (the worker, before its first fork: every child has it)."""
+    """Adds the hook to this process (the worker, before its first fork: every child has it)."""
     sys.addaudithook(_audit)
 
 
 def disarm_frame_guard() -> None:
-    """Off until the next call (``run_program`` sets it per call)."""
-    _guard["on"], _guard["refused"] = False, ""
+    """Off until the next call (``run_program`` arms it per call)."""
+    arm_frame_guard(False)
 
 
 def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
@@ -211,7 +229,14 @@ def prepare(
 
 
 def run_program(
-    prepared: Prepared, out_fd: int, *, max_output: int, max_depth: int, mode: str = "literal"
+    prepared: Prepared,
+    out_fd: int,
+    *,
+    max_output: int,
+    max_depth: int,
+    mode: str = "literal",
+    arm: Callable[[bool], None] = arm_frame_guard,  # bound here: replacing the module's names changes nothing
+    refusal: Callable[[], str] = frame_guard_refusal,
 ) -> None:
     """Defines ``f`` from the prepared program and calls it once per argument, writing a verdict per call.
 
@@ -239,10 +264,10 @@ def run_program(
         if index and len(sys.modules) > n_modules:  # an earlier call imported modules: the newest entries
             for name in list(islice(reversed(sys.modules), len(sys.modules) - n_modules)):
                 del sys.modules[name]
-        _guard["on"], _guard["refused"] = prepared.guarded, ""  # stays on after the call's verdict
+        arm(prepared.guarded)  # stays on after the call's verdict
         verdict = _define_and_call(prepared.code, prepared.table, args, mode, max_output, max_depth)
-        if _guard["refused"]:  # whatever the program made of the error
-            verdict = _line("forbidden", None, _guard["refused"])
+        if refused := refusal():  # whatever the program made of the error
+            verdict = _line("forbidden", None, refused)
         os.write(out_fd, verdict)
 
 
