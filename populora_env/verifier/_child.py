@@ -66,10 +66,8 @@ def _frame_guard() -> tuple[
     program that can write into this module's globals still cannot switch it off there)."""
     frame_attributes = frozenset({"gi_frame", "cr_frame", "ag_frame", "tb_frame"})
     frame_events = frozenset({"sys._current_frames", "sys.settrace", "sys.setprofile"})
-    state = {
-        "on": False,
-        "refused": "",
-    }  # `on` in guarded calls; `refused`: the first refusal's verdict detail
+    # `on` in guarded calls; `refused`: the first refusal's verdict detail
+    state: dict[str, Any] = {"on": False, "refused": ""}
 
     def audit(event: str, args: tuple[Any, ...]) -> None:
         """The child's audit hook (added by the worker, for good: audit hooks cannot be removed): in a guarded
@@ -101,7 +99,7 @@ def _frame_guard() -> tuple[
 
     def refusal() -> str:
         """The verdict detail of the first refusal since ``arm``, or ``""``."""
-        return str(state["refused"])
+        return state["refused"]
 
     return audit, arm, refusal
 
