@@ -611,7 +611,7 @@ def test_the_copy_gadget_that_switched_a_module_s_class_reads_nothing(monkeypatc
     ``__class__`` to a dataclass of the program's, so that ``dataclasses.replace`` read any attribute by name
     (``typing.sys._getframe``), up to the worker's frame holding the request's other programs: ``ok`` with
     their sources as output. The pre-filter now refuses it (``make_dataclass``, ``__reduce_ex__``); with the
-    pre-filter switched off, the run-time hook refuses the class change: ``forbidden``, nothing read."""
+    pre-filter switched off, the run-time half refuses it: ``forbidden``, nothing read."""
     from populora_env.verifier import verifier as verifier_module
 
     gadget = (
@@ -638,14 +638,14 @@ def test_the_copy_gadget_that_switched_a_module_s_class_reads_nothing(monkeypatc
     victims = [(f"def f(x):\n    return 'SECRET-{i}' + str(x)\n", "2") for i in range(15)]
     with Verifier(workers=1, cache_size=0) as v:
         first, *rest = v.run_many([(gadget, "1"), *victims])
-    assert first == Execution(
-        "forbidden", None, "the program changed an object's class at run time (__class__)"
+    assert first == Execution(  # `copy` refuses first; the class change alone: the hook's own test above
+        "forbidden", None, "the program made copy rebuild an object into a module (copy.copy/deepcopy)"
     )
     assert [v.output for v in rest] == [f"'SECRET-{i}2'" for i in range(15)]
 
 
-# Escapes of the language layer found by a second red-team review, each now refused by the pre-filter (the
-# detail names the first rule it breaks; each also breaks others).
+# Escapes of the language layer found by red-team reviews, each now refused by the pre-filter (the detail
+# names the first rule it breaks; most also break others).
 _ALIAS_BASE = "import typing, dataclasses\nclass B(type(typing.List[int]), _root=True):\n"
 LANGUAGE_ESCAPES = {
     # typing's alias class forwards every attribute without double underscores to its origin: as a dataclass
@@ -683,7 +683,61 @@ LANGUAGE_ESCAPES = {
         "def f(x):\n    put(math, 'pi', 3)\n    return 1\n",
         "line 4: defining the special method '__reduce_ex__' is not allowed",
     ),
+    # copyreg's table, under a public name: copy rebuilt K's instances from what the lambda returned
+    "copy_dispatch_table": (
+        "import copy, math\nclass K:\n    pass\ndef f(x):\n"
+        "    copy.dispatch_table[K] = lambda k: (lambda: math, (), (None, {'pi': 3}))\n    copy.copy(K())\n"
+        "    return math.pi\n",
+        "line 5: access to attribute 'dispatch_table' is not allowed",
+    ),
+    # dataclasses called the module global `exec` with the globals of the module a class's __module__ named
+    "exec_shadowed_in_a_module": (
+        "import dataclasses, collections\ndef f(x):\n    box = []\n    def grab(txt, g, ns):\n        box.append(g)\n"
+        "        raise LookupError\n    dataclasses.exec = grab\n"
+        "    N = collections.namedtuple('N', 'a', module='builtins')\n    try:\n        dataclasses.dataclass(N)\n"
+        "    except LookupError:\n        pass\n    return str(box[0]['getattr'])\n",
+        "line 7: assigning an attribute named 'exec' is not allowed",
+    ),
+    "type_as_a_value": (
+        "def f(x):\n    T = type\n    K = T('K', (), {'a': 1})\n    return K.a\n",
+        "line 2: `type` other than called as type(x) is not allowed (`T = type` made T(name, bases, namespace): "
+        "a class from a dict of any names)",
+    ),
+    "class_keywords_unpacked": (
+        "import typing\nclass B(type(typing.List[int]), **{'r' + 'oot': True}):\n    pass\ndef f(x):\n    return 1\n",
+        "line 2: class bases or keywords unpacked with * or ** are not allowed",
+    ),
 }
+
+
+def _module_into_copy(build_class: str) -> str:
+    """A program that makes ``copy`` rebuild an object into the module ``math`` and set ``math.pi`` there,
+    through a class made by ``build_class`` (whose ``__reduce_ex__`` the special-method rule cannot see)."""
+    return (
+        "import copy, enum, math\ndef f(x):\n"
+        "    rebuild = lambda self, p: (lambda: math, (), (None, {'pi': 3}))\n"
+        f"    obj = {build_class}\n    try:\n        copy.copy(obj)\n    except Exception:\n        pass\n"
+        "    return math.pi\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "build_class",
+    [
+        "type(int)('K', (), {'__reduce_ex__': rebuild})()",  # type itself, as type(int)
+        "enum.Enum('E', {'a': 1, '__copy__': None, '__reduce_ex__': rebuild}, module='m').a",  # enum's names
+    ],
+)
+def test_copy_refuses_to_rebuild_into_a_module(verifier, build_class):
+    """Classes with any special methods can still be made at run time (``type(int)(name, bases, ns)``, the
+    enum functional API's names); ``copy`` is the gadget that turned ``__reduce_ex__`` into a write of any
+    attribute on any object. In a guarded call it refuses to rebuild into a module, class or function, and
+    the verdict is ``forbidden`` whatever the program does with the error (a red-team review's finding)."""
+    program = _module_into_copy(build_class)
+    assert prefilter(program).status == "ok"  # past the static half
+    assert verifier.run(program, "1") == Execution(
+        "forbidden", None, "the program made copy rebuild an object into a module (copy.copy/deepcopy)"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(LANGUAGE_ESCAPES))
@@ -706,7 +760,10 @@ def test_ordinary_special_methods_and_keywords_stay_allowed(verifier):
         "    def __getitem__(self, i):\n        return self.xs[i]\n    def __contains__(self, v):\n        return v in self.xs\n"
         "    def __eq__(self, o):\n        return list(self) == list(o)\n    def __hash__(self):\n        return len(self)\n"
         "    def __repr__(self):\n        return f'Bag({self.xs})'\n"
+        "import copy, collections\n"
         "def f(x):\n    b = Bag(*sorted([P(3), P(x)], reverse=True))\n"
+        "    c = copy.deepcopy([b, collections.deque([P(2)]), collections.Counter('aab'), P(4)])\n"
+        "    assert c[0] == b and c[0] is not b and c[1][0] == P(2) and c[2]['a'] == 2 and copy.copy(b) == b\n"
         "    return [repr(b), len(b), (P(1) + P(2)).x, (5 + P(1)).x, b[0].x, P(3) in b, sorted(b)[0].x]\n"
     )
     assert prefilter(program) == Prefiltered("ok")

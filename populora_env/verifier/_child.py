@@ -31,7 +31,38 @@ def _guarded_import(
         return _fresh_future()  # one allowed __future__ import
     if level or name.split(".")[0] not in _ALLOWED_MODULES:
         raise ImportError(f"import of {name!r} is not allowed")
-    return _real_import(name, globals, locals, fromlist, level)
+    module = _real_import(name, globals, locals, fromlist, level)
+    _guard_copy()  # `copy` arrives with the program's own import of it or of a module that imports it
+    return module
+
+
+# What ``copy`` may not rebuild an object into: a ``__reduce_ex__`` (or a ``copy.dispatch_table`` entry, or an
+# enum member's) returning ``(lambda: some_module, (), state)`` made copy set the attributes ``state`` names on
+# that module (``dataclasses.exec``: a full escape, found by red-team reviews). Copying a module, class or
+# function never goes through a reconstruction otherwise (copy returns them as they are, or refuses).
+_NOT_REBUILT = (type(sys), type, type(_guarded_import), type(len))
+
+
+def _guard_copy() -> None:
+    """Wraps ``copy._reconstruct`` (once per process) so that an object rebuilt into a module, class or
+    function is refused by the audit hook (event ``populora.copy_into``: recorded, the verdict ``forbidden``)."""
+    copy = sys.modules.get("copy")
+    if copy is None or getattr(copy._reconstruct, "guarded", False):
+        return
+    reconstruct = copy._reconstruct
+
+    def guarded(x: Any, memo: Any, func: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        def build(*given: Any) -> Any:
+            made = func(*given)
+            if isinstance(made, _NOT_REBUILT):
+                sys.audit("populora.copy_into", type(made).__name__)
+                raise RuntimeError(f"copy may not rebuild into a {type(made).__name__}")
+            return made
+
+        return reconstruct(x, memo, build, args, *rest, **kwargs)
+
+    guarded.guarded = True  # type: ignore[attr-defined]
+    copy._reconstruct = guarded  # type: ignore[attr-defined]
 
 
 def _fresh_future() -> Any:
@@ -86,6 +117,8 @@ def _frame_guard() -> tuple[
             refused = "the program changed an object's class at run time (__class__)"
         elif event == "sys._getframe":
             raise ValueError("sys._getframe: frames are not available to programs")
+        elif event == "populora.copy_into":
+            refused = f"the program made copy rebuild an object into a {args[0]} (copy.copy/deepcopy)"
         elif event in frame_events:
             refused = f"the program reached a frame at run time ({event})"
         else:

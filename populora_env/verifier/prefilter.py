@@ -57,7 +57,8 @@ BANNED_NAMES = frozenset(
 #: allowed ones import under a public name (``typing.sys.modules`` holds every module).
 #: ``make_dataclass`` builds a class from a namespace dict of any names (``__class__``, ``__reduce_ex__``...)
 #: and ``global_enum`` copies a class's ``__members__`` into the globals of the module its ``__module__``
-#: names (the verifier's own, ``builtins``): both turned into escapes by red-team reviews.
+#: names (the verifier's own, ``builtins``); ``copy.dispatch_table`` (copyreg's) makes ``copy`` rebuild any
+#: class's instances from what a program's function returns: all turned into escapes by red-team reviews.
 #: ``FORBIDDEN_ATTRIBUTES`` is checked against the running Python's allowed modules by the tests.
 FORBIDDEN_ATTRIBUTES = frozenset(
     {
@@ -67,7 +68,7 @@ FORBIDDEN_ATTRIBUTES = frozenset(
         "update_wrapper", "wraps", "WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES",
         "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
         "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
-        "make_dataclass", "global_enum",
+        "make_dataclass", "global_enum", "dispatch_table",
     }
 )  # fmt: skip
 
@@ -111,12 +112,12 @@ MAX_COMPILED_NODES = 200_000
 # What every finding of ``_forbidden`` needs in an ASCII source: the keyword ``import``, an identifier that
 # starts with ``_`` (dunder names, private attributes and imports, ``global __x``; a digit or letter before
 # ``_`` is part of the same token), a banned name as a whole word, ``case`` (class patterns), ``type``
-# (its three-argument form) or a format field walking to an attribute. A source without any of them is
+# (its three-argument form), ``class`` (unpacked bases) or a format field walking to an attribute. A source without any of them is
 # passed without walking its tree (the walk is about half the pre-filter's time on CRUXEval, and 96% of
 # its programs match nothing); a match, in code, a string or a comment, only means the tree is walked.
 # Outside ASCII the parser's NFKC normalisation makes text search unsound, so such sources are walked.
 _MAY_BE_FORBIDDEN = re.compile(
-    r"(?<![A-Za-z0-9_])_|\{[^{}]*\.|\b(?:import|case|type|"
+    r"(?<![A-Za-z0-9_])_|\{[^{}]*\.|\b(?:import|case|type|class|"
     + "|".join(sorted(name for name in BANNED_NAMES | FORBIDDEN_ATTRIBUTES if not name.startswith("_")))
     + r")\b",
     re.ASCII,
@@ -184,6 +185,12 @@ def prefilter(program: str) -> Prefiltered:
         reason = _forbidden(node)
         if reason:
             return Prefiltered("forbidden", f"line {getattr(node, 'lineno', '?')}: {reason}")
+    if (line := _type_as_value(tree)) is not None:
+        return Prefiltered(
+            "forbidden",
+            f"line {line}: `type` other than called as type(x) is not allowed (`T = type` made "
+            "T(name, bases, namespace): a class from a dict of any names)",
+        )
     if "case" in program and (pattern := _rebound_self_matching(tree)) is not None:
         return Prefiltered(
             "forbidden",
@@ -490,6 +497,30 @@ _FORMAT_REACH = re.compile(r"\{[^{}]*\.\s*(?:_|gi_|cr_|ag_|tb_|f_)")
 """A ``str.format`` field walking to a private, dunder or frame attribute: ``"{0.__globals__}"``."""
 
 
+_SHADOWING_STORES = frozenset({"exec", "eval", "compile"})
+"""Attribute names a program may not assign or delete: a module global of that name shadows the built-in
+its functions call (``dataclasses.exec = f``)."""
+
+
+def _type_as_value(tree: ast.AST) -> int | None:
+    """The line of the first read of the name ``type`` that is not the function of a call, else None."""
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Name)
+            and node.id == "type"
+            and isinstance(node.ctx, ast.Load)
+            and id(node) not in called
+        ):
+            return node.lineno
+    return None
+
+
+def _plain_type_call(node: ast.Call) -> bool:
+    """``type(x)``: one positional argument, no keywords, nothing unpacked."""
+    return len(node.args) == 1 and not node.keywords and not isinstance(node.args[0], ast.Starred)
+
+
 def _future_annotations(node: ast.ImportFrom) -> bool:
     """Whether ``node`` is exactly ``from __future__ import annotations``."""
     return (
@@ -540,6 +571,11 @@ def _forbidden(node: ast.AST) -> str | None:
         if len(node.id) > 4 and node.id.startswith("__") and node.id.endswith("__") and node.id != "__name__":
             return f"use of dunder name {node.id!r} is not allowed"
     elif isinstance(node, ast.Attribute):
+        if node.attr in _SHADOWING_STORES and isinstance(node.ctx, ast.Store | ast.Del):
+            # `dataclasses.exec = grab`: dataclasses then handed grab the globals of the module a class's
+            # __module__ names (`builtins`, `sys`): a full escape (a red-team review); typing and
+            # namedtuple call eval likewise
+            return f"assigning an attribute named {node.attr!r} is not allowed"
         return _attribute_refused(node.attr)
     elif isinstance(node, ast.MatchClass):  # `case C(name=p)` reads the attribute `name` of the subject
         if node.patterns and not (isinstance(node.cls, ast.Name) and node.cls.id in _SELF_MATCHING):
@@ -548,11 +584,7 @@ def _forbidden(node: ast.AST) -> str | None:
             return "positional patterns of a class pattern are not allowed (except for built-in types)"
         return next(filter(None, map(_attribute_refused, node.kwd_attrs)), None)
     elif isinstance(node, ast.Call):
-        if (
-            isinstance(node.func, ast.Name)
-            and node.func.id == "type"
-            and len(node.args) + len(node.keywords) > 1
-        ):
+        if isinstance(node.func, ast.Name) and node.func.id == "type" and not _plain_type_call(node):
             return "type() with more than one argument (a class from a dict of any names) is not allowed"
     elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _FORMAT_REACH.search(node.value):
         return "a format string that reaches private or frame attributes is not allowed"
@@ -562,6 +594,10 @@ def _forbidden(node: ast.AST) -> str | None:
         name = node.name
         if name.startswith("__") and name.endswith("__") and name not in ALLOWED_SPECIAL_METHODS:
             return f"defining the special method {name!r} is not allowed"
+    elif isinstance(node, ast.ClassDef) and (
+        any(k.arg is None for k in node.keywords) or any(isinstance(b, ast.Starred) for b in node.bases)
+    ):
+        return "class bases or keywords unpacked with * or ** are not allowed"
     elif isinstance(node, ast.keyword) and node.arg is not None and node.arg.startswith("_"):
         # `class C(type(typing.List[int]), _root=True)` subclassed typing's attribute-forwarding alias
         return f"the private keyword argument {node.arg!r} is not allowed"
