@@ -352,13 +352,20 @@ def reproject_concatenated(
     some = bool(fast.any())
     rest = ~fast
     b_rest, a_rest = (b_cat[rest], a_cat[rest]) if some else (b_cat, a_cat)
-    svd = lowrank_svd(b_rest if weights is None else b_rest * weights, a_rest)
+    svd = lowrank_svd(b_rest if weights is None else _weighted_column_major(b_rest, weights), a_rest)
     u, s, v = take_columns(svd.u, rank), take_columns(svd.s, rank), take_right_vectors(svd.v, rank)
     b, a = to_factors(svd, u, s, v, row_scale(a_rest))
     if some:
         gram = _reproject_by_gram(b_cat[fast], a_cat[fast], tri_b[fast], tri_a[fast], rank, weights)
         b, a = _in_slots(fast, gram, (b, a))
     return b.view(*batch_shape, m, rank), a.view(*batch_shape, rank, n)
+
+
+def _weighted_column_major(b: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``b * weights`` (columns scaled) written column-major, the layout ``geqrf`` factors in: one pass
+    instead of a product and ``geqrf``'s own transposing copy."""
+    out = torch.empty(*b.shape[:-2], b.shape[-1], b.shape[-2], dtype=b.dtype, device=b.device)
+    return torch.mul(b.mT, weights.unsqueeze(-1), out=out).mT
 
 
 def _in_slots(
