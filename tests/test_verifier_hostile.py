@@ -710,6 +710,36 @@ LANGUAGE_ESCAPES = {
 }
 
 
+_INJECTED = '"a\\"\\n box.append(1)\\n #"'  # a field name that closes a string and adds a statement
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        # a base's field renamed: the subclass's generated methods paste the new name
+        "@dataclasses.dataclass\nclass A:\n    a: int = 0\n"
+        f"dataclasses.fields(A)[0].name = {_INJECTED}\n"
+        "@dataclasses.dataclass(init=False, eq=False)\nclass B(A):\n    pass\n",
+        # a functional TypedDict takes any string as a key, and dataclass() reads its annotations
+        f"T = typing.TypedDict('T', {{{_INJECTED}: int}})\ndataclasses.dataclass(init=False, eq=False)(T)\n",
+        # an enum member named __annotations__ is the class's annotations
+        f"E = enum.Enum('E', {{'__annotations__': {{{_INJECTED}: int}}}})\n"
+        "dataclasses.dataclass(init=False, eq=False)(E)\n",
+    ],
+    ids=["renamed_field", "typed_dict", "enum_annotations"],
+)
+def test_dataclass_field_names_are_not_pasted_into_generated_code(verifier, setup):
+    """``dataclasses`` writes field names into the source of the methods it generates and compiles it: a
+    name holding a quote and a newline ran statements of the program's choosing, with the real built-ins
+    (a red-team review's full escape). In a guarded call a field name that is not a plain identifier is
+    refused before any code is generated: ``forbidden``."""
+    program = f"import dataclasses, enum, typing\nbox = []\n{setup}def f(x):\n    return len(box)\n"
+    assert prefilter(program).status == "ok"
+    verdict = verifier.run(program, "1")
+    assert verdict.status == "forbidden", verdict
+    assert verdict.detail.startswith("the program gave a dataclass a field name that is not an identifier")
+
+
 def _module_into_copy(build_class: str) -> str:
     """A program that makes ``copy`` rebuild an object into the module ``math`` and set ``math.pi`` there,
     through a class made by ``build_class`` (whose ``__reduce_ex__`` the special-method rule cannot see)."""

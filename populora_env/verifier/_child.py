@@ -32,7 +32,9 @@ def _guarded_import(
     if level or name.split(".")[0] not in _ALLOWED_MODULES:
         raise ImportError(f"import of {name!r} is not allowed")
     module = _real_import(name, globals, locals, fromlist, level)
-    _guard_copy()  # `copy` arrives with the program's own import of it or of a module that imports it
+    # `copy` and `dataclasses` arrive with the program's own import of them or of a module that imports them
+    _guard_copy()
+    _guard_dataclasses()
     return module
 
 
@@ -63,6 +65,34 @@ def _guard_copy() -> None:
 
     guarded.guarded = True  # type: ignore[attr-defined]
     copy._reconstruct = guarded  # type: ignore[attr-defined]
+
+
+def _guard_dataclasses() -> None:
+    """Wraps ``dataclasses._process_class`` (once per process) so that a class whose fields would have a
+    name that is not a plain identifier is refused by the audit hook (event ``populora.dataclass_field``)
+    before any code is generated: ``dataclasses`` pastes field names into the source of ``__init__``,
+    ``__repr__``, ``__eq__``... and compiles it, so a name holding a quote and a newline ran statements of
+    the program's choosing, past the pre-filter (a renamed ``Field.name`` of a base, a functional
+    ``TypedDict``'s keys, an enum member named ``__annotations__``: a red-team review's full escape)."""
+    dataclasses = sys.modules.get("dataclasses")
+    if dataclasses is None or getattr(dataclasses._process_class, "guarded", False):
+        return
+    process = dataclasses._process_class
+
+    def guarded(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        names = list(cls.__dict__.get("__annotations__", {}))  # noqa: RUF063 (the raw keys, nothing evaluated)
+        for base in cls.__mro__[1:]:
+            fields = base.__dict__.get("__dataclass_fields__")
+            if isinstance(fields, dict):
+                names += [*fields, *(getattr(f, "name", None) for f in fields.values())]
+        for name in names:
+            if not (isinstance(name, str) and name.isidentifier()) or (name[:2] == name[-2:] == "__"):
+                sys.audit("populora.dataclass_field", repr(name)[:60])
+                raise TypeError(f"dataclass field name {name!r} is not a plain identifier")
+        return process(cls, *args, **kwargs)
+
+    guarded.guarded = True  # type: ignore[attr-defined]
+    dataclasses._process_class = guarded  # type: ignore[attr-defined]
 
 
 def _fresh_future() -> Any:
@@ -119,6 +149,8 @@ def _frame_guard() -> tuple[
             raise ValueError("sys._getframe: frames are not available to programs")
         elif event == "populora.copy_into":
             refused = f"the program made copy rebuild an object into a {args[0]} (copy.copy/deepcopy)"
+        elif event == "populora.dataclass_field":
+            refused = f"the program gave a dataclass a field name that is not an identifier ({args[0]})"
         elif event in frame_events:
             refused = f"the program reached a frame at run time ({event})"
         else:
