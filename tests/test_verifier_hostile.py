@@ -639,7 +639,7 @@ def test_the_copy_gadget_that_switched_a_module_s_class_reads_nothing(monkeypatc
     with Verifier(workers=1, cache_size=0) as v:
         first, *rest = v.run_many([(gadget, "1"), *victims])
     assert first == Execution(  # `copy` refuses first; the class change alone: the hook's own test above
-        "forbidden", None, "the program made copy rebuild an object into a module (copy.copy/deepcopy)"
+        "forbidden", None, "the program made copy set an attribute it may not set ('__class__')"
     )
     assert [v.output for v in rest] == [f"'SECRET-{i}2'" for i in range(15)]
 
@@ -725,8 +725,12 @@ _INJECTED = '"a\\"\\n box.append(1)\\n #"'  # a field name that closes a string 
         # an enum member named __annotations__ is the class's annotations
         f"E = enum.Enum('E', {{'__annotations__': {{{_INJECTED}: int}}}})\n"
         "dataclasses.dataclass(init=False, eq=False)(E)\n",
+        # a str subclass answers isidentifier() and formats as it likes (dataclasses pastes f'{f.name}')
+        "class S(str):\n    def isidentifier(self):\n        return True\n    def __format__(self, spec):\n"
+        "        return 'a, *, b=box.append(1)'\n"
+        "dataclasses.dataclass(typing.TypedDict('T', {S('a'): int}))\n",
     ],
-    ids=["renamed_field", "typed_dict", "enum_annotations"],
+    ids=["renamed_field", "typed_dict", "enum_annotations", "str_subclass"],
 )
 def test_dataclass_field_names_are_not_pasted_into_generated_code(verifier, setup):
     """``dataclasses`` writes field names into the source of the methods it generates and compiles it: a
@@ -738,6 +742,37 @@ def test_dataclass_field_names_are_not_pasted_into_generated_code(verifier, setu
     verdict = verifier.run(program, "1")
     assert verdict.status == "forbidden", verdict
     assert verdict.detail.startswith("the program gave a dataclass a field name that is not an identifier")
+
+
+def test_a_typing_alias_of_a_module_relays_nothing(verifier):
+    """typing's alias class relays every name without double underscores to its origin: an alias of the
+    ``dataclasses`` module, written to by ``copy`` (the module itself refused), set ``dataclasses.exec``
+    (a red-team review's full escape). An alias of a module or function now refuses to relay."""
+    program = (
+        "import typing, copy, dataclasses\ndef f(x):\n"
+        "    alias = type(typing.List[int])(dataclasses, (int,), name='L')\n"
+        "    try:\n        return alias.fields is dataclasses.fields\n    except Exception:\n        return 'caught'\n"
+    )
+    assert prefilter(program).status == "ok"
+    assert verifier.run(program, "1") == Execution(
+        "forbidden", None, "the program made a typing alias relay attributes of a module"
+    )
+    plain = "import typing\ndef f(x):\n    return [typing.List[int].copy is list.copy, str(typing.Dict[str, int])]"
+    assert verifier.run(plain, "1").output == "[True, 'typing.Dict[str, int]']"
+
+
+def test_copy_sets_no_shadowing_or_dunder_state(verifier):
+    """``copy`` sets the attributes a reconstruction state names on what it rebuilt: a state naming ``exec``
+    (for an object that forwards writes) or a dunder is refused, whatever the target."""
+    program = (
+        "import copy\nclass Box:\n    pass\ndef f(x):\n"
+        "    K = type(int)('K', (), {'__reduce_ex__': lambda self, p: (Box, (), (None, {'ex' + 'ec': 1}))})\n"
+        "    copy.copy(K())\n    return 1\n"
+    )
+    assert prefilter(program).status == "ok"
+    assert verifier.run(program, "1") == Execution(
+        "forbidden", None, "the program made copy set an attribute it may not set ('exec')"
+    )
 
 
 def _module_into_copy(build_class: str) -> str:

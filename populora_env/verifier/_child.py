@@ -32,10 +32,24 @@ def _guarded_import(
     if level or name.split(".")[0] not in _ALLOWED_MODULES:
         raise ImportError(f"import of {name!r} is not allowed")
     module = _real_import(name, globals, locals, fromlist, level)
-    # `copy` and `dataclasses` arrive with the program's own import of them or of a module that imports them
+    # `copy`, `dataclasses` and `typing` arrive with the program's own import of them or of a module that
+    # imports them
     _guard_copy()
     _guard_dataclasses()
+    _guard_typing()
     return module
+
+
+def _refuse_at_run_time(event: str, what: str, error: type[Exception] = RuntimeError) -> None:
+    """Raises the audit event ``event`` (the hook records it: the call's verdict is ``forbidden``), then
+    ``error`` (for a call the hook does not guard)."""
+    sys.audit(event, what)
+    raise error(f"{event}: {what}")
+
+
+def _describe_name(name: Any) -> str:
+    """A name for a verdict detail, without running a program's ``__repr__``."""
+    return repr(name)[:60] if type(name) is str else f"a {type(name).__name__}"
 
 
 # What ``copy`` may not rebuild an object into: a ``__reduce_ex__`` (or a ``copy.dispatch_table`` entry, or an
@@ -43,6 +57,10 @@ def _guarded_import(
 # that module (``dataclasses.exec``: a full escape, found by red-team reviews). Copying a module, class or
 # function never goes through a reconstruction otherwise (copy returns them as they are, or refuses).
 _NOT_REBUILT = (type(sys), type, type(_guarded_import), type(len))
+# State keys ``copy`` may not set: dunders, and the names whose module globals shadow the built-ins the
+# standard library calls with privileged arguments (``dataclasses.exec``), set through an object that
+# forwards attribute writes (typing's alias class) when the module itself was refused.
+_NOT_SET = frozenset({"exec", "eval", "compile"})
 
 
 def _guard_copy() -> None:
@@ -54,11 +72,17 @@ def _guard_copy() -> None:
     reconstruct = copy._reconstruct
 
     def guarded(x: Any, memo: Any, func: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        state = rest[0] if rest else kwargs.get("state")
+        parts = state if type(state) is tuple and len(state) == 2 else (state,)
+        for part in parts:
+            for key in part if type(part) is dict else ():
+                if type(key) is not str or key in _NOT_SET or key[:2] == key[-2:] == "__":
+                    _refuse_at_run_time("populora.copy_state", _describe_name(key))
+
         def build(*given: Any) -> Any:
             made = func(*given)
             if isinstance(made, _NOT_REBUILT):
-                sys.audit("populora.copy_into", type(made).__name__)
-                raise RuntimeError(f"copy may not rebuild into a {type(made).__name__}")
+                _refuse_at_run_time("populora.copy_into", type(made).__name__)
             return made
 
         return reconstruct(x, memo, build, args, *rest, **kwargs)
@@ -80,19 +104,56 @@ def _guard_dataclasses() -> None:
     process = dataclasses._process_class
 
     def guarded(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        names = list(cls.__dict__.get("__annotations__", {}))  # noqa: RUF063 (the raw keys, nothing evaluated)
-        for base in cls.__mro__[1:]:
-            fields = base.__dict__.get("__dataclass_fields__")
-            if isinstance(fields, dict):
-                names += [*fields, *(getattr(f, "name", None) for f in fields.values())]
-        for name in names:
-            if not (isinstance(name, str) and name.isidentifier()) or (name[:2] == name[-2:] == "__"):
-                sys.audit("populora.dataclass_field", repr(name)[:60])
-                raise TypeError(f"dataclass field name {name!r} is not a plain identifier")
+        shadowed = _NOT_SET & set(dataclasses.__dict__)  # `dataclasses.exec = f`, by any route
+        if shadowed:
+            _refuse_at_run_time("populora.dataclass_globals", min(shadowed))
+        if isinstance(cls, type):  # (else dataclasses refuses it itself) the real dicts, not a metaclass's
+            own, mro = _TYPE_DICT(cls), _TYPE_MRO(cls)
+            names = list(own.get("__annotations__", {}))
+            for base in mro[1:]:
+                fields = _TYPE_DICT(base).get("__dataclass_fields__")
+                if type(fields) is dict:
+                    names += [*fields, *(getattr(f, "name", None) for f in fields.values())]
+            for name in names:  # a str subclass answers isidentifier() and formats as it likes: not a name
+                if type(name) is not str or not str.isidentifier(name) or name[:2] == name[-2:] == "__":
+                    _refuse_at_run_time("populora.dataclass_field", _describe_name(name), TypeError)
         return process(cls, *args, **kwargs)
 
     guarded.guarded = True  # type: ignore[attr-defined]
     dataclasses._process_class = guarded  # type: ignore[attr-defined]
+
+
+_TYPE_DICT = type.__dict__["__dict__"].__get__
+_TYPE_MRO = type.__dict__["__mro__"].__get__
+
+
+def _guard_typing() -> None:
+    """Makes typing's alias class (``typing.List[int]``'s) refuse to forward attribute reads and writes to an
+    origin that is a module or a function (event ``populora.alias_origin``, recorded): it relays every name
+    without double underscores to ``__origin__``, so ``type(typing.List[int])(dataclasses, (int,))`` was a
+    proxy of the module, and a write through it (by ``copy``) shadowed ``dataclasses.exec`` (a red-team
+    review's full escape). Every alias the standard library makes has a class or a special form there."""
+    typing = sys.modules.get("typing")
+    alias = getattr(typing, "_BaseGenericAlias", None)
+    if alias is None or getattr(alias.__getattr__, "guarded", False):
+        return
+    relay_get, relay_set = alias.__getattr__, alias.__setattr__
+
+    def origin_checked(self: Any) -> None:
+        origin = object.__getattribute__(self, "__dict__").get("__origin__")
+        if isinstance(origin, (type(sys), type(_guarded_import), type(len))):  # a module or a function
+            _refuse_at_run_time("populora.alias_origin", type(origin).__name__)
+
+    def get(self: Any, attr: str) -> Any:
+        origin_checked(self)
+        return relay_get(self, attr)
+
+    def set_(self: Any, attr: str, value: Any) -> None:
+        origin_checked(self)
+        relay_set(self, attr, value)
+
+    get.guarded = True  # type: ignore[attr-defined]
+    alias.__getattr__, alias.__setattr__ = get, set_
 
 
 def _fresh_future() -> Any:
@@ -120,6 +181,16 @@ _real_import = builtins.__import__
 # object another class (``obj.__class__ = C``, event ``object.__setattr__``): no allowed module does it,
 # and ``copy``'s reconstruction of a program's ``__reduce_ex__`` state did it to a module, turning
 # ``dataclasses.replace`` into a read of any attribute by name (found by a red-team review).
+# What the run-time guards refuse (``_refuse_at_run_time``), as verdict details.
+_RUN_TIME_REFUSALS = {
+    "populora.copy_into": "the program made copy rebuild an object into a {} (copy.copy/deepcopy)",
+    "populora.copy_state": "the program made copy set an attribute it may not set ({})",
+    "populora.dataclass_field": "the program gave a dataclass a field name that is not an identifier ({})",
+    "populora.dataclass_globals": "the program shadowed a built-in in the dataclasses module ({})",
+    "populora.alias_origin": "the program made a typing alias relay attributes of a {}",
+}
+
+
 def _frame_guard() -> tuple[
     Callable[[str, tuple[Any, ...]], None], Callable[[bool], None], Callable[[], str]
 ]:
@@ -127,6 +198,7 @@ def _frame_guard() -> tuple[
     program that can write into this module's globals still cannot switch it off there)."""
     frame_attributes = frozenset({"gi_frame", "cr_frame", "ag_frame", "tb_frame"})
     frame_events = frozenset({"sys._current_frames", "sys.settrace", "sys.setprofile"})
+    run_time_refusals = dict(_RUN_TIME_REFUSALS)
     # `on` in guarded calls; `refused`: the first refusal's verdict detail
     state: dict[str, Any] = {"on": False, "refused": ""}
 
@@ -147,10 +219,8 @@ def _frame_guard() -> tuple[
             refused = "the program changed an object's class at run time (__class__)"
         elif event == "sys._getframe":
             raise ValueError("sys._getframe: frames are not available to programs")
-        elif event == "populora.copy_into":
-            refused = f"the program made copy rebuild an object into a {args[0]} (copy.copy/deepcopy)"
-        elif event == "populora.dataclass_field":
-            refused = f"the program gave a dataclass a field name that is not an identifier ({args[0]})"
+        elif event in run_time_refusals:
+            refused = run_time_refusals[event].format(args[0])
         elif event in frame_events:
             refused = f"the program reached a frame at run time ({event})"
         else:
