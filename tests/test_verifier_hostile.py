@@ -729,8 +729,25 @@ _INJECTED = '"a\\"\\n box.append(1)\\n #"'  # a field name that closes a string 
         "class S(str):\n    def isidentifier(self):\n        return True\n    def __format__(self, spec):\n"
         "        return 'a, *, b=box.append(1)'\n"
         "dataclasses.dataclass(typing.TypedDict('T', {S('a'): int}))\n",
+        "@dataclasses.dataclass\nclass S:\n    a: int = 0\nclass G:\n    name = property(lambda f: 'a=box.append(1)')\n"
+        "dataclasses.Field.name = G.name\n@dataclasses.dataclass\nclass D(S):\n    pass\n",
+        # a metaclass whose __dict__ property shows dataclasses other annotations than the class holds
+        "M = type(int)('M', (type(int),), {'__dict__': property(lambda c: {'__annotations__': {'a=box.append(1)': int}})})\n"
+        "dataclasses.dataclass(M('C', (), {}))\n",
+        # a metaclass holding __dataclass_fields__ for its classes, and a Field subclass as a default
+        "F = type(int)('F', (dataclasses.Field,), {})\n"
+        "C = type(int)('C', (), {'__annotations__': {'a': int}, 'a': F(0, None, True, True, None, True, {}, False)})\n"
+        "dataclasses.dataclass(C)\n",
     ],
-    ids=["renamed_field", "typed_dict", "enum_annotations", "str_subclass"],
+    ids=[
+        "renamed_field",
+        "typed_dict",
+        "enum_annotations",
+        "str_subclass",
+        "field_name_slot_replaced",
+        "metaclass_dict",
+        "field_subclass",
+    ],
 )
 def test_dataclass_field_names_are_not_pasted_into_generated_code(verifier, setup):
     """``dataclasses`` writes field names into the source of the methods it generates and compiles it: a
@@ -741,7 +758,10 @@ def test_dataclass_field_names_are_not_pasted_into_generated_code(verifier, setu
     assert prefilter(program).status == "ok"
     verdict = verifier.run(program, "1")
     assert verdict.status == "forbidden", verdict
-    assert verdict.detail.startswith("the program gave a dataclass a field name that is not an identifier")
+    assert verdict.detail.startswith(
+        ("the program gave a dataclass a field name", "the program made dataclasses read fields",
+         "the program changed what dataclasses generates code with")
+    ), verdict  # fmt: skip
 
 
 def test_a_typing_alias_of_a_module_relays_nothing(verifier):

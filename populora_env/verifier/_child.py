@@ -92,35 +92,81 @@ def _guard_copy() -> None:
 
 
 def _guard_dataclasses() -> None:
-    """Wraps ``dataclasses._process_class`` (once per process) so that a class whose fields would have a
-    name that is not a plain identifier is refused by the audit hook (event ``populora.dataclass_field``)
-    before any code is generated: ``dataclasses`` pastes field names into the source of ``__init__``,
-    ``__repr__``, ``__eq__``... and compiles it, so a name holding a quote and a newline ran statements of
-    the program's choosing, past the pre-filter (a renamed ``Field.name`` of a base, a functional
-    ``TypedDict``'s keys, an enum member named ``__annotations__``: a red-team review's full escape)."""
+    """Wraps ``dataclasses._process_class`` (once per process) so that a class is refused (audit events
+    ``populora.dataclass_*``: recorded, the verdict ``forbidden``) unless everything ``dataclasses`` will
+    paste into the source of the methods it generates and compiles (``__init__``, ``__repr__``, ``__eq__``...)
+    is a plain ``str`` identifier read from plain data. A field name holding a quote and a newline ran
+    statements of the program's choosing with the real built-ins, past the pre-filter (red-team reviews:
+    a base's renamed ``Field.name``, a functional ``TypedDict``'s keys, an enum member named
+    ``__annotations__``, a ``str`` subclass, and a metaclass whose ``__dict__``/``__mro__`` properties or
+    class attributes showed ``dataclasses`` other names than the class holds). So: every class in the
+    MRO has a standard metaclass (``type``, ``abc.ABCMeta``, ``enum.EnumType``: their ``__dict__`` and
+    ``__mro__`` are the real ones), its ``__dataclass_fields__`` is a plain dict of plain ``Field`` objects,
+    no class attribute is a ``Field`` subclass, the annotations are a plain dict, every name is a plain
+    identifier, and the module's own names (``Field``, its ``name`` slot, its helpers, no shadowed
+    built-in) are what they were when ``dataclasses`` was imported."""
     dataclasses = sys.modules.get("dataclasses")
     if dataclasses is None or getattr(dataclasses._process_class, "guarded", False):
         return
-    process = dataclasses._process_class
+    process, field_class = dataclasses._process_class, dataclasses.Field
+    name_slot = field_class.__dict__["name"]
+    snapshot = dict(dataclasses.__dict__)
+    metaclasses = {
+        type,
+        *(getattr(sys.modules.get(m), n, type) for m, n in (("abc", "ABCMeta"), ("enum", "EnumType"))),
+    }
+    builtin_names = set(vars(builtins))
+
+    def plain(name: Any) -> bool:
+        return type(name) is str and str.isidentifier(name) and not name[:2] == name[-2:] == "__"
+
+    def problem(cls: Any) -> tuple[str, str] | None:
+        """``(event, what)`` for the first thing refused, else None."""
+        module = dataclasses.__dict__
+        if (
+            any(module.get(k) is not v for k, v in snapshot.items())
+            or (set(module) - set(snapshot)) & builtin_names
+        ):
+            return "populora.dataclass_globals", "the dataclasses module"
+        if field_class.__dict__.get("name") is not name_slot:
+            return "populora.dataclass_globals", "Field.name"
+        mro = _TYPE_MRO(cls)
+        for klass in mro:
+            if type(klass) not in metaclasses:
+                return "populora.dataclass_class", f"a class with the metaclass {type(klass).__name__}"
+            namespace = _TYPE_DICT(klass)
+            for value in namespace.values():
+                if isinstance(value, field_class) and type(value) is not field_class:
+                    return "populora.dataclass_class", "a Field subclass"
+            if "__dataclass_fields__" not in namespace:
+                continue
+            fields = namespace["__dataclass_fields__"]
+            if type(fields) is not dict:
+                return "populora.dataclass_class", "fields that are not a plain dict"
+            for key, field in fields.items():
+                if type(field) is not field_class:
+                    return "populora.dataclass_class", "a field that is not a plain Field"
+                for name in (key, name_slot.__get__(field)):
+                    if not plain(name):
+                        return "populora.dataclass_field", _describe_name(name)
+        annotations = _TYPE_DICT(cls).get("__annotations__", {})
+        if type(annotations) is not dict:
+            return "populora.dataclass_class", "annotations that are not a plain dict"
+        for name in annotations:
+            if not plain(name):
+                return "populora.dataclass_field", _describe_name(name)
+        return None
 
     def guarded(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        shadowed = _NOT_SET & set(dataclasses.__dict__)  # `dataclasses.exec = f`, by any route
-        if shadowed:
-            _refuse_at_run_time("populora.dataclass_globals", min(shadowed))
-        if isinstance(cls, type):  # (else dataclasses refuses it itself) the real dicts, not a metaclass's
-            own, mro = _TYPE_DICT(cls), _TYPE_MRO(cls)
-            names = list(own.get("__annotations__", {}))
-            for base in mro[1:]:
-                fields = _TYPE_DICT(base).get("__dataclass_fields__")
-                if type(fields) is dict:
-                    names += [*fields, *(getattr(f, "name", None) for f in fields.values())]
-            for name in names:  # a str subclass answers isidentifier() and formats as it likes: not a name
-                if type(name) is not str or not str.isidentifier(name) or name[:2] == name[-2:] == "__":
-                    _refuse_at_run_time("populora.dataclass_field", _describe_name(name), TypeError)
+        if isinstance(cls, type):  # (anything else dataclasses refuses itself)
+            found = problem(cls)
+            if found is not None:
+                _refuse_at_run_time(*found, error=TypeError)
         return process(cls, *args, **kwargs)
 
     guarded.guarded = True  # type: ignore[attr-defined]
     dataclasses._process_class = guarded  # type: ignore[attr-defined]
+    snapshot["_process_class"] = guarded
 
 
 _TYPE_DICT = type.__dict__["__dict__"].__get__
@@ -186,7 +232,8 @@ _RUN_TIME_REFUSALS = {
     "populora.copy_into": "the program made copy rebuild an object into a {} (copy.copy/deepcopy)",
     "populora.copy_state": "the program made copy set an attribute it may not set ({})",
     "populora.dataclass_field": "the program gave a dataclass a field name that is not an identifier ({})",
-    "populora.dataclass_globals": "the program shadowed a built-in in the dataclasses module ({})",
+    "populora.dataclass_globals": "the program changed what dataclasses generates code with ({})",
+    "populora.dataclass_class": "the program made dataclasses read fields it does not show ({})",
     "populora.alias_origin": "the program made a typing alias relay attributes of a {}",
 }
 
