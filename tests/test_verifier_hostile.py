@@ -734,6 +734,10 @@ _INJECTED = '"a\\"\\n box.append(1)\\n #"'  # a field name that closes a string 
         # a metaclass whose __dict__ property shows dataclasses other annotations than the class holds
         "M = type(int)('M', (type(int),), {'__dict__': property(lambda c: {'__annotations__': {'a=box.append(1)': int}})})\n"
         "dataclasses.dataclass(M('C', (), {}))\n",
+        # a metaclass whose own metaclass makes it hash and compare equal to type (a set lookup ran them)
+        "MM = type(int)('MM', (type(int),), {'__hash__': lambda c: hash(type(int)), '__eq__': lambda c, o: True})\n"
+        "M = MM('M', (type(int),), {'__dict__': property(lambda c: {'__annotations__': {'a=box.append(1)': int}})})\n"
+        "dataclasses.dataclass(M('C', (), {}))\n",
         # a metaclass holding __dataclass_fields__ for its classes, and a Field subclass as a default
         "F = type(int)('F', (dataclasses.Field,), {})\n"
         "C = type(int)('C', (), {'__annotations__': {'a': int}, 'a': F(0, None, True, True, None, True, {}, False)})\n"
@@ -746,6 +750,7 @@ _INJECTED = '"a\\"\\n box.append(1)\\n #"'  # a field name that closes a string 
         "str_subclass",
         "field_name_slot_replaced",
         "metaclass_dict",
+        "metaclass_equal_to_type",
         "field_subclass",
     ],
 )
@@ -762,6 +767,22 @@ def test_dataclass_field_names_are_not_pasted_into_generated_code(verifier, setu
         ("the program gave a dataclass a field name", "the program made dataclasses read fields",
          "the program changed what dataclasses generates code with")
     ), verdict  # fmt: skip
+
+
+def test_copy_imported_by_the_standard_library_itself_is_guarded_too(verifier):
+    """``collections.UserDict.copy`` imports ``copy`` itself, past the program's guarded import: the worker
+    now preloads and wraps ``copy``, so that route refuses a rebuild into a module as well (a red-team
+    review's finding: it set attributes on ``typing`` and on ``ABCMeta``)."""
+    program = (
+        "import collections, math\ndef f(x):\n"
+        "    U = type(int)('U', (collections.UserDict,), {'__copy__': None,\n"
+        "        '__reduce_ex__': lambda self, p: (lambda: math, (), {'pi': 3})})\n"
+        "    try:\n        U().copy()\n    except Exception:\n        pass\n    return math.pi\n"
+    )
+    assert prefilter(program).status == "ok" and "import copy" not in program
+    assert verifier.run(program, "1") == Execution(
+        "forbidden", None, "the program made copy rebuild an object into a module (copy.copy/deepcopy)"
+    )
 
 
 def test_a_typing_alias_of_a_module_relays_nothing(verifier):

@@ -40,11 +40,11 @@ def _guarded_import(
     return module
 
 
-def _refuse_at_run_time(event: str, what: str, error: type[Exception] = RuntimeError) -> None:
-    """Raises the audit event ``event`` (the hook records it: the call's verdict is ``forbidden``), then
-    ``error`` (for a call the hook does not guard)."""
+def _refuse_at_run_time(event: str, what: str) -> None:
+    """Raises the audit event ``event``: in a guarded call the hook records it (the verdict is ``forbidden``)
+    and raises; in an unguarded one (``language_guards=False``, and the worker itself) nothing happens and
+    the guarded operation goes on as the standard library would."""
     sys.audit(event, what)
-    raise error(f"{event}: {what}")
 
 
 def _describe_name(name: Any) -> str:
@@ -61,6 +61,14 @@ _NOT_REBUILT = (type(sys), type, type(_guarded_import), type(len))
 # standard library calls with privileged arguments (``dataclasses.exec``), set through an object that
 # forwards attribute writes (typing's alias class) when the module itself was refused.
 _NOT_SET = frozenset({"exec", "eval", "compile"})
+
+
+def install_copy_guard() -> None:
+    """Imports ``copy`` and wraps it (the worker, before its first fork): ``collections.UserDict.copy``
+    imports ``copy`` itself, past ``_guarded_import``, so a child could get it unwrapped (a red-team
+    review's finding); the preloaded, wrapped ``copy`` is the one every later import finds."""
+    _real_import("copy")
+    _guard_copy()
 
 
 def _guard_copy() -> None:
@@ -111,10 +119,10 @@ def _guard_dataclasses() -> None:
     process, field_class = dataclasses._process_class, dataclasses.Field
     name_slot = field_class.__dict__["name"]
     snapshot = dict(dataclasses.__dict__)
-    metaclasses = {
+    metaclasses = (
         type,
         *(getattr(sys.modules.get(m), n, type) for m, n in (("abc", "ABCMeta"), ("enum", "EnumType"))),
-    }
+    )
     builtin_names = set(vars(builtins))
 
     def plain(name: Any) -> bool:
@@ -132,8 +140,11 @@ def _guard_dataclasses() -> None:
             return "populora.dataclass_globals", "Field.name"
         mro = _TYPE_MRO(cls)
         for klass in mro:
-            if type(klass) not in metaclasses:
-                return "populora.dataclass_class", f"a class with the metaclass {type(klass).__name__}"
+            meta = type(klass)
+            if not any(meta is m for m in metaclasses):  # identity: a metaclass's __eq__ is the program's
+                return "populora.dataclass_class", f"a class with the metaclass {meta.__name__}"
+            if any(k in _TYPE_DICT(m) for m in _TYPE_MRO(meta) for k in _DATACLASS_MARKS):
+                return "populora.dataclass_class", f"dataclass fields on the metaclass {meta.__name__}"
             namespace = _TYPE_DICT(klass)
             for value in namespace.values():
                 if isinstance(value, field_class) and type(value) is not field_class:
@@ -161,7 +172,7 @@ def _guard_dataclasses() -> None:
         if isinstance(cls, type):  # (anything else dataclasses refuses itself)
             found = problem(cls)
             if found is not None:
-                _refuse_at_run_time(*found, error=TypeError)
+                _refuse_at_run_time(*found)
         return process(cls, *args, **kwargs)
 
     guarded.guarded = True  # type: ignore[attr-defined]
@@ -169,6 +180,7 @@ def _guard_dataclasses() -> None:
     snapshot["_process_class"] = guarded
 
 
+_DATACLASS_MARKS = ("__dataclass_fields__", "__dataclass_params__")
 _TYPE_DICT = type.__dict__["__dict__"].__get__
 _TYPE_MRO = type.__dict__["__mro__"].__get__
 

@@ -112,6 +112,7 @@ class Worker:
         sizes = (*range(2, 480, 16), 600, 1100, 2100, 4200)
         self._held = [v for _ in range(shift) for v in (object(), 0.5 + shift, *(bytes(n) for n in sizes))]
         _child.install_frame_guard()  # the language layer's run-time half: no frames for guarded programs
+        _child.install_copy_guard()  # (the standard library imports copy lazily too, past the guarded import)
         self._warm_up()
         gc.freeze()  # children then leave the worker's objects alone instead of copying their pages
         if isolate and not sandbox.limit_worker_memory(size):
