@@ -769,6 +769,12 @@ def test_dataclass_field_names_are_not_pasted_into_generated_code(verifier, setu
     ), verdict  # fmt: skip
 
 
+def _refused_at_run_time(verifier, program: str, detail: str) -> None:
+    """``program`` passes the pre-filter (the static half) and its call is ``forbidden`` with ``detail``."""
+    assert prefilter(program).status == "ok"
+    assert verifier.run(program, "1") == Execution("forbidden", None, detail)
+
+
 def test_copy_imported_by_the_standard_library_itself_is_guarded_too(verifier):
     """``collections.UserDict.copy`` imports ``copy`` itself, past the program's guarded import: the worker
     now preloads and wraps ``copy``, so that route refuses a rebuild into a module as well (a red-team
@@ -779,9 +785,9 @@ def test_copy_imported_by_the_standard_library_itself_is_guarded_too(verifier):
         "        '__reduce_ex__': lambda self, p: (lambda: math, (), {'pi': 3})})\n"
         "    try:\n        U().copy()\n    except Exception:\n        pass\n    return math.pi\n"
     )
-    assert prefilter(program).status == "ok" and "import copy" not in program
-    assert verifier.run(program, "1") == Execution(
-        "forbidden", None, "the program made copy rebuild an object into a module (copy.copy/deepcopy)"
+    assert "import copy" not in program
+    _refused_at_run_time(
+        verifier, program, "the program made copy rebuild an object into a module (copy.copy/deepcopy)"
     )
 
 
@@ -794,10 +800,7 @@ def test_a_typing_alias_of_a_module_relays_nothing(verifier):
         "    alias = type(typing.List[int])(dataclasses, (int,), name='L')\n"
         "    try:\n        return alias.fields is dataclasses.fields\n    except Exception:\n        return 'caught'\n"
     )
-    assert prefilter(program).status == "ok"
-    assert verifier.run(program, "1") == Execution(
-        "forbidden", None, "the program made a typing alias relay attributes of a module"
-    )
+    _refused_at_run_time(verifier, program, "the program made a typing alias relay attributes of a module")
     plain = "import typing\ndef f(x):\n    return [typing.List[int].copy is list.copy, str(typing.Dict[str, int])]"
     assert verifier.run(plain, "1").output == "[True, 'typing.Dict[str, int]']"
 
@@ -810,10 +813,7 @@ def test_copy_sets_no_shadowing_or_dunder_state(verifier):
         "    K = type(int)('K', (), {'__reduce_ex__': lambda self, p: (Box, (), (None, {'ex' + 'ec': 1}))})\n"
         "    copy.copy(K())\n    return 1\n"
     )
-    assert prefilter(program).status == "ok"
-    assert verifier.run(program, "1") == Execution(
-        "forbidden", None, "the program made copy set an attribute it may not set ('exec')"
-    )
+    _refused_at_run_time(verifier, program, "the program made copy set an attribute it may not set ('exec')")
 
 
 def _module_into_copy(build_class: str) -> str:
