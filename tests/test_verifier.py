@@ -108,7 +108,6 @@ MODULE_USES = {
     "cmath": "cmath.sqrt(-4)",
     "collections": "dict(collections.Counter('abca'))",
     "copy": "copy.deepcopy([[1], [2]])",
-    "dataclasses": "dataclasses.is_dataclass(int)",
     "decimal": "str(decimal.Decimal('1.10') + decimal.Decimal('2.2'))",
     "difflib": "difflib.SequenceMatcher(None, 'abcd', 'bcde').ratio()",
     "enum": "enum.Enum('C', 'A B').B.value",

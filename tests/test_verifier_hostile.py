@@ -495,8 +495,8 @@ def test_from_future_import_annotations_is_the_one_future_import_allowed(verifie
     0 (``forbidden``). Exactly that statement is allowed; any other ``__future__`` import is not."""
     typed = "from __future__ import annotations\ndef f(x: int) -> int:\n    return x * 2\n"
     assert verifier.check_induction(typed, [("3", "6"), ("4", "8")]) == 1.0
-    # string annotations of a dataclass are looked up in sys.modules by the class's module: it was missing
-    record = ("from __future__ import annotations\nfrom dataclasses import dataclass\n@dataclass\nclass P:\n"
+    # string annotations of a typed record (typing.NamedTuple; dataclasses is not allowed)
+    record = ("from __future__ import annotations\nfrom typing import NamedTuple\nclass P(NamedTuple):\n"
               "    x: int\ndef f(a: int) -> int:\n    return P(a).x * 2\n")  # fmt: skip
     assert verifier.check_induction(record, [("3", "6"), ("4", "8")]) == 1.0
     assert verifier.run("X = dir()\ndef f():\n    return X", "").output == "['__builtins__', '__name__']"
@@ -516,8 +516,8 @@ def test_a_builtin_class_name_rebound_by_the_program_is_no_self_matching_pattern
         "def walk(obj, cls):\n    str = cls\n    match obj:\n        case str(v): return v\n"
         "def f(x):\n    def gen():\n        yield 1\n    g = gen()\n    return walk(g, G) is not None\n"
     )
-    verdict = verifier.run(escape, "1")  # refused for its metaclass hook too, by the special-method rule
-    assert verdict.status == "forbidden" and "'__instancecheck__'" in verdict.detail, verdict
+    verdict = verifier.run(escape, "1")  # refused now for its dataclasses import and its metaclass hook too
+    assert verdict.status == "forbidden", verdict
     for binding in ("def f(str):", "def f(x):\n    for str in [1]: pass", "def f(x):\n    global str",
                     "from string import ascii_letters as str\ndef f(x):"):  # fmt: skip
         program = f"{binding}\n    match x:\n        case str(v): return v\n    return 0"
@@ -610,8 +610,9 @@ def test_the_copy_gadget_that_switched_a_module_s_class_reads_nothing(monkeypatc
     """A red-team review's escape: ``copy.copy`` of an object whose ``__reduce_ex__`` state set a module's
     ``__class__`` to a dataclass of the program's, so that ``dataclasses.replace`` read any attribute by name
     (``typing.sys._getframe``), up to the worker's frame holding the request's other programs: ``ok`` with
-    their sources as output. The pre-filter now refuses it (``make_dataclass``, ``__reduce_ex__``); with the
-    pre-filter switched off, the run-time half refuses it: ``forbidden``, nothing read."""
+    their sources as output. The pre-filter now refuses it (``dataclasses`` is no longer allowed; also
+    ``make_dataclass``, ``__reduce_ex__``); with the pre-filter switched off, the guarded import refuses
+    ``dataclasses`` at run time: nothing read."""
     from populora_env.verifier import verifier as verifier_module
 
     gadget = (
@@ -632,28 +633,25 @@ def test_the_copy_gadget_that_switched_a_module_s_class_reads_nothing(monkeypatc
         "    return ('{0.f' + '_locals[jobs]}').format(getframe(k))\n"
     )
     assert prefilter(gadget) == Prefiltered(
-        "forbidden", "line 7: defining the special method '__reduce_ex__' is not allowed"
+        "forbidden", "line 1: import of module 'dataclasses' is not allowed"
     )
     monkeypatch.setattr(verifier_module, "prefilter", lambda program: Prefiltered("ok"))
     victims = [(f"def f(x):\n    return 'SECRET-{i}' + str(x)\n", "2") for i in range(15)]
     with Verifier(workers=1, cache_size=0) as v:
         first, *rest = v.run_many([(gadget, "1"), *victims])
-    assert first == Execution(  # `copy` refuses first; the class change alone: the hook's own test above
-        "forbidden", None, "the program made copy set an attribute it may not set ('__class__')"
+    assert first == Execution(
+        "runtime", None, "while defining the program: ImportError: import of 'dataclasses' is not allowed"
     )
     assert [v.output for v in rest] == [f"'SECRET-{i}2'" for i in range(15)]
 
 
 # Escapes of the language layer found by red-team reviews, each now refused by the pre-filter (the detail
 # names the first rule it breaks; most also break others).
-_ALIAS_BASE = "import typing, dataclasses\nclass B(type(typing.List[int]), _root=True):\n"
 LANGUAGE_ESCAPES = {
     # typing's alias class forwards every attribute without double underscores to its origin: as a dataclass
     # base, dataclasses.replace read any field name there (typing.sys) and called the class's own __class__
-    "alias_forwarding": (
-        _ALIAS_BASE + "    def __init_subclass__(cls, **kw):\n        pass\n    def __class__(self, **kw):\n"
-        "        return kw\n@dataclasses.dataclass(init=False, eq=False, repr=False)\nclass D(B):\n    sys: int\n"
-        "def f(x):\n    return str(dataclasses.replace(D(typing, (int,), name='x'))['sys'].modules['os'])\n",
+    "alias_forwarding": (  # (the dataclass half of it, dataclasses.replace, is refused at its import now)
+        "import typing\nclass B(type(typing.List[int]), _root=True):\n    pass\ndef f(x):\n    return 1\n",
         "line 2: the private keyword argument '_root' is not allowed",
     ),
     "alias_without_root": (
@@ -669,7 +667,7 @@ LANGUAGE_ESCAPES = {
     "global_enum_writes_a_module": (
         "import enum, dataclasses\ndef f(x):\n    C = dataclasses.make_dataclass('C', [], namespace={'__module__': "
         "'_child', '__members__': {'_guard': {'on': False}}})\n    enum.global_enum(C)\n    return 1\n",
-        "line 3: access to attribute 'make_dataclass' is not allowed",
+        "line 1: import of module 'dataclasses' is not allowed",
     ),
     "global_enum_alone": (
         "import enum\ndef f(x):\n    E = enum.Enum('E', {'A': 1}, module='builtins')\n    enum.global_enum(E)\n"
@@ -691,12 +689,11 @@ LANGUAGE_ESCAPES = {
         "line 5: access to attribute 'dispatch_table' is not allowed",
     ),
     # dataclasses called the module global `exec` with the globals of the module a class's __module__ named
+    # `dataclasses.exec = grab` (then dataclass() handed grab the real built-ins); the module itself is not
+    # allowed now, and no module's exec/eval/compile may be shadowed
     "exec_shadowed_in_a_module": (
-        "import dataclasses, collections\ndef f(x):\n    box = []\n    def grab(txt, g, ns):\n        box.append(g)\n"
-        "        raise LookupError\n    dataclasses.exec = grab\n"
-        "    N = collections.namedtuple('N', 'a', module='builtins')\n    try:\n        dataclasses.dataclass(N)\n"
-        "    except LookupError:\n        pass\n    return str(box[0]['getattr'])\n",
-        "line 7: assigning an attribute named 'exec' is not allowed",
+        "import collections\ndef f(x):\n    collections.eval = print\n    return 1\n",
+        "line 3: assigning an attribute named 'eval' is not allowed",
     ),
     "type_as_a_value": (
         "def f(x):\n    T = type\n    K = T('K', (), {'a': 1})\n    return K.a\n",
@@ -754,19 +751,16 @@ _INJECTED = '"a\\"\\n box.append(1)\\n #"'  # a field name that closes a string 
         "field_subclass",
     ],
 )
-def test_dataclass_field_names_are_not_pasted_into_generated_code(verifier, setup):
+def test_dataclasses_is_refused_whatever_route_a_program_takes_into_its_generated_code(verifier, setup):
     """``dataclasses`` writes field names into the source of the methods it generates and compiles it: a
-    name holding a quote and a newline ran statements of the program's choosing, with the real built-ins
-    (a red-team review's full escape). In a guarded call a field name that is not a plain identifier is
-    refused before any code is generated: ``forbidden``."""
+    name holding a quote and a newline ran statements of the program's choosing, with the real built-ins.
+    Red-team reviews found these eight routes past every check in turn (the last ran program code inside
+    the class processing and changed ``Field.name`` after any check could run), so ``dataclasses`` is no
+    longer an allowed module: each program is refused at its import."""
     program = f"import dataclasses, enum, typing\nbox = []\n{setup}def f(x):\n    return len(box)\n"
-    assert prefilter(program).status == "ok"
-    verdict = verifier.run(program, "1")
-    assert verdict.status == "forbidden", verdict
-    assert verdict.detail.startswith(
-        ("the program gave a dataclass a field name", "the program made dataclasses read fields",
-         "the program changed what dataclasses generates code with")
-    ), verdict  # fmt: skip
+    detail = "line 1: import of module 'dataclasses' is not allowed"
+    assert prefilter(program) == Prefiltered("forbidden", detail)
+    assert verifier.run(program, "1") == Execution("forbidden", None, detail)
 
 
 def _refused_at_run_time(verifier, program: str, detail: str) -> None:
@@ -796,9 +790,9 @@ def test_a_typing_alias_of_a_module_relays_nothing(verifier):
     ``dataclasses`` module, written to by ``copy`` (the module itself refused), set ``dataclasses.exec``
     (a red-team review's full escape). An alias of a module or function now refuses to relay."""
     program = (
-        "import typing, copy, dataclasses\ndef f(x):\n"
-        "    alias = type(typing.List[int])(dataclasses, (int,), name='L')\n"
-        "    try:\n        return alias.fields is dataclasses.fields\n    except Exception:\n        return 'caught'\n"
+        "import typing, math\ndef f(x):\n"
+        "    alias = type(typing.List[int])(math, (int,), name='L')\n"
+        "    try:\n        return alias.gcd is math.gcd\n    except Exception:\n        return 'caught'\n"
     )
     _refused_at_run_time(verifier, program, "the program made a typing alias relay attributes of a module")
     plain = "import typing\ndef f(x):\n    return [typing.List[int].copy is list.copy, str(typing.Dict[str, int])]"
@@ -857,9 +851,9 @@ def test_ordinary_special_methods_and_keywords_stay_allowed(verifier):
     """The special-method allowlist keeps what programs write: construction, comparison, arithmetic,
     containers, iteration, hashing; keyword arguments without a leading underscore."""
     program = (
-        "from dataclasses import dataclass, field\n"
-        "@dataclass(order=True, frozen=True)\nclass P:\n    x: int\n    tags: tuple = field(default=(), compare=False)\n"
-        "    def __post_init__(self):\n        pass\n    def __add__(self, o):\n        return P(self.x + o.x)\n"
+        "from typing import NamedTuple\n"
+        "class P(NamedTuple):\n    x: int\n    tags: tuple = ()\n"
+        "    def __add__(self, o):\n        return P(self.x + o.x)\n"
         "    def __radd__(self, o):\n        return P(self.x + o)\n"
         "class Bag:\n    def __init__(self, *xs):\n        self.xs = list(xs)\n    def __len__(self):\n"
         "        return len(self.xs)\n    def __iter__(self):\n        return iter(self.xs)\n"

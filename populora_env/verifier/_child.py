@@ -32,10 +32,9 @@ def _guarded_import(
     if level or name.split(".")[0] not in _ALLOWED_MODULES:
         raise ImportError(f"import of {name!r} is not allowed")
     module = _real_import(name, globals, locals, fromlist, level)
-    # `copy`, `dataclasses` and `typing` arrive with the program's own import of them or of a module that
-    # imports them
+    # `typing` arrives with the program's own import of it or of a module that imports it (`copy` is the
+    # worker's, wrapped before the fork)
     _guard_copy()
-    _guard_dataclasses()
     _guard_typing()
     return module
 
@@ -89,7 +88,9 @@ def _guard_copy() -> None:
 
         def build(*given: Any) -> Any:
             made = func(*given)
-            if isinstance(made, _NOT_REBUILT):
+            # typing's objects too: its alias class relays the attributes set on it to its origin (a class
+            # of the standard library, for a red-team review)
+            if isinstance(made, _NOT_REBUILT) or type(made).__module__ == "typing":
                 _refuse_at_run_time("populora.copy_into", type(made).__name__)
             return made
 
@@ -97,92 +98,6 @@ def _guard_copy() -> None:
 
     guarded.guarded = True  # type: ignore[attr-defined]
     copy._reconstruct = guarded  # type: ignore[attr-defined]
-
-
-def _guard_dataclasses() -> None:
-    """Wraps ``dataclasses._process_class`` (once per process) so that a class is refused (audit events
-    ``populora.dataclass_*``: recorded, the verdict ``forbidden``) unless everything ``dataclasses`` will
-    paste into the source of the methods it generates and compiles (``__init__``, ``__repr__``, ``__eq__``...)
-    is a plain ``str`` identifier read from plain data. A field name holding a quote and a newline ran
-    statements of the program's choosing with the real built-ins, past the pre-filter (red-team reviews:
-    a base's renamed ``Field.name``, a functional ``TypedDict``'s keys, an enum member named
-    ``__annotations__``, a ``str`` subclass, and a metaclass whose ``__dict__``/``__mro__`` properties or
-    class attributes showed ``dataclasses`` other names than the class holds). So: every class in the
-    MRO has a standard metaclass (``type``, ``abc.ABCMeta``, ``enum.EnumType``: their ``__dict__`` and
-    ``__mro__`` are the real ones), its ``__dataclass_fields__`` is a plain dict of plain ``Field`` objects,
-    no class attribute is a ``Field`` subclass, the annotations are a plain dict, every name is a plain
-    identifier, and the module's own names (``Field``, its ``name`` slot, its helpers, no shadowed
-    built-in) are what they were when ``dataclasses`` was imported."""
-    dataclasses = sys.modules.get("dataclasses")
-    if dataclasses is None or getattr(dataclasses._process_class, "guarded", False):
-        return
-    process, field_class = dataclasses._process_class, dataclasses.Field
-    name_slot = field_class.__dict__["name"]
-    snapshot = dict(dataclasses.__dict__)
-    metaclasses = (
-        type,
-        *(getattr(sys.modules.get(m), n, type) for m, n in (("abc", "ABCMeta"), ("enum", "EnumType"))),
-    )
-    builtin_names = set(vars(builtins))
-
-    def plain(name: Any) -> bool:
-        return type(name) is str and str.isidentifier(name) and not name[:2] == name[-2:] == "__"
-
-    def problem(cls: Any) -> tuple[str, str] | None:
-        """``(event, what)`` for the first thing refused, else None."""
-        module = dataclasses.__dict__
-        if (
-            any(module.get(k) is not v for k, v in snapshot.items())
-            or (set(module) - set(snapshot)) & builtin_names
-        ):
-            return "populora.dataclass_globals", "the dataclasses module"
-        if field_class.__dict__.get("name") is not name_slot:
-            return "populora.dataclass_globals", "Field.name"
-        mro = _TYPE_MRO(cls)
-        for klass in mro:
-            meta = type(klass)
-            if not any(meta is m for m in metaclasses):  # identity: a metaclass's __eq__ is the program's
-                return "populora.dataclass_class", f"a class with the metaclass {meta.__name__}"
-            if any(k in _TYPE_DICT(m) for m in _TYPE_MRO(meta) for k in _DATACLASS_MARKS):
-                return "populora.dataclass_class", f"dataclass fields on the metaclass {meta.__name__}"
-            namespace = _TYPE_DICT(klass)
-            for value in namespace.values():
-                if isinstance(value, field_class) and type(value) is not field_class:
-                    return "populora.dataclass_class", "a Field subclass"
-            if "__dataclass_fields__" not in namespace:
-                continue
-            fields = namespace["__dataclass_fields__"]
-            if type(fields) is not dict:
-                return "populora.dataclass_class", "fields that are not a plain dict"
-            for key, field in fields.items():
-                if type(field) is not field_class:
-                    return "populora.dataclass_class", "a field that is not a plain Field"
-                for name in (key, name_slot.__get__(field)):
-                    if not plain(name):
-                        return "populora.dataclass_field", _describe_name(name)
-        annotations = _TYPE_DICT(cls).get("__annotations__", {})
-        if type(annotations) is not dict:
-            return "populora.dataclass_class", "annotations that are not a plain dict"
-        for name in annotations:
-            if not plain(name):
-                return "populora.dataclass_field", _describe_name(name)
-        return None
-
-    def guarded(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(cls, type):  # (anything else dataclasses refuses itself)
-            found = problem(cls)
-            if found is not None:
-                _refuse_at_run_time(*found)
-        return process(cls, *args, **kwargs)
-
-    guarded.guarded = True  # type: ignore[attr-defined]
-    dataclasses._process_class = guarded  # type: ignore[attr-defined]
-    snapshot["_process_class"] = guarded
-
-
-_DATACLASS_MARKS = ("__dataclass_fields__", "__dataclass_params__")
-_TYPE_DICT = type.__dict__["__dict__"].__get__
-_TYPE_MRO = type.__dict__["__mro__"].__get__
 
 
 def _guard_typing() -> None:
@@ -243,9 +158,6 @@ _real_import = builtins.__import__
 _RUN_TIME_REFUSALS = {
     "populora.copy_into": "the program made copy rebuild an object into a {} (copy.copy/deepcopy)",
     "populora.copy_state": "the program made copy set an attribute it may not set ({})",
-    "populora.dataclass_field": "the program gave a dataclass a field name that is not an identifier ({})",
-    "populora.dataclass_globals": "the program changed what dataclasses generates code with ({})",
-    "populora.dataclass_class": "the program made dataclasses read fields it does not show ({})",
     "populora.alias_origin": "the program made a typing alias relay attributes of a {}",
 }
 

@@ -31,11 +31,15 @@ __all__ = [
     "prefilter_expression",
 ]
 
-#: Pure, deterministic standard modules a program may import (pre-imported by the workers).
+#: Pure, deterministic standard modules a program may import (pre-imported by the workers). Not
+#: ``dataclasses``: it compiles source text built from field names, and it was the sink of most language-layer
+#: escapes red-team reviews found on 2026-12-02 (``replace`` as a getattr by name, ``make_dataclass``,
+#: ``dataclasses.exec`` shadowed, field names injected into generated code by seven routes, and program code
+#: run inside its class processing changing ``Field.name`` after any check); no CRUXEval program uses it.
 ALLOWED_MODULES = frozenset(
     {
         "math", "cmath", "itertools", "functools", "collections", "string", "re", "heapq", "bisect",
-        "operator", "copy", "fractions", "decimal", "statistics", "typing", "dataclasses", "enum",
+        "operator", "copy", "fractions", "decimal", "statistics", "typing", "enum",
         "numbers", "textwrap", "unicodedata", "array", "json", "difflib", "calendar",
     }
 )  # fmt: skip
