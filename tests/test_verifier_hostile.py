@@ -799,6 +799,19 @@ def test_a_typing_alias_of_a_module_relays_nothing(verifier):
     assert verifier.run(plain, "1").output == "[True, 'typing.Dict[str, int]']"
 
 
+def test_copy_rebuilds_into_no_typing_object(verifier):
+    """An alias of a standard class (``string.Template``), rebuilt by ``copy`` with a slot state, relayed the
+    write to the class: any run-time name set on it (a red-team review's finding). Refused now."""
+    program = (
+        "import copy, typing, string\ndef f(x):\n    G = type(typing.List[int])\n"
+        "    R = type(int)('R', (), {'__reduce_ex__': lambda s, p: (G, (string.Template, (int,)), (None, {'hid' + 'den': 42}))})\n"
+        "    try:\n        copy.copy(R())\n    except Exception:\n        pass\n    return 1\n"
+    )
+    _refused_at_run_time(
+        verifier, program, "the program made copy rebuild an object into a _GenericAlias (copy.copy/deepcopy)"
+    )
+
+
 def test_copy_sets_no_shadowing_or_dunder_state(verifier):
     """``copy`` sets the attributes a reconstruction state names on what it rebuilt: a state naming ``exec``
     (for an object that forwards writes) or a dunder is refused, whatever the target."""
