@@ -812,6 +812,30 @@ def test_copy_rebuilds_into_no_typing_object(verifier):
     )
 
 
+def test_a_program_s_subclass_of_the_alias_class_writes_nothing_through_it(verifier):
+    """A subclass of typing's alias class (``**{'_root': True}`` unpacked at run time) rebuilt by ``copy``
+    relayed a write of any run-time name to its origin, a standard class (``fractions.Fraction``); a direct
+    write through an alias is refused too (a red-team review's findings)."""
+    through_copy = (
+        "import typing, copy, fractions\ndef f(x):\n    A = type(typing.List[int])\n"
+        "    S = type(int)('S', (A,), {}, **{'_' + 'root': True})\n    s = S(fractions.Fraction, (int,))\n"
+        "    R = type(int)('R', (), {'__reduce_ex__': lambda self, p: (lambda: s, (), (None, {'lim' + 'it_x': 42}))})\n"
+        "    copy.copy(R())\n    return 1\n"
+    )
+    _refused_at_run_time(
+        verifier, through_copy, "the program made copy rebuild an object into a S (copy.copy/deepcopy)"
+    )
+    direct = "import typing, fractions\ndef f(x):\n    a = type(typing.List[int])(fractions.Fraction, (int,))\n    a.limit_x = 1\n    return 1\n"
+    _refused_at_run_time(verifier, direct, "the program set an attribute through a typing alias ('limit_x')")
+
+
+def test_copy_takes_no_program_memo(verifier):
+    """``copy.deepcopy(x, memo)`` with a program's mapping: its ``get`` swapped the reconstruction state after
+    the guard had checked it (dunder and ``exec`` keys set; a red-team review's finding)."""
+    program = "import copy\nclass M(dict):\n    pass\nclass K:\n    pass\ndef f(x):\n    copy.deepcopy(K(), M())\n    return 1\n"
+    _refused_at_run_time(verifier, program, "the program gave copy a memo that is not a plain dict (M)")
+
+
 def test_copy_sets_no_shadowing_or_dunder_state(verifier):
     """``copy`` sets the attributes a reconstruction state names on what it rebuilt: a state naming ``exec``
     (for an object that forwards writes) or a dunder is refused, whatever the target."""

@@ -79,6 +79,10 @@ def _guard_copy() -> None:
     reconstruct = copy._reconstruct
 
     def guarded(x: Any, memo: Any, func: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        if (
+            memo is not None and type(memo) is not dict
+        ):  # its get() could swap the state after the check below
+            _refuse_at_run_time("populora.copy_memo", type(memo).__name__)
         state = rest[0] if rest else kwargs.get("state")
         parts = state if type(state) is tuple and len(state) == 2 else (state,)
         for part in parts:
@@ -90,7 +94,8 @@ def _guard_copy() -> None:
             made = func(*given)
             # typing's objects too: its alias class relays the attributes set on it to its origin (a class
             # of the standard library, for a red-team review)
-            if isinstance(made, _NOT_REBUILT) or type(made).__module__ == "typing":
+            alias = getattr(sys.modules.get("typing"), "_BaseGenericAlias", ())
+            if isinstance(made, _NOT_REBUILT) or type(made).__module__ == "typing" or isinstance(made, alias):
                 _refuse_at_run_time("populora.copy_into", type(made).__name__)
             return made
 
@@ -111,6 +116,8 @@ def _guard_typing() -> None:
     if alias is None or getattr(alias.__getattr__, "guarded", False):
         return
     relay_get, relay_set = alias.__getattr__, alias.__setattr__
+    # the names an alias keeps for itself (the set in its __setattr__, read from the running Python's code)
+    own = next((c for c in relay_set.__code__.co_consts if isinstance(c, frozenset)), frozenset())
 
     def origin_checked(self: Any) -> None:
         origin = object.__getattribute__(self, "__dict__").get("__origin__")
@@ -122,7 +129,11 @@ def _guard_typing() -> None:
         return relay_get(self, attr)
 
     def set_(self: Any, attr: str, value: Any) -> None:
-        origin_checked(self)
+        if not (type(attr) is str and (attr[:2] == attr[-2:] == "__" or attr in own)):
+            # a write relayed to the origin: nothing in the standard library sets attributes through an
+            # alias, and a program's alias of a standard class (copy setting a run-time name) wrote any name
+            # on that class (a red-team review's finding)
+            _refuse_at_run_time("populora.alias_write", _describe_name(attr))
         relay_set(self, attr, value)
 
     get.guarded = True  # type: ignore[attr-defined]
@@ -159,6 +170,8 @@ _RUN_TIME_REFUSALS = {
     "populora.copy_into": "the program made copy rebuild an object into a {} (copy.copy/deepcopy)",
     "populora.copy_state": "the program made copy set an attribute it may not set ({})",
     "populora.alias_origin": "the program made a typing alias relay attributes of a {}",
+    "populora.alias_write": "the program set an attribute through a typing alias ({})",
+    "populora.copy_memo": "the program gave copy a memo that is not a plain dict ({})",
 }
 
 
