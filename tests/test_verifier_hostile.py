@@ -695,6 +695,17 @@ LANGUAGE_ESCAPES = {
         "import collections\ndef f(x):\n    collections.eval = print\n    return 1\n",
         "line 3: assigning an attribute named 'eval' is not allowed",
     ),
+    # enum's pickling helper returns the real built-in getattr (then sys, builtins, _child, os, exec)
+    "enum_pickle_getattr": (
+        "import enum\nclass E(enum.Enum):\n    A = 1\ndef f(x):\n    g = enum.pickle_by_enum_name(E.A, 4)[0]\n"
+        "    return repr(g(enum, 'sys'))\n",
+        "line 5: access to attribute 'pickle_by_enum_name' is not allowed",
+    ),
+    # a format field spelled with escapes: the fast path saw no brace and passed the source unwalked
+    "escaped_format_field": (
+        "def f(x):\n    return '\\x7b0.\\x5f_class\\x5f_}'.format(1)\n",
+        "line 2: a format string that reaches private or frame attributes is not allowed",
+    ),
     "type_as_a_value": (
         "def f(x):\n    T = type\n    K = T('K', (), {'a': 1})\n    return K.a\n",
         "line 2: `type` other than called as type(x) is not allowed (`T = type` made T(name, bases, namespace): "
