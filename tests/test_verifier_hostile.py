@@ -420,7 +420,9 @@ def test_a_compile_the_prefilter_misses_is_stopped_by_the_worker_memory_cap(monk
     monkeypatch.setattr(prefilter_module, "MAX_COMPILED_NODES", 10**15)
     prefilter_module.prefilter.cache_clear()
     try:
-        with Verifier(workers=1, cache_size=0) as v:
+        with Verifier(
+            workers=1, cache_size=0, timeout=20.0
+        ) as v:  # the compile takes seconds on a busy machine
             program = (
                 "def f(x):\n"
                 + "".join(
@@ -845,6 +847,41 @@ def test_copy_takes_no_program_memo(verifier):
     the guard had checked it (dunder and ``exec`` keys set; a red-team review's finding)."""
     program = "import copy\nclass M(dict):\n    pass\nclass K:\n    pass\ndef f(x):\n    copy.deepcopy(K(), M())\n    return 1\n"
     _refused_at_run_time(verifier, program, "the program gave copy a memo that is not a plain dict (M)")
+
+
+def test_copy_does_not_rebuild_a_bound_method_with_getattr(verifier):
+    """A bound method reduces to ``(getattr, (obj, name))`` with the name its callable reports: a program's
+    callable named ``__globals__`` bound to ``enum.unique`` made ``copy.copy`` return enum's globals, the
+    real built-ins among them (a red-team review's full escape)."""
+    program = (
+        "import copy, enum\nclass C:\n    def m(self):\n        pass\ndef f(x):\n    class N:\n"
+        "        __name__ = 'glob' + 'als'\n        def __call__(self, *a):\n            pass\n"
+        "    method = type(C().m)\n    return str(type(copy.copy(method(N(), enum.unique))))\n"
+    )
+    _refused_at_run_time(
+        verifier, program, "the program made copy rebuild an object by calling the built-in getattr"
+    )
+
+
+@pytest.mark.parametrize(
+    ("build", "detail"),
+    [
+        ("lambda s, p: (Box, (), type(int)('T', (tuple,), {})((None, {'ex' + 'ec': 1})))",
+         "the program made copy set an attribute it may not set (a T)"),
+        ("lambda s, p: (type(list[int]), (math, ()), {'pi': 3})",
+         "the program made copy rebuild an object into a GenericAlias (copy.copy/deepcopy)"),
+    ],
+    ids=["tuple_subclass_state", "generic_alias_target"],
+)  # fmt: skip
+def test_copy_refuses_state_subclasses_and_generic_aliases(verifier, build, detail):
+    """A state that is a subclass of tuple or dict was read by ``copy`` as one, past the key check; a
+    ``types.GenericAlias`` relays ``__dict__`` to its origin (a module's globals). Both refused."""
+    program = (
+        "import copy, math\nclass Box:\n    pass\ndef f(x):\n"
+        f"    K = type(int)('K', (), {{'__reduce_ex__': {build}}})\n"
+        "    try:\n        copy.copy(K())\n    except Exception:\n        pass\n    return math.pi\n"
+    )
+    _refused_at_run_time(verifier, program, detail)
 
 
 def test_copy_sets_no_shadowing_or_dunder_state(verifier):

@@ -55,7 +55,16 @@ def _describe_name(name: Any) -> str:
 # enum member's) returning ``(lambda: some_module, (), state)`` made copy set the attributes ``state`` names on
 # that module (``dataclasses.exec``: a full escape, found by red-team reviews). Copying a module, class or
 # function never goes through a reconstruction otherwise (copy returns them as they are, or refuses).
-_NOT_REBUILT = (type(sys), type, type(_guarded_import), type(len))
+_NOT_REBUILT = (type(sys), type, type(_guarded_import), type(len), type(list[int]))
+# (``types.GenericAlias`` too: it relays ``__dict__`` to its origin, a module's globals for an alias of one)
+# The built-ins ``copy`` may not rebuild with: a bound method reduces to ``(getattr, (obj, its __name__))``,
+# and a program's callable named ``__globals__`` bound to any function made ``copy.copy`` read that
+# function's globals (a red-team review's full escape).
+_NOT_CALLED = tuple(
+    getattr(builtins, name)
+    for name in ("getattr", "setattr", "delattr", "eval", "exec", "compile", "__import__", "vars", "globals",
+                 "locals", "open", "breakpoint", "input")
+)  # fmt: skip
 # State keys ``copy`` may not set: dunders, and the names whose module globals shadow the built-ins the
 # standard library calls with privileged arguments (``dataclasses.exec``), set through an object that
 # forwards attribute writes (typing's alias class) when the module itself was refused.
@@ -83,8 +92,13 @@ def _guard_copy() -> None:
             memo is not None and type(memo) is not dict
         ):  # its get() could swap the state after the check below
             _refuse_at_run_time("populora.copy_memo", type(memo).__name__)
+        if any(func is builtin for builtin in _NOT_CALLED):
+            _refuse_at_run_time("populora.copy_func", getattr(func, "__name__", "?"))
         state = rest[0] if rest else kwargs.get("state")
-        parts = state if type(state) is tuple and len(state) == 2 else (state,)
+        parts = state if isinstance(state, tuple) and len(state) == 2 else (state,)
+        for part in (state, *parts):  # a subclass of dict or tuple is read by copy as one (unchecked keys)
+            if isinstance(part, dict | tuple) and type(part) not in (dict, tuple):
+                _refuse_at_run_time("populora.copy_state", f"a {type(part).__name__}")
         for part in parts:
             for key in part if type(part) is dict else ():
                 if type(key) is not str or key in _NOT_SET or key[:2] == key[-2:] == "__":
@@ -172,6 +186,7 @@ _RUN_TIME_REFUSALS = {
     "populora.alias_origin": "the program made a typing alias relay attributes of a {}",
     "populora.alias_write": "the program set an attribute through a typing alias ({})",
     "populora.copy_memo": "the program gave copy a memo that is not a plain dict ({})",
+    "populora.copy_func": "the program made copy rebuild an object by calling the built-in {}",
 }
 
 
