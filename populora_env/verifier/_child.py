@@ -80,17 +80,18 @@ def install_copy_guard() -> None:
 
 
 def _guard_copy() -> None:
-    """Wraps ``copy._reconstruct`` (once per process) so that an object rebuilt into a module, class or
-    function is refused by the audit hook (event ``populora.copy_into``: recorded, the verdict ``forbidden``)."""
+    """Wraps ``copy._reconstruct`` (once per process) so that the audit hook refuses (events
+    ``populora.copy_*``: recorded, the verdict ``forbidden``) a rebuild into a module, class, function or
+    typing object, by calling a door built-in (``getattr``...), with a state that names a dunder or
+    ``exec``/``eval``/``compile`` or is a dict or tuple subclass, or with a memo that is not a plain dict."""
     copy = sys.modules.get("copy")
     if copy is None or getattr(copy._reconstruct, "guarded", False):
         return
     reconstruct = copy._reconstruct
 
     def guarded(x: Any, memo: Any, func: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
-        if (
-            memo is not None and type(memo) is not dict
-        ):  # its get() could swap the state after the check below
+        # a program's memo mapping: its get() could swap the state after the checks below
+        if memo is not None and type(memo) is not dict:
             _refuse_at_run_time("populora.copy_memo", type(memo).__name__)
         if any(func is builtin for builtin in _NOT_CALLED):
             _refuse_at_run_time("populora.copy_func", getattr(func, "__name__", "?"))
@@ -170,15 +171,6 @@ def _refuse(*_args: Any, **_kwargs: Any) -> Any:
 _real_import = builtins.__import__
 
 
-# The run-time half of the language layer, an audit hook (PEP 578) in every child. Where a frame comes from,
-# for a program: the frame attributes of generators, coroutines, async generators and tracebacks (each read
-# raises the audit event ``object.__getattr__`` with its name), ``sys._getframe``, and ``sys._current_frames``
-# and trace or profile functions (given every frame). ``sys._getframe`` fails with the ValueError that
-# ``collections.namedtuple``, ``typing`` and ``enum`` catch when they call it themselves (to name a new
-# class's module: they then fall back), and is not recorded; the other reads fail and are. So does giving an
-# object another class (``obj.__class__ = C``, event ``object.__setattr__``): no allowed module does it,
-# and ``copy``'s reconstruction of a program's ``__reduce_ex__`` state did it to a module, turning
-# ``dataclasses.replace`` into a read of any attribute by name (found by a red-team review).
 # What the run-time guards refuse (``_refuse_at_run_time``), as verdict details.
 _RUN_TIME_REFUSALS = {
     "populora.copy_into": "the program made copy rebuild an object into a {} (copy.copy/deepcopy)",
@@ -190,6 +182,15 @@ _RUN_TIME_REFUSALS = {
 }
 
 
+# The run-time half of the language layer, an audit hook (PEP 578) in every child. Where a frame comes from,
+# for a program: the frame attributes of generators, coroutines, async generators and tracebacks (each read
+# raises the audit event ``object.__getattr__`` with its name), ``sys._getframe``, and ``sys._current_frames``
+# and trace or profile functions (given every frame). ``sys._getframe`` fails with the ValueError that
+# ``collections.namedtuple``, ``typing`` and ``enum`` catch when they call it themselves (to name a new
+# class's module: they then fall back), and is not recorded; the other reads fail and are. So does giving an
+# object another class (``obj.__class__ = C``, event ``object.__setattr__``): no allowed module does it,
+# and ``copy``'s reconstruction of a program's ``__reduce_ex__`` state did it to a module, turning
+# ``dataclasses.replace`` into a read of any attribute by name (found by a red-team review).
 def _frame_guard() -> tuple[
     Callable[[str, tuple[Any, ...]], None], Callable[[bool], None], Callable[[], str]
 ]:

@@ -34,8 +34,9 @@ __all__ = [
 #: Pure, deterministic standard modules a program may import (pre-imported by the workers). Not
 #: ``dataclasses``: it compiles source text built from field names, and it was the sink of most language-layer
 #: escapes red-team reviews found on 2026-12-02 (``replace`` as a getattr by name, ``make_dataclass``,
-#: ``dataclasses.exec`` shadowed, field names injected into generated code by seven routes, and program code
-#: run inside its class processing changing ``Field.name`` after any check); no CRUXEval program uses it.
+#: ``dataclasses.exec`` shadowed, field names injected into its generated code by eight routes, the last one
+#: program code run inside its class processing changing ``Field.name`` after any check); no CRUXEval program
+#: uses it.
 ALLOWED_MODULES = frozenset(
     {
         "math", "cmath", "itertools", "functools", "collections", "string", "re", "heapq", "bisect",
@@ -118,7 +119,8 @@ MAX_COMPILED_NODES = 200_000
 # starts with ``_`` (dunder names, private attributes and imports, ``global __x``; a digit or letter before
 # ``_`` is part of the same token), a banned name as a whole word, ``case`` (class patterns), ``type``
 # (its three-argument form), ``class`` (unpacked bases), a format field walking to an attribute, or a
-# backslash (an escape in a string constant can spell ``{``, ``_`` or a format field: ``"\x7b0.\x5f_class..."``). A source without any of them is
+# backslash (an escape in a string constant can spell ``{``, ``_`` or a format field:
+# ``"\x7b0.\x5f_class..."``). A source without any of them is
 # passed without walking its tree (the walk is about half the pre-filter's time on CRUXEval, and 96% of
 # its programs match nothing); a match, in code, a string or a comment, only means the tree is walked.
 # Outside ASCII the parser's NFKC normalisation makes text search unsound, so such sources are walked.
