@@ -38,6 +38,13 @@ class Execution:
 MAX_SECONDS = 86_400
 """Longest ``timeout`` / ``start_timeout`` accepted (larger or infinite values overflow the deadlines)."""
 MAX_WORKERS = 256
+
+MAX_BATCH = 8
+"""Most programs in one request to a worker (``VerifierConfig.programs_per_request``, its default). The
+worker compiles a request's programs and forks their children in a row before running them one by one
+(see ``_worker.Worker.handle``), which spares it most of the page faults it pays on every page it writes
+after a fork; more than a few per request gains little and leaves workers idle at the end of a
+``run_many``."""
 """Most worker processes per hash-seed pool (two pools start them all up front)."""
 
 
@@ -75,8 +82,8 @@ class VerifierConfig:
     language_guards: bool = True
     """Apply the language-level layers (static pre-filter, guarded built-ins). Turning this off is for
     testing the kernel layers alone."""
-    programs_per_request: int = 8
-    """Most programs a worker is sent at once (1 to 8). Its children are forked from one process holding
+    programs_per_request: int = MAX_BATCH
+    """Most programs a worker is sent at once (1 to ``MAX_BATCH``, 8). Its children are forked from one process holding
     all of them, so a program that escapes the language layer can read the others' sources and arguments
     (README, threat model); 1 keeps each program alone with its own, at some throughput (the worker then
     pays its copy-on-write faults once per program instead of once per request: 4-9% fewer CRUXEval
@@ -102,9 +109,9 @@ class VerifierConfig:
                 raise ValueError(
                     f"VerifierConfig.{name} must be at most {MAX_SECONDS} s (a day), got {getattr(self, name)!r}"
                 )
-        if self.programs_per_request > 8:
+        if self.programs_per_request > MAX_BATCH:
             raise ValueError(
-                f"VerifierConfig.programs_per_request must be at most 8, got {self.programs_per_request!r}"
+                f"VerifierConfig.programs_per_request must be at most {MAX_BATCH}, got {self.programs_per_request!r}"
             )
         if self.memory_mb < 64:
             raise ValueError(

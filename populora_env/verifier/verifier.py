@@ -15,7 +15,7 @@ from typing import Any
 from .literals import LiteralError, outputs_equal, parse_args, parse_literal
 from .pool import WorkerDied, WorkerHandle, WorkerHung, readable
 from .prefilter import ALLOWED_MODULES, compile_guard, prefilter, prefilter_expression
-from .records import MAX_WORKERS, Execution, IsolationReport, VerifierConfig
+from .records import MAX_BATCH, MAX_WORKERS, Execution, IsolationReport, VerifierConfig
 from .sandbox import build_seccomp_programs
 from .verdicts import parse_line
 
@@ -39,13 +39,6 @@ class _Task:
     alone: bool = False  # sent in a request of its own (after a worker died on a batch holding it)
     lost: bool = False  # its results are its worker's death or hang, not the program's: never cached
 
-
-MAX_BATCH = 8
-"""Most programs in one request to a worker (``VerifierConfig.programs_per_request``, its default). The
-worker compiles a request's programs and forks their children in a row before running them one by one
-(see ``_worker.Worker.handle``), which spares it most of the page faults it pays on every page it writes
-after a fork; more than a few per request gains little and leaves workers idle at the end of a
-``run_many``."""
 
 MAX_REPLY_BYTES = 64 << 20
 """Most bytes a request's reply may take at worst (every call at ``max_output_chars``): a program's calls
