@@ -32,10 +32,7 @@ def _guarded_import(
     if level or name.split(".")[0] not in _ALLOWED_MODULES:
         raise ImportError(f"import of {name!r} is not allowed")
     module = _real_import(name, globals, locals, fromlist, level)
-    # `typing` arrives with the program's own import of it or of a module that imports it (`copy` is the
-    # worker's, wrapped before the fork)
-    _guard_copy()
-    _guard_typing()
+    _guard_typing()  # `typing` arrives with the program's own import (`copy` is wrapped by the worker)
     return module
 
 
@@ -68,7 +65,7 @@ _NOT_CALLED = tuple(
 # State keys ``copy`` may not set: dunders, and the names whose module globals shadow the built-ins the
 # standard library calls with privileged arguments (``dataclasses.exec``), set through an object that
 # forwards attribute writes (typing's alias class) when the module itself was refused.
-_NOT_SET = frozenset({"exec", "eval", "compile"})
+_NOT_SET = frozenset({"exec", "eval", "compile"})  # prefilter._SHADOWING_STORES (the worker cannot import it)
 
 
 def install_copy_guard() -> None:
