@@ -602,10 +602,13 @@ def test_the_audit_hook_refuses_getframe_and_class_changes_and_the_standard_libr
         "assert 'changed an object' in _child.frame_guard_refusal()\n"
         "_child.disarm_frame_guard()\n"
         "A().__class__ = B\nsys._getframe()\n"
-        "print('ok')\n"
+        "print(sorted(_child._NOT_SET))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+    # the child's copy of the pre-filter's shadowing names (the worker cannot import the package) agrees
+    assert done.returncode == 0 and done.stdout == f"{sorted(prefilter_module._SHADOWING_STORES)}\n", (
+        done.stderr
+    )
 
 
 def test_the_copy_gadget_that_switched_a_module_s_class_reads_nothing(monkeypatch):
@@ -710,6 +713,11 @@ LANGUAGE_ESCAPES = {
     ),
     "type_as_a_value": (
         "def f(x):\n    T = type\n    K = T('K', (), {'a': 1})\n    return K.a\n",
+        "line 2: `type` other than called as type(x) is not allowed (`T = type` made T(name, bases, namespace): "
+        "a class from a dict of any names)",
+    ),
+    "type_look_alike_as_a_value": (  # fullwidth letters: NFKC makes them `type`, the source text has no "type"
+        "def f(x):\n    T = \uff54\uff59\uff50\uff45\n    return 1\n",
         "line 2: `type` other than called as type(x) is not allowed (`T = type` made T(name, bases, namespace): "
         "a class from a dict of any names)",
     ),

@@ -194,7 +194,8 @@ def prefilter(program: str) -> Prefiltered:
         reason = _forbidden(node)
         if reason:
             return Prefiltered("forbidden", f"line {getattr(node, 'lineno', '?')}: {reason}")
-    if (line := _type_as_value(tree)) is not None:
+    # two more walks, only where the name can occur (the parser NFKC-normalises look-alike letters)
+    if ("type" in program or not program.isascii()) and (line := _type_as_value(tree)) is not None:
         return Prefiltered(
             "forbidden",
             f"line {line}: `type` other than called as type(x) is not allowed (`T = type` made "
