@@ -983,6 +983,20 @@ def test_programs_per_request_bounds_what_an_escaped_program_can_see(most):
     assert max(int(e.output) for e in seen) == most
 
 
+def test_an_induction_answer_sees_no_expected_output_and_no_other_program():
+    """In the game the code students write is an induction answer, run by ``check_induction``: it is alone in
+    its request and the outputs it is scored against stay in the host. With the language layer off, an
+    answer that walks to the worker's frame finds one program there and no expected output in the request."""
+    spy = (
+        "import sys\ndef f(x):\n    frame = sys._getframe()\n    while frame.f_code.co_name != 'handle':\n"
+        "        frame = frame.f_back\n    request = frame.f_locals['request']\n"
+        "    return len(frame.f_locals['jobs']) + 100 * ('SEC' + 'RET' in repr(request)) + x\n"
+    )
+    pairs = [("0", "1"), ("1", "2"), ("2", "'SECRET'")]  # the third is never reproduced: 2 of 3 at best
+    with Verifier(workers=1, language_guards=False, check_determinism=False, cache_size=0) as v:
+        assert v.check_induction(spy, pairs) == pytest.approx(2 / 3)
+
+
 def test_programs_per_request_is_checked():
     from populora_env.verifier import VerifierConfig
 
