@@ -215,6 +215,23 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         _p("return len(open(verdicts_file).read()) > 0",
            f"verdicts_file = {str(Path(prefilter_module.__file__).with_name('verdicts.py'))!r}\n"),
         {"forbidden"}, {"ok"}),
+    # a failed lookup keeps the object it failed on (Python 3.10+): a format string built at run time walks
+    # anywhere (no static check sees it) and the AttributeError hands the object back (a red-team review)
+    "attribute_error_hands_back_a_format_walk": (
+        _p("try:\n    ('{0.' + '_' + '_globals__.zzz}').format(json.dumps)\nexcept AttributeError as e:\n"
+           "    g = e.obj\nreturn g['_' + '_builtins__']['_' + '_import__']('os').getuid()", "import json\n"),
+        {"forbidden"}, {"ok"}),
+    "attribute_error_object_by_keyword_pattern": (
+        _p("u = chr(95) * 2\ntry:\n    ('{0.' + u + 'globals' + u + '.nope}').format(textwrap.dedent)\n"
+           "except AttributeError as e:\n    match e:\n        case AttributeError(obj=g):\n            pass\n"
+           "return g[u + 'builtins' + u]['eval']('len.__self__.__import__(\"os\").getuid()')", "import textwrap\n"),
+        {"forbidden"}, {"ok"}),
+    # `from json import tool` loaded the forbidden submodule: argparse's FileType is `open`, Path all of pathlib
+    "forbidden_submodule_by_from_import": (
+        _p("return tool.argparse.FileType('r')(verdicts_file).read()[:3]",
+           "from json import tool\n"
+           f"verdicts_file = {str(Path(prefilter_module.__file__).with_name('verdicts.py'))!r}\n"),
+        {"forbidden"}, {"ok"}),
 }  # fmt: skip
 
 
@@ -609,6 +626,27 @@ def test_the_audit_hook_refuses_getframe_and_class_changes_and_the_standard_libr
     assert done.returncode == 0 and done.stdout == f"{sorted(prefilter_module._SHADOWING_STORES)}\n", (
         done.stderr
     )
+
+
+def test_the_guarded_import_refuses_forbidden_submodules_however_named():
+    """The child's import refuses ``json.tool`` whether named whole or in a ``from`` list (the pre-filter's
+    second layer, for a program that reaches ``__import__`` at run time), and still imports other names."""
+    import subprocess
+
+    folder = Path(prefilter_module.__file__).parent
+    script = (
+        f"import sys\nsys.path.insert(0, {str(folder)!r})\nimport _child\n"
+        "imp = _child.safe_builtins(frozenset({'json'}))['__import__']\n"
+        "for name, fromlist in [('json.tool', ()), ('json', ('tool',)), ('json', ('decoder', 'tool'))]:\n"
+        "    try:\n        imp(name, None, None, fromlist)\n    except ImportError:\n        pass\n"
+        "    else:\n        raise SystemExit(name + repr(fromlist))\n"
+        "print(imp('json', None, None, ('decoder',)).decoder.__name__, 'json.tool' in sys.modules)\n"
+        "print(sorted(_child._FORBIDDEN_MODULES))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    # and the child's copy of the pre-filter's forbidden modules agrees with it
+    expected = f"json.decoder False\n{sorted(prefilter_module.FORBIDDEN_MODULES)}\n"
+    assert done.returncode == 0 and done.stdout == expected, done.stderr
 
 
 def test_the_copy_gadget_that_switched_a_module_s_class_reads_nothing(monkeypatch):

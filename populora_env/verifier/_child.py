@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 _ALLOWED_MODULES: frozenset[str] = frozenset()
+# Submodules of allowed packages a program may not import: the pre-filter's ``FORBIDDEN_MODULES`` (the worker
+# cannot import the package; a test keeps the two equal).
+_FORBIDDEN_MODULES = frozenset({"json.tool"})
 
 
 def _guarded_import(
@@ -29,11 +32,19 @@ def _guarded_import(
 ) -> Any:
     if name == "__future__" and not level and tuple(fromlist or ()) == ("annotations",):  # the pre-filter's
         return _fresh_future()  # one allowed __future__ import
-    if level or name.split(".")[0] not in _ALLOWED_MODULES:
+    if level or name.split(".")[0] not in _ALLOWED_MODULES or _forbidden_module(name, fromlist):
         raise ImportError(f"import of {name!r} is not allowed")
     module = _real_import(name, globals, locals, fromlist, level)
     _guard_typing()  # `typing` arrives with the program's own import (`copy` is wrapped by the worker)
     return module
+
+
+def _forbidden_module(name: str, fromlist: Any) -> bool:
+    """Whether ``import name`` or ``from name import *fromlist`` loads a forbidden submodule (``json.tool``)."""
+    parts = name.split(".")
+    names = {".".join(parts[: i + 1]) for i in range(len(parts))}
+    names.update(f"{name}.{item}" for item in fromlist or () if type(item) is str)
+    return not names.isdisjoint(_FORBIDDEN_MODULES)
 
 
 def _refuse_at_run_time(event: str, what: str) -> None:

@@ -64,7 +64,10 @@ BANNED_NAMES = frozenset(
 #: and ``global_enum`` copies a class's ``__members__`` into the globals of the module its ``__module__``
 #: names (the verifier's own, ``builtins``); ``copy.dispatch_table`` (copyreg's) makes ``copy`` rebuild any
 #: class's instances from what a program's function returns; ``enum.pickle_by_enum_name`` returns the real
-#: built-in ``getattr``: all turned into escapes by red-team reviews.
+#: built-in ``getattr``: all turned into escapes by red-team reviews. ``obj``: since Python 3.10 a failed
+#: attribute lookup stores the object it failed on in the ``AttributeError`` (``e.obj``), so a format string
+#: built at run time (``'{0.__globals__.x}'.format(json.dumps)``, which no static check sees) handed back
+#: whatever it walked to: a module's globals, the real built-ins (a red-team review).
 #: ``FORBIDDEN_ATTRIBUTES`` is checked against the running Python's allowed modules by the tests.
 FORBIDDEN_ATTRIBUTES = frozenset(
     {
@@ -74,7 +77,7 @@ FORBIDDEN_ATTRIBUTES = frozenset(
         "update_wrapper", "wraps", "WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES",
         "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
         "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
-        "make_dataclass", "global_enum", "dispatch_table", "pickle_by_enum_name",
+        "make_dataclass", "global_enum", "dispatch_table", "pickle_by_enum_name", "obj",
     }
 )  # fmt: skip
 
@@ -572,6 +575,10 @@ def _forbidden(node: ast.AST) -> str | None:
             return f"`from {module} import *` is not allowed"
         if any(a.name.startswith("_") for a in node.names):
             return "import of private names is not allowed"
+        # `from json import tool` imports the forbidden submodule `json.tool` as surely as `import json.tool`
+        submodule = next((a.name for a in node.names if _module_refused(f"{module}.{a.name}")), None)
+        if submodule is not None:
+            return f"import of module {module + '.' + submodule!r} is not allowed"
         refused = next((a.name for a in node.names if a.name in FORBIDDEN_ATTRIBUTES), None)
         if refused is not None:
             return f"import of {refused!r} is not allowed"
