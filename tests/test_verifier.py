@@ -280,8 +280,8 @@ MARKS_A_MODULE = "import fractions\ndef f(x):\n    if x == 0:\n        fractions
 
 
 def test_calls_of_one_program_are_independent():
-    """Calls of the same program share one child but not its state: module globals and the modules a call
-    imports are fresh for every call, so ``run_many`` gives what separate ``run`` calls give."""
+    """Calls of the same program share no state: each runs in a child of its own, with fresh module globals
+    and imports, so ``run_many`` gives what separate ``run`` calls give."""
     with Verifier(cache_size=0) as v:  # a cache would answer the repeated calls itself
         assert [r.output for r in v.run_many([(COUNTER, "1"), (COUNTER, "2"), (COUNTER, "3")])] == ["1"] * 3
         assert v.check_induction(COUNTER, [("1", "1"), ("2", "1"), ("3", "1")]) == 1.0
@@ -293,28 +293,23 @@ def test_calls_of_one_program_are_independent():
         assert [r.output for r in marked] == ["True", "False", "False"]
 
 
-def test_state_left_in_a_preloaded_module_makes_the_calls_nondeterministic(verifier):
-    """A change to a module the worker preloaded is not undone between the calls of a program (they share
-    its child): the determinism re-run makes them in another order, so outputs that depend on the calls
-    before them are ``nondeterministic``, not the first order's outputs passed off as the program's."""
-    program = (
-        "import math\ndef f(x):\n    try:\n        math.calls += 1\n    except AttributeError:\n"
-        "        math.calls = 0\n    return [x, math.calls]"
+def test_state_left_in_a_preloaded_module_is_not_seen_by_the_next_call(verifier):
+    """Every call has a child of its own: a change one call makes to a module the worker preloaded is gone
+    for the next, so outputs cannot count or see the calls before them. When calls shared their program's
+    child, the determinism re-run (in reverse order) caught only some of it: counting the calls before
+    one escaped for any output symmetric in the position (a red-team review: ``[x, seen % 2]``)."""
+    counting = (
+        "import functools\ndef f(x):\n    try:\n        functools.seen += 1\n    except AttributeError:\n"
+        "        functools.seen = 0\n    return [x, functools.seen % 2]"
     )
-    assert verifier.run(program, "5").output == "[5, 0]"
-    statuses = [r.status for r in verifier.run_many([(program, str(i)) for i in range(1, 5)])]
-    assert statuses == ["nondeterministic"] * 4
-    # whether one particular call came before: the middle of three keeps its place in a reversed order,
-    # but every pair of calls is swapped
+    runs = verifier.run_many([(counting, str(i)) for i in range(5)])
+    assert [(r.status, r.output) for r in runs] == [("ok", f"[{i}, 0]") for i in range(5)]
     marks = (
         "import math\ndef f(x):\n    if x == 'B':\n        math.seen_b = True\n    if x == 'C':\n"
         "        return hasattr(math, 'seen_b')\n    return 0"
     )
-    assert [r.status for r in verifier.run_many([(marks, "'A'"), (marks, "'B'"), (marks, "'C'")])] == [
-        "ok", "ok", "nondeterministic"]  # fmt: skip
-    assert (
-        verifier.run(marks + "  # alone", "'C'").output == "False"
-    )  # (another text: not the cached verdict)
+    assert [r.output for r in verifier.run_many([(marks, "'A'"), (marks, "'B'"), (marks, "'C'")])] == [
+        "0", "0", "False"]  # fmt: skip
 
 
 @pytest.mark.parametrize(

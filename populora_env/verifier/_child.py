@@ -11,7 +11,6 @@ from __future__ import annotations
 import builtins
 import os
 import sys
-from itertools import islice
 
 import literals  # top-level in the worker process, see _worker.py
 from verdicts import line as _line
@@ -319,10 +318,10 @@ class Prepared:
         self.guarded = guarded
         """The language layer is on: built-ins guarded, frames refused (``_audit``)."""
 
-    def rest(self, start: int) -> Prepared:
-        """The same program with the calls from ``start`` on (for a new child after one died)."""
+    def call(self, index: int) -> Prepared:
+        """The same program with its call ``index`` alone (each call runs in a child of its own)."""
         other = Prepared(self.table, self.guarded)
-        other.code, other.error, other.args = self.code, self.error, self.args[start:]
+        other.code, other.error, other.args = self.code, self.error, self.args[index : index + 1]
         return other
 
 
@@ -381,14 +380,9 @@ def run_program(
 ) -> None:
     """Defines ``f`` from the prepared program and calls it once per argument, writing a verdict per call.
 
-    Calls share the child but not the program's state: each runs the program's module code again in fresh
-    globals, after the modules an earlier call imported have been forgotten (so they are imported again).
-    ``run_many`` with the same program twice then gives what two ``run`` calls give, whatever the order,
-    and a call that changed state before failing cannot make the determinism re-run (which repeats the
-    calls that succeeded) disagree with the first run. Not undone, for speed (each would touch, and so
-    copy, every object involved in every child): changes to modules the worker preloaded
-    (``VerifierConfig.preload``, e.g. ``math.pi = 3``) and, with the language guards off, to the built-ins
-    table.
+    The worker gives each child one call (``Worker.handle``): calls of a program that shared a child shared
+    the state a call left in the modules the worker had imported. Each call runs the program's module code
+    in fresh globals; its warm-up makes several calls in the worker itself.
 
     Args:
         mode: ``"literal"``: arguments were parsed as literals; ``"expression"``: argument texts are
@@ -396,15 +390,10 @@ def run_program(
             ``"literalize"``: they are evaluated and their canonical literal text is the output (``f`` is
             not called).
     """
-    n = len(prepared.args)
     if prepared.error:
-        os.write(out_fd, prepared.error * n)
+        os.write(out_fd, prepared.error * len(prepared.args))
         return
-    n_modules = len(sys.modules)
-    for index, args in enumerate(prepared.args):
-        if index and len(sys.modules) > n_modules:  # an earlier call imported modules: the newest entries
-            for name in list(islice(reversed(sys.modules), len(sys.modules) - n_modules)):
-                del sys.modules[name]
+    for args in prepared.args:
         arm(prepared.guarded)  # stays on after the call's verdict
         verdict = _define_and_call(prepared.code, prepared.table, args, mode, max_output, max_depth)
         if refused := refusal():  # whatever the program made of the error
@@ -425,7 +414,7 @@ def _define_and_call(
     for name in ("__doc__", "__package__", "__loader__", "__spec__"):  # as the plain dict had them: absent
         del glb[name]
     glb["__builtins__"] = table
-    sys.modules["__program__"] = program  # a fresh child per program; each call replaces it
+    sys.modules["__program__"] = program  # a fresh child per call
     try:
         exec(code, glb)
     except MemoryError:

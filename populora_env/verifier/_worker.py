@@ -1,4 +1,4 @@
-"""Verifier worker: a long-lived, isolated process that forks one fresh child per program.
+"""Verifier worker: a long-lived, isolated process that forks one fresh child per call.
 
 Started by the host as ``python -s -S -B _worker.py CONFIG`` with a chosen ``PYTHONHASHSEED`` in an environment
 of its own (the script's folder is put first on ``sys.path``, so this process never imports the heavy
@@ -41,6 +41,8 @@ import verdicts
 TYPE_CHECKING = False  # `typing` stays out of the worker (see above)
 if TYPE_CHECKING:
     from typing import Any
+
+_GATED = 8  # children forked in a row, each waiting at its gate (``Worker.handle``)
 
 _SIGNAL_NAMES = {
     getattr(_signal, name): name for name in dir(_signal) if name.startswith("SIG") and "_" not in name
@@ -135,59 +137,50 @@ class Worker:
         _child.disarm_frame_guard()  # a guarded warm-up call left it on: the worker itself reads no frames
 
     def handle(self, request: dict[str, Any]) -> bytes:
-        """Runs every job of a request, one child per program (another one for the calls left when a
-        child dies), one program after another.
+        """Runs every call of every job of a request, each in a child of its own, one after another.
+
+        One child per call, not per program: calls of one program that shared a child shared the state a
+        call left in a module the worker had imported (``functools.seen = n``), so an output could count
+        the calls before it, which the determinism re-run cannot see for every order (a red-team review).
 
         After a fork every page this process writes costs it a page fault (a copy while a child lives),
         so the writes are bunched: all programs of the request are compiled first (a compile writes a
-        hundred-odd pages), then one child per program is forked in a row, each waiting at its gate, fully
-        isolated, until the worker opens it; only then does its program run, alone, under its wall-clock
-        limit. Serving the children in turn then costs the worker its faults about once per request
-        instead of once per program (measured here, worker page faults per CRUXEval program: ~150 one
-        program at a time, ~100 with the compiles bunched, ~60 with the children forked in a row too).
+        hundred-odd pages), then up to ``_GATED`` children are forked in a row, each waiting at its gate,
+        fully isolated, until the worker opens it; only then does its program run, alone, under its
+        wall-clock limit. Serving the children in turn then costs the worker its faults about once per
+        request instead of once per program (measured here, worker page faults per CRUXEval program: ~150
+        one program at a time, ~100 with the compiles bunched, ~60 with the children forked in a row too).
         """
         mode = str(request.get("mode", "literal"))
         allowed = self.allowed if request.get("guards", True) else None
         jobs: list[Any] = request["jobs"]
         prepared = [_child.prepare(program, calls, mode=mode, allowed=allowed) for program, calls in jobs]
-        started = [self._start_child(job, request, gated=True) for job in prepared]
+        units = [job.call(index) for job in prepared for index in range(len(job.args))]
         lines: list[bytes] = []
-        for job, child in zip(prepared, started):
-            new = self._finish_child(child, len(job.args), request)
-            done = len(new)
-            lines.extend(new)
-            while done < len(job.args):  # the child died: a fresh one for the calls left
-                new = self._finish_child(
-                    self._start_child(job.rest(done), request), len(job.args) - done, request
-                )
-                done += len(new)
-                lines.extend(new)
+        for start in range(0, len(units), _GATED):
+            started = [self._start_child(unit, request) for unit in units[start : start + _GATED]]
+            for child in started:
+                lines.extend(self._finish_child(child, request))
         return b"".join(lines)
 
-    def _start_child(
-        self, prepared: _child.Prepared, request: dict[str, Any], gated: bool = False
-    ) -> tuple[int, int, int | None]:
-        """Forks the child for ``prepared``'s calls; with ``gated`` it waits, isolated, until
-        ``_finish_child`` lets it run. Returns ``(pid, result read end, gate write end or None)``."""
+    def _start_child(self, prepared: _child.Prepared, request: dict[str, Any]) -> tuple[int, int, int]:
+        """Forks the child for ``prepared``'s one call; it waits, isolated, until ``_finish_child`` lets it
+        run. Returns ``(pid, result read end, gate write end)``."""
         timeout = float(request["timeout"])
         mode = str(request.get("mode", "literal"))
-        calls = prepared.args
         read_fd, write_fd = os.pipe()
-        gate_read, gate_write = os.pipe() if gated else (-1, None)
+        gate_read, gate_write = os.pipe()
         pid = os.fork()
         if pid == 0:  # ---------------------------------------------------------------- the child
             try:
-                self._enter_child(
-                    write_fd, read_fd, gate_read, cpu_seconds=int(timeout * len(calls)) + 1, request=request
-                )
+                self._enter_child(write_fd, read_fd, gate_read, cpu_seconds=int(timeout) + 1, request=request)
             except BaseException as e:
-                os.write(write_fd, _child.setup_failed(e) * len(calls))
+                os.write(write_fd, _child.setup_failed(e))
                 os._exit(0)
             try:
-                if gated:
-                    if not os.read(gate_read, 1):
-                        os._exit(0)  # the worker closed the gate without opening it
-                    os.close(gate_read)
+                if not os.read(gate_read, 1):
+                    os._exit(0)  # the worker closed the gate without opening it
+                os.close(gate_read)
                 _child.run_program(
                     prepared, write_fd, max_output=int(request["max_output"]),
                     max_depth=int(request["max_depth"]), mode=mode,
@@ -195,28 +188,24 @@ class Worker:
             finally:
                 os._exit(0)
         os.close(write_fd)
-        if gate_write is not None:
-            os.close(gate_read)
+        os.close(gate_read)
         try:
             os.setpgid(pid, pid)  # the child does the same; whoever is first wins the race
         except OSError:
             pass
         return pid, read_fd, gate_write
 
-    def _finish_child(
-        self, child: tuple[int, int, int | None], n_calls: int, request: dict[str, Any]
-    ) -> list[bytes]:
-        """Opens the child's gate, if any, and collects its verdicts: at least one line (more if the child
-        lasted); the child is reaped, killed first if it must be."""
+    def _finish_child(self, child: tuple[int, int, int], request: dict[str, Any]) -> list[bytes]:
+        """Opens the child's gate and collects its call's verdict line (a line of this worker's own if the
+        child dies or lasts too long); the child is reaped, killed first if it must be."""
         pid, read_fd, gate_write = child
         try:
-            if gate_write is not None:
-                try:
-                    os.write(gate_write, b"g")
-                except OSError:
-                    pass  # the child is gone already: its pipe tells how
-                os.close(gate_write)
-            return self._collect(pid, read_fd, n_calls, float(request["timeout"]), int(request["max_output"]))
+            try:
+                os.write(gate_write, b"g")
+            except OSError:
+                pass  # the child is gone already: its pipe tells how
+            os.close(gate_write)
+            return self._collect(pid, read_fd, 1, float(request["timeout"]), int(request["max_output"]))
         finally:
             os.close(read_fd)
 

@@ -170,7 +170,7 @@ class Verifier:
     def run_many(self, items: Sequence[tuple[str, str]], *, expression_args: bool = False) -> list[Execution]:
         """Runs many ``(program, args)`` pairs spread over the workers; verdicts come back in order.
 
-        Calls of the same program share one child process; two programs never share one.
+        Every call runs in a fresh child process of its own: ``run_many`` gives what separate ``run`` calls give.
         """
         return self._run_mode(items, "expression" if expression_args else "literal")
 
@@ -257,10 +257,7 @@ class Verifier:
             if task.pool + 1 < len(self._pools):
                 again = [args for args, result in zip(task.calls, results) if result[0] == "ok"]
                 if again:
-                    # in reverse order: the calls of a program share its child, so an output that depends on
-                    # which calls came before it (state left in a preloaded module) differs between the runs
-                    # (reversing swaps every pair; a rotation left the middle one of three behind the same)
-                    return _Task(task.program, again[::-1], task.pool + 1, mode)
+                    return _Task(task.program, again, task.pool + 1, mode)
             return None
 
         # a request's calls, at most: its reply's worst case (each call's line at max_output_chars)
