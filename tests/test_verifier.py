@@ -593,6 +593,29 @@ def test_objects_of_every_size_class_land_at_other_offsets_in_the_two_pools():
                 assert v.run(program, "8").status == "nondeterministic", (round_, program)
 
 
+def test_when_the_collector_runs_does_not_depend_on_what_the_worker_served_before():
+    """A finalizer on a cycle runs when the cyclic collector does: with the worker's generation counts
+    inherited, a program counting allocations until then got another count from a fresh worker than from
+    a used one, in every position of a batch (a red-team review); each child now starts the collector
+    from zero, so the count is the program's own."""
+    counts_until_collected = (
+        "def f(x):\n    box = []\n    def gen(cell):\n        try:\n            yield 1\n        finally:\n"
+        "            box.append(1)\n    cell = []\n    g = gen(cell)\n    next(g)\n    cell.append(g)\n"
+        "    del cell, g\n    keep = []\n    while not box and len(keep) < 5000:\n        keep.append([])\n"
+        "    return len(keep)\n"
+    )
+    filler = [(f"def f(x):\n    return [x] * {i} + {list(range(i * 7))}", "1") for i in range(1, 16)]
+    with Verifier(workers=1, cache_size=0) as v:
+        fresh = v.run(counts_until_collected, "0")
+        assert fresh.status == "ok" and int(fresh.output) < 5000, fresh
+        for served in (3, 15):
+            v.run_many(filler[:served])
+            later = v.run_many(
+                [*filler[:served], (counts_until_collected, "1"), (counts_until_collected, "2")]
+            )
+            assert [r.output for r in later[served:]] == [fresh.output] * 2, served
+
+
 def test_dicts_equal_under_both_hash_seeds_are_deterministic(verifier):
     """A dict built in set order has another insertion order under each hash seed but is the same value
     (answers are compared with ``==``): ``ok``, with the first run's text; a list in set order is not."""
