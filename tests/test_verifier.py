@@ -616,6 +616,22 @@ def test_when_the_collector_runs_does_not_depend_on_what_the_worker_served_befor
             assert [r.output for r in later[served:]] == [fresh.output] * 2, served
 
 
+def test_one_program_per_request_keeps_an_output_from_depending_on_the_others():
+    """The worker compiles a request's programs before forking, which interns their names and constants: a
+    program can test whether a string it builds was interned already and so learn what the other programs
+    of its request hold (a red-team review; README, "Not guaranteed"). ``programs_per_request=1`` sends
+    each program alone: batched, such a program gives what it gives alone."""
+    spy = (
+        "import collections\ndef f(x):\n    s = ''.join([x, 'xw', 'sec', 'ret'])\n"
+        "    P = collections.namedtuple('P', [s])\n    return [k for k in dir(P) if k == s][0] is s\n"
+    )
+    victim = "def f(x):\n    return 'zqxwsecret'\n"
+    filler = [(f"def f(x):\n    return {i}", "1") for i in range(20)]  # a long queue: full requests
+    with Verifier(workers=1, cache_size=0, programs_per_request=1) as v:
+        assert v.run(spy, "'zq'") == Execution("ok", "True", "")
+        assert v.run_many([(victim, "1"), (spy, "'zq'"), *filler])[1] == Execution("ok", "True", "")
+
+
 def test_dicts_equal_under_both_hash_seeds_are_deterministic(verifier):
     """A dict built in set order has another insertion order under each hash seed but is the same value
     (answers are compared with ``==``): ``ok``, with the first run's text; a list in set order is not."""

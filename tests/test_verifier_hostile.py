@@ -226,6 +226,26 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
            "except AttributeError as e:\n    match e:\n        case AttributeError(obj=g):\n            pass\n"
            "return g[u + 'builtins' + u]['eval']('len.__self__.__import__(\"os\").getuid()')", "import textwrap\n"),
         {"forbidden"}, {"ok"}),
+    # a property a program put on a standard class (here ABCMeta) was handed what a run-time format string
+    # walked to: contextlib.redirect_stdout, whose __enter__ does getattr(sys, self._stream) (a red-team review)
+    "property_planted_on_a_standard_class": (
+        "import typing\nfrom collections.abc import Mapping\nbox = []\ndef grab(c):\n    box.append(c)\n"
+        "    return 1\ntype(Mapping).grab = property(grab)\ndef f(x):\n    u = '_' + '_'\n"
+        "    ('{0.' + u + 'globals' + u + '[contextlib].redirect_stdout.grab}').format(typing.cast)\n"
+        "    got = []\n    class R(box[0]):\n        _stream = 'modules'\n        _new_target = {}\n"
+        "        _old_targets = got\n        def __init__(self):\n            pass\n    with R():\n"
+        "        mods = got[0]\n    return mods['os'].getuid()\n",
+        {"forbidden"}, {"ok"}),
+    # a constant format string that names only public attributes passes the pre-filter; `.sys` is forbidden
+    "format_constant_walking_a_forbidden_name": (
+        "import typing\nfrom collections.abc import MutableMapping\nbox = []\n"
+        "MutableMapping.grab = property(lambda m: box.append(m) or 1)\ndef f(x):\n"
+        "    '{0.sys.modules[os].environ.grab}'.format(typing)\n    return str(type(box[0]))\n",
+        {"forbidden"}, {"ok"}),
+    "format_method_unbound": (_p("m = str.format\nreturn m('{0.' + '_' * 2 + 'class' + '_' * 2 + '}', 1)"),
+                              {"forbidden"}, {"ok"}),
+    "format_field_nested_in_a_spec": (_p("s = '{0:{1.' + '_' * 2 + 'class' + '_' * 2 + '}}'\nreturn s.format(1, 2)"),
+                                      {"forbidden"}, {"runtime"}),
     # `from json import tool` loaded the forbidden submodule: argparse's FileType is `open`, Path all of pathlib
     "forbidden_submodule_by_from_import": (
         _p("return tool.argparse.FileType('r')(verdicts_file).read()[:3]",
@@ -559,8 +579,9 @@ def test_the_future_record_a_call_changes_is_its_own(verifier):
 def test_a_frame_reached_at_run_time_is_forbidden_whatever_the_program_does_with_the_error(verifier):
     """The pre-filter refuses constant format strings that walk to frame attributes only; one built at run
     time read the frames above the program as text (the worker's locals: the request's other programs;
-    found by a red-team audit). The child's audit hook refuses every frame attribute read in a guarded call,
-    and the verdict is ``forbidden`` even where the program catches the error."""
+    found by a red-team audit). The format check refuses such a walk when the program reads ``.format``
+    (the audit hook, which refuses every frame attribute read in a guarded call, is the layer behind it:
+    tested on its own below), and the verdict is ``forbidden`` even where the program catches the error."""
     gen = "    box = []\n    def gen():\n        s = '{0.gi' + '_frame.f_back}'\n"
     walk = f"def f(x):\n{gen}        yield s.format(box[0])\n    g = gen()\n    box.append(g)\n    return next(g)[:6]"
     caught = (f"def f(x):\n{gen}        try:\n            yield s.format(box[0])\n        except BaseException:\n"
@@ -569,16 +590,15 @@ def test_a_frame_reached_at_run_time_is_forbidden_whatever_the_program_does_with
                  "        s = '{0.' + '__traceback__.tb_frame}'\n        return s.format(e)[:5]")  # fmt: skip
     coroutine = ("def f(x):\n    async def c():\n        pass\n    k = c()\n    try:\n"
                  "        s = '{0.cr' + '_frame}'\n        return s.format(k)[:5]\n    finally:\n        k.close()")  # fmt: skip
-    for program, read in (
-        (walk, "gi_frame"),
-        (caught, "gi_frame"),
-        (traceback, "tb_frame"),
-        (coroutine, "cr_frame"),
+    for program, field in (
+        (walk, "0.gi_frame.f_back"),
+        (caught, "0.gi_frame.f_back"),
+        (traceback, "0.__traceback__.tb_frame"),
+        (coroutine, "0.cr_frame"),
     ):
         verdict = verifier.run(program, "1")
-        assert verdict == Execution("forbidden", None, f"the program reached a frame at run time ({read})"), (
-            verdict
-        )
+        detail = f"a format string walks to a private or forbidden name at run time ({field})"
+        assert verdict == Execution("forbidden", None, detail), verdict
     # the determinism re-run and the calls after a refused one agree; programs that read no frame are untouched
     assert verifier.run_many([(walk, "1"), ("def f(x):\n    return x * 2", "3")])[1].output == "6"
     record = (
@@ -614,6 +634,13 @@ def test_the_audit_hook_refuses_getframe_and_class_changes_and_the_standard_libr
         "assert repr(P(1, 2)) == 'P(x=1, y=2)'\n"
         "E = enum.Enum('E', 'A B')\nassert E.B.value == 2\n"
         "T = typing.TypeVar('T')\nassert repr(T) == '~T'\n"
+        "def g():\n    yield 1\n"
+        "try:\n    g().gi_frame\nexcept RuntimeError:\n    pass\nelse:\n    raise SystemExit('gi_frame')\n"
+        "assert _child.frame_guard_refusal() == 'the program reached a frame at run time (gi_frame)'\n"
+        "_child.arm_frame_guard(True)\n"
+        "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    tb = e.__traceback__\n"
+        "try:\n    tb.tb_frame\nexcept RuntimeError:\n    pass\nelse:\n    raise SystemExit('tb_frame')\n"
+        "_child.arm_frame_guard(True)\n"
         "class A: pass\nclass B: pass\n"
         "try:\n    A().__class__ = B\nexcept RuntimeError:\n    pass\nelse:\n    raise SystemExit('class')\n"
         "assert 'changed an object' in _child.frame_guard_refusal()\n"
@@ -626,6 +653,24 @@ def test_the_audit_hook_refuses_getframe_and_class_changes_and_the_standard_libr
     assert done.returncode == 0 and done.stdout == f"{sorted(prefilter_module._SHADOWING_STORES)}\n", (
         done.stderr
     )
+
+
+def test_format_strings_built_at_run_time_still_format():
+    """The format check leaves ordinary formatting alone: positional and keyword fields, public attributes,
+    item keys, nested width fields, ``format_map``, the unbound ``str.format``, objects of a program's own
+    with a ``format`` method, and f-strings."""
+    program = (
+        "class Doc:\n    def format(self, n):\n        return 'doc' * n\n"
+        "def f(x):\n    s = '{2.' + 'real}|{0:>{w}}|{p[k]}|{0:0{1}d}'\n"
+        "    return [s.format(x, 4, 5, w=4, p={'k': 'v'}), '{a}-{b}'.format_map({'a': 1, 'b': 2}),\n"
+        "            list(map(str.format, ['{}!', '<{}>'], 'ab')), Doc().format(2), f'{x:>{x}}']\n"
+    )
+    with (
+        Verifier(workers=1, cache_size=0) as guarded,
+        Verifier(workers=1, cache_size=0, language_guards=False) as plain,
+    ):
+        expected = "['5|   3|v|0003', '1-2', ['a!', '<b>'], 'docdoc', '  3']"
+        assert guarded.run(program, "3") == plain.run(program, "3") == Execution("ok", expected, "")
 
 
 def test_the_guarded_import_refuses_forbidden_submodules_however_named():
@@ -641,11 +686,14 @@ def test_the_guarded_import_refuses_forbidden_submodules_however_named():
         "    try:\n        imp(name, None, None, fromlist)\n    except ImportError:\n        pass\n"
         "    else:\n        raise SystemExit(name + repr(fromlist))\n"
         "print(imp('json', None, None, ('decoder',)).decoder.__name__, 'json.tool' in sys.modules)\n"
-        "print(sorted(_child._FORBIDDEN_MODULES))\n"
+        "print(sorted(_child._FORBIDDEN_MODULES))\nprint(sorted(_child._FORBIDDEN_ATTRIBUTES))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    # and the child's copy of the pre-filter's forbidden modules agrees with it
-    expected = f"json.decoder False\n{sorted(prefilter_module.FORBIDDEN_MODULES)}\n"
+    # and the child's copies of the pre-filter's forbidden modules and attributes agree with it
+    expected = (
+        f"json.decoder False\n{sorted(prefilter_module.FORBIDDEN_MODULES)}\n"
+        f"{sorted(prefilter_module.FORBIDDEN_ATTRIBUTES)}\n"
+    )
     assert done.returncode == 0 and done.stdout == expected, done.stderr
 
 
@@ -890,9 +938,18 @@ def test_a_program_s_subclass_of_the_alias_class_writes_nothing_through_it(verif
 
 def test_copy_takes_no_program_memo(verifier):
     """``copy.deepcopy(x, memo)`` with a program's mapping: its ``get`` swapped the reconstruction state after
-    the guard had checked it (dunder and ``exec`` keys set; a red-team review's finding)."""
+    the guard had checked it (dunder and ``exec`` keys set; a red-team review's finding). A plain dict is
+    refused too: deepcopy keeps every original it copies in its memo, with each instance's live ``__dict__``,
+    and a program read and wrote private attributes through it (a later review). A deep copy still works."""
     program = "import copy\nclass M(dict):\n    pass\nclass K:\n    pass\ndef f(x):\n    copy.deepcopy(K(), M())\n    return 1\n"
-    _refused_at_run_time(verifier, program, "the program gave copy a memo that is not a plain dict (M)")
+    _refused_at_run_time(verifier, program, "the program gave copy a memo of its own (a M)")
+    plain = (
+        "import copy, calendar\ndef f(x):\n    m = {}\n    copy.deepcopy(calendar.c, m)\n"
+        "    return [sorted(v) for v in m.values() if type(v) is dict]\n"
+    )
+    _refused_at_run_time(verifier, plain, "the program gave copy a memo of its own (a dict)")
+    nested = "import copy\ndef f(x):\n    a = [x]\n    b = copy.deepcopy([a, a, {'k': (a,)}])\n    return [b, b[0] is b[1] is b[2]['k'][0]]\n"
+    assert verifier.run(nested, "1") == Execution("ok", "[[[1], [1], {'k': ([1],)}], True]", "")
 
 
 def test_copy_does_not_rebuild_a_bound_method_with_getattr(verifier):

@@ -8,6 +8,8 @@ of its own.
 
 from __future__ import annotations
 
+import _ast
+import _string
 import builtins
 import os
 import sys
@@ -90,7 +92,8 @@ def _guard_copy() -> None:
     """Wraps ``copy._reconstruct`` (once per process) so that the audit hook refuses (events
     ``populora.copy_*``: recorded, the verdict ``forbidden``) a rebuild into a module, class, function or
     typing object, by calling a door built-in (``getattr``...), with a state that names a dunder or
-    ``exec``/``eval``/``compile`` or is a dict or tuple subclass, or with a memo that is not a plain dict."""
+    ``exec``/``eval``/``compile`` or is a dict or tuple subclass, or with a memo that is not a plain dict;
+    and ``copy.deepcopy`` refuses a memo it did not make itself."""
     copy = sys.modules.get("copy")
     if copy is None or getattr(copy._reconstruct, "guarded", False):
         return
@@ -125,6 +128,26 @@ def _guard_copy() -> None:
 
     guarded.guarded = True  # type: ignore[attr-defined]
     copy._reconstruct = guarded  # type: ignore[attr-defined]
+
+    deepcopy = copy.deepcopy
+    made: list[Any] = []  # the memos of the deep copies in progress, made here
+
+    def guarded_deepcopy(x: Any, memo: Any = None, _nil: Any = []) -> Any:  # noqa: B006 (copy's signature)
+        # A memo of the program's own: deepcopy keeps every original it copies there (and the live __dict__
+        # of each instance), so a program read and wrote private attributes through it (a red-team review).
+        # copy's own recursion passes the memo made below.
+        if memo is None:
+            memo = {}
+            made.append(memo)
+            try:
+                return deepcopy(x, memo, _nil)
+            finally:
+                made.pop()
+        if not any(memo is mine for mine in made):
+            _refuse_at_run_time("populora.copy_memo", type(memo).__name__)
+        return deepcopy(x, memo, _nil)
+
+    copy.deepcopy = guarded_deepcopy  # type: ignore[attr-defined]
 
 
 def _guard_typing() -> None:
@@ -184,8 +207,9 @@ _RUN_TIME_REFUSALS = {
     "populora.copy_state": "the program made copy set an attribute it may not set ({})",
     "populora.alias_origin": "the program made a typing alias relay attributes of a {}",
     "populora.alias_write": "the program set an attribute through a typing alias ({})",
-    "populora.copy_memo": "the program gave copy a memo that is not a plain dict ({})",
+    "populora.copy_memo": "the program gave copy a memo of its own (a {})",
     "populora.copy_func": "the program made copy rebuild an object by calling the built-in {}",
+    "populora.format_walk": "a format string walks to a private or forbidden name at run time ({})",
 }
 
 
@@ -284,6 +308,7 @@ def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
     ):
         table[name] = _refuse
     table["__import__"] = _guarded_import
+    table["__populora_format__"] = _checked_format
     return table
 
 
@@ -301,6 +326,112 @@ def _describe(exc: BaseException) -> str:
 
 
 _TABLES: dict[bool, dict[str, Any]] = {}
+
+
+# The run-time half of the pre-filter's rule on format strings. ``str.format`` walks the attributes and items
+# its fields name (``'{0.__globals__[__builtins__]}'``), and a format string built at run time is one no
+# static check sees: what it walked to came back to programs through ``AttributeError.obj`` and through a
+# ``property`` a program had put on a standard class on the way (red-team reviews, both full escapes). In a
+# guarded program every ``.format``/``.format_map`` read compiles to ``__populora_format__(value, name)``,
+# which checks the format string's fields (nested ones in format specs too) when the method is read: a walk
+# may take only what the pre-filter lets a program's source take, no private or forbidden attribute and no
+# item key with a leading underscore.
+_FORMAT_METHODS = ("format", "format_map")
+# The pre-filter's FORBIDDEN_ATTRIBUTES (the worker cannot import the package; a test keeps the two equal).
+_FORBIDDEN_ATTRIBUTES = frozenset(
+    {
+        "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "tb_frame", "tb_next",
+        "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "attrgetter", "methodcaller", "get_field",
+        "Formatter", "get_type_hints", "ForwardRef", "singledispatch", "singledispatchmethod",
+        "update_wrapper", "wraps", "WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES",
+        "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
+        "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
+        "make_dataclass", "global_enum", "dispatch_table", "pickle_by_enum_name", "obj",
+    }
+)  # fmt: skip
+
+
+def _format_walk_refused(text: str, depth: int = 0) -> str:
+    """The first field of ``text`` that walks where programs may not (``""`` if none)."""
+    for _literal, field, spec, _conversion in _string.formatter_parser(text):
+        if field is None:
+            continue
+        _first, rest = _string.formatter_field_name_split(field)
+        for is_attribute, key in rest:
+            if type(key) is str and (key[:1] == "_" or (is_attribute and key in _FORBIDDEN_ATTRIBUTES)):
+                return field
+        if spec and "{" in spec:
+            nested = _format_walk_refused(spec, depth + 1) if depth < 2 else spec
+            if nested:
+                return nested
+    return ""
+
+
+def _checked_format(value: Any, name: str) -> Any:
+    """``value.<name>`` (``format`` or ``format_map``), for a guarded program: for a string, after checking its
+    fields (``_format_walk_refused``); for ``str`` or a subclass, a function that checks each string it is
+    given; anything else's attribute as it is."""
+    method = getattr(value, name)
+    if isinstance(value, str):
+        refused = _format_walk_refused(str.__str__(value))
+        if refused:
+            _refuse_at_run_time("populora.format_walk", refused)
+        return method
+    if isinstance(value, type) and issubclass(value, str):
+
+        def checked(text: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(text, str):
+                refused = _format_walk_refused(str.__str__(text))
+                if refused:
+                    _refuse_at_run_time("populora.format_walk", refused)
+            return method(text, *args, **kwargs)
+
+        return checked
+    return method
+
+
+def _with_format_checks(tree: Any) -> Any:
+    """``tree`` (a module's syntax tree) with every read of an attribute ``format``/``format_map`` replaced by
+    a call of ``__populora_format__`` (``_checked_format``), at the same source position."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, list):
+                for i, item in enumerate(value):
+                    if isinstance(item, _ast.AST):
+                        value[i] = _format_check_of(item)
+                        todo.append(item)
+            elif isinstance(value, _ast.AST):
+                setattr(node, field, _format_check_of(value))
+                todo.append(value)
+    return tree
+
+
+def _format_check_of(node: Any) -> Any:
+    if not (type(node) is _ast.Attribute and node.attr in _FORMAT_METHODS and type(node.ctx) is _ast.Load):
+        return node
+    call = _ast.Call(
+        func=_ast.Name(id="__populora_format__", ctx=_ast.Load()),
+        args=[node.value, _ast.Constant(value=node.attr)],
+        keywords=[],
+    )
+    for made in (call, call.func, call.args[1]):
+        for position in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
+            setattr(made, position, getattr(node, position, None))
+    return call
+
+
+def _compile(text: str, filename: str, mode: str, guarded: bool) -> Any:
+    """``compile`` of program text; for a guarded program whose text mentions ``format``, through its syntax
+    tree with the format checks (``_with_format_checks``)."""
+    # dont_inherit: not this module's `from __future__ import annotations` (programs run as plain Python,
+    # annotations evaluated when `f` is defined)
+    if not (guarded and "format" in text):
+        return compile(text, filename, mode, dont_inherit=True)
+    tree = compile(text, filename, mode, _ast.PyCF_ONLY_AST, dont_inherit=True)
+    return compile(_with_format_checks(tree), filename, mode, dont_inherit=True)
 
 
 class Prepared:
@@ -344,9 +475,7 @@ def prepare(
         _TABLES[guards] = safe_builtins(allowed) if allowed is not None else dict(vars(builtins))
     prepared = Prepared(_TABLES[guards], guards)
     try:
-        # dont_inherit: not this module's `from __future__ import annotations` (programs run as plain Python,
-        # annotations evaluated when `f` is defined)
-        prepared.code = compile(program, "<program>", "exec", dont_inherit=True)
+        prepared.code = _compile(program, "<program>", "exec", guards)
     except MemoryError:
         prepared.error = _line("memory", None, "MemoryError while compiling the program")
         prepared.args = [None] * len(calls)
@@ -360,9 +489,7 @@ def prepare(
         return prepared
     for text in calls:
         try:
-            prepared.args.append(
-                compile(f"__populora_pack__(\n{text}\n)", "<args>", "eval", dont_inherit=True)
-            )
+            prepared.args.append(_compile(f"__populora_pack__(\n{text}\n)", "<args>", "eval", guards))
         except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
             prepared.args.append(_line("bad_input", None, f"args are not valid Python: {_describe(e)}"))
     return prepared
