@@ -288,28 +288,36 @@ def test_calls_of_one_program_are_independent():
         # the determinism re-run repeats only the calls that succeeded: shared state made them differ
         first, second = v.run_many([(FAILS_AFTER_COUNTING, "0"), (FAILS_AFTER_COUNTING, "5")])
         assert (first.status, second.status, second.output) == ("runtime", "ok", "1")
-        # a module an earlier call imported is imported again (fractions is not preloaded by default)
+        # a guarded program may not mark a module; the next calls never see the mark either way
         marked = v.run_many([(MARKS_A_MODULE, "0"), (MARKS_A_MODULE, "1"), (MARKS_A_MODULE, "2")])
-        assert [r.output for r in marked] == ["True", "False", "False"]
+        assert [(r.status, r.output) for r in marked] == [
+            ("forbidden", None),
+            ("ok", "False"),
+            ("ok", "False"),
+        ]
 
 
-def test_state_left_in_a_preloaded_module_is_not_seen_by_the_next_call(verifier):
+def test_state_left_in_a_preloaded_module_is_not_seen_by_the_next_call():
     """Every call has a child of its own: a change one call makes to a module the worker preloaded is gone
     for the next, so outputs cannot count or see the calls before them. When calls shared their program's
     child, the determinism re-run (in reverse order) caught only some of it: counting the calls before
-    one escaped for any output symmetric in the position (a red-team review: ``[x, seen % 2]``)."""
+    one escaped for any output symmetric in the position (a red-team review: ``[x, seen % 2]``). A guarded
+    program may not write to a module at all now: shown with the language layer off."""
     counting = (
         "import functools\ndef f(x):\n    try:\n        functools.seen += 1\n    except AttributeError:\n"
         "        functools.seen = 0\n    return [x, functools.seen % 2]"
     )
-    runs = verifier.run_many([(counting, str(i)) for i in range(5)])
-    assert [(r.status, r.output) for r in runs] == [("ok", f"[{i}, 0]") for i in range(5)]
     marks = (
         "import math\ndef f(x):\n    if x == 'B':\n        math.seen_b = True\n    if x == 'C':\n"
         "        return hasattr(math, 'seen_b')\n    return 0"
     )
-    assert [r.output for r in verifier.run_many([(marks, "'A'"), (marks, "'B'"), (marks, "'C'")])] == [
-        "0", "0", "False"]  # fmt: skip
+    with Verifier(workers=1, cache_size=0) as guarded:
+        assert guarded.run(counting, "0").status == "forbidden"
+    with Verifier(workers=1, cache_size=0, language_guards=False) as verifier:
+        runs = verifier.run_many([(counting, str(i)) for i in range(5)])
+        assert [(r.status, r.output) for r in runs] == [("ok", f"[{i}, 0]") for i in range(5)]
+        assert [r.output for r in verifier.run_many([(marks, "'A'"), (marks, "'B'"), (marks, "'C'")])] == [
+            "0", "0", "False"]  # fmt: skip
 
 
 @pytest.mark.parametrize(

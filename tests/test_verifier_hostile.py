@@ -567,13 +567,17 @@ def test_a_builtin_class_name_rebound_by_the_program_is_no_self_matching_pattern
 
 def test_the_future_record_a_call_changes_is_its_own(verifier):
     """The one ``__future__`` import handed out the worker's own record: a call that changed it changed the
-    next call's (nondeterministic verdicts, depending on the order of a run_many)."""
+    next call's (nondeterministic verdicts, depending on the order of a run_many). Each call gets a fresh
+    record (and a child of its own); a guarded program may not write to it at all (not its own object)."""
     program = ("from __future__ import annotations\n"
                "def f(x):\n    annotations.optional = annotations.optional + (x,)\n"
                "    return len(annotations.optional)")  # fmt: skip
-    alone = verifier.run(program, "1")
-    assert alone.status == "ok"
-    assert verifier.run_many([(program, "1"), (program, "2"), (program, "3")]) == [alone] * 3
+    detail = "the program wrote or deleted the attribute 'optional' of an object of the class '_Feature', not one of its own"
+    assert verifier.run(program, "1") == Execution("forbidden", None, detail)
+    with Verifier(workers=1, cache_size=0, language_guards=False) as plain:
+        alone = plain.run(program, "1")
+        assert alone.status == "ok"
+        assert plain.run_many([(program, "1"), (program, "2"), (program, "3")]) == [alone] * 3
 
 
 def test_a_frame_reached_at_run_time_is_forbidden_whatever_the_program_does_with_the_error(verifier):
@@ -673,6 +677,67 @@ def test_format_strings_built_at_run_time_still_format():
         assert guarded.run(program, "3") == plain.run(program, "3") == Execution("ok", expected, "")
 
 
+@pytest.mark.parametrize(
+    ("body", "header", "target"),
+    [
+        ("functools.seen = 1", "import functools\n", "'seen' of the module 'functools'"),
+        ("m = functools\nm.partial = len", "import functools\n", "'partial' of the module 'functools'"),
+        ("del json.dumps", "import json\n", "'dumps' of the module 'json'"),
+        ("numbers.Number.grab = property(len)", "import numbers\n", "'grab' of the class 'Number'"),
+        ("(a, fractions.Fraction.x) = (1, 2)", "import fractions\n", "'x' of the class 'Fraction'"),
+        (
+            "for typing.Any.x in [1]:\n    pass",
+            "import typing\n",
+            "'x' of the class 'Any'",
+        ),
+        (
+            "calendar.c.firstweekday += 1",
+            "import calendar\n",
+            "'firstweekday' of an object of the class 'TextCalendar'",
+        ),
+    ],
+)
+def test_a_program_writes_no_attribute_of_what_is_not_its_own(verifier, body, header, target):
+    """Standard modules, classes and their instances take no attribute writes or deletes from a guarded
+    program, in any target position: a program's names written into them changed what the standard library
+    did next (``functools.seen``), and a ``property`` put on ``abc.ABCMeta`` was handed what a run-time format
+    string walked to (red-team reviews; the second a full escape)."""
+    program = _p(f"{body}\nreturn 1", header)
+    assert prefilter(program).status == "ok"  # (the static half cannot tell whose object it is)
+    _refused_at_run_time(
+        verifier, program, f"the program wrote or deleted the attribute {target}, not one of its own"
+    )
+
+
+def test_a_program_writes_the_attributes_of_its_own_objects(verifier):
+    """Its classes, their instances (also of its subclasses of standard classes), its functions, and
+    instances of C types (``decimal``'s context, ``collections.defaultdict``), in every target position."""
+    program = (
+        "import decimal, collections, fractions\n"
+        "class P:\n    def __init__(self, a):\n        self.a, self.b = a, [a]\n        self.a += 1\n"
+        "    def drop(self):\n        del self.b\n        return self.a\n"
+        "class F(fractions.Fraction):\n    pass\n"
+        "def f(x):\n    p = P(x)\n    P.k = 2\n    f.memo = {}\n    (p.c, (p.d, q)) = (1, (2, 3))\n"
+        "    for p.e in range(3):\n        pass\n    F.tag = 'f'\n"
+        "    decimal.getcontext().prec = 5\n    d = collections.defaultdict(int)\n    d.default_factory = list\n"
+        "    return [p.drop(), P.k, p.c, p.d, p.e, F.tag, str(decimal.Decimal(1) / 3), d['z']]\n"
+    )
+    expected = Execution("ok", "[2, 2, 1, 2, 2, 'f', '0.33333', []]", "")
+    assert verifier.run(program, "1") == expected
+    with Verifier(workers=1, cache_size=0, language_guards=False) as plain:
+        assert plain.run(program, "1") == expected
+
+
+def test_a_format_read_spelled_with_compatibility_characters_is_checked(verifier):
+    """Identifiers are NFKC-normalised when compiled: ``.ｆｏｒｍａｔ`` reads ``format`` with no ``format`` in the
+    text. The checks are chosen from the compiled names, not the text."""
+    program = "def f(x):\n    return ('{0.' + '_' * 2 + 'class' + '_' * 2 + '}').\uff46\uff4f\uff52\uff4d\uff41\uff54(1)\n"
+    assert "format" not in program
+    _refused_at_run_time(
+        verifier, program, "a format string walks to a private or forbidden name at run time (0.__class__)"
+    )
+
+
 def test_the_guarded_import_refuses_forbidden_submodules_however_named():
     """The child's import refuses ``json.tool`` whether named whole or in a ``from`` list (the pre-filter's
     second layer, for a program that reaches ``__import__`` at run time), and still imports other names."""
@@ -687,12 +752,13 @@ def test_the_guarded_import_refuses_forbidden_submodules_however_named():
         "    else:\n        raise SystemExit(name + repr(fromlist))\n"
         "print(imp('json', None, None, ('decoder',)).decoder.__name__, 'json.tool' in sys.modules)\n"
         "print(sorted(_child._FORBIDDEN_MODULES))\nprint(sorted(_child._FORBIDDEN_ATTRIBUTES))\n"
+        "import opcode\nprint(_child._ATTRIBUTE_WRITES == {opcode.opmap['STORE_ATTR'], opcode.opmap['DELETE_ATTR']})\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     # and the child's copies of the pre-filter's forbidden modules and attributes agree with it
     expected = (
         f"json.decoder False\n{sorted(prefilter_module.FORBIDDEN_MODULES)}\n"
-        f"{sorted(prefilter_module.FORBIDDEN_ATTRIBUTES)}\n"
+        f"{sorted(prefilter_module.FORBIDDEN_ATTRIBUTES)}\nTrue\n"
     )
     assert done.returncode == 0 and done.stdout == expected, done.stderr
 
@@ -933,7 +999,12 @@ def test_a_program_s_subclass_of_the_alias_class_writes_nothing_through_it(verif
         verifier, through_copy, "the program made copy rebuild an object into a S (copy.copy/deepcopy)"
     )
     direct = "import typing, fractions\ndef f(x):\n    a = type(typing.List[int])(fractions.Fraction, (int,))\n    a.limit_x = 1\n    return 1\n"
-    _refused_at_run_time(verifier, direct, "the program set an attribute through a typing alias ('limit_x')")
+    _refused_at_run_time(  # (the alias's own guard is the layer behind: a program writes to no foreign object)
+        verifier,
+        direct,
+        "the program wrote or deleted the attribute 'limit_x' of an object of the class "
+        "'_GenericAlias', not one of its own",
+    )
 
 
 def test_copy_takes_no_program_memo(verifier):

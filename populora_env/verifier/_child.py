@@ -210,6 +210,7 @@ _RUN_TIME_REFUSALS = {
     "populora.copy_memo": "the program gave copy a memo of its own (a {})",
     "populora.copy_func": "the program made copy rebuild an object by calling the built-in {}",
     "populora.format_walk": "a format string walks to a private or forbidden name at run time ({})",
+    "populora.foreign_store": "the program wrote or deleted the attribute {}, not one of its own",
 }
 
 
@@ -309,6 +310,7 @@ def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
         table[name] = _refuse
     table["__import__"] = _guarded_import
     table["__populora_format__"] = _checked_format
+    table["__populora_own__"] = _owned
     return table
 
 
@@ -390,12 +392,47 @@ def _checked_format(value: Any, name: str) -> Any:
     return method
 
 
-def _with_format_checks(tree: Any) -> Any:
-    """``tree`` (a module's syntax tree) with every read of an attribute ``format``/``format_map`` replaced by
-    a call of ``__populora_format__`` (``_checked_format``), at the same source position."""
+_HEAP_TYPE = (
+    1 << 9
+)  # Py_TPFLAGS_HEAPTYPE: a class written in Python (the C types' instances take no new names)
+_FORMAT_NAMES = frozenset(_FORMAT_METHODS)
+_ATTRIBUTE_WRITES = frozenset({95, 96})  # STORE_ATTR, DELETE_ATTR (CPython 3.11; a test checks them)
+
+
+def _owned(target: Any, name: str) -> Any:
+    """``target``, for a guarded program's attribute write or delete (``target.name = ...``): refused (event
+    ``populora.foreign_store``, recorded) unless ``target`` is the program's own, a class it defined or an
+    instance of one, or an instance of a C type (a function, ``decimal``'s context). A program wrote names
+    into standard modules and classes, and a ``property`` it put on ``abc.ABCMeta`` was handed objects the
+    program could not reach (a red-team review's full escape)."""
+    kind = type(target)
+    if issubclass(kind, type):
+        owned = target.__module__ == "__program__"
+    elif kind is type(sys):
+        owned = False
+    else:
+        owned = kind.__module__ == "__program__" or not kind.__flags__ & _HEAP_TYPE
+    if not owned:
+        if kind is type(sys):
+            what = f"the module {_describe_name(target.__name__)}"
+        elif issubclass(kind, type):
+            what = f"the class {_describe_name(target.__qualname__)}"
+        else:
+            what = f"an object of the class {_describe_name(kind.__qualname__)}"
+        _refuse_at_run_time("populora.foreign_store", f"{_describe_name(name)} of {what}")
+    return target
+
+
+def _with_checks(tree: Any) -> Any:
+    """``tree`` (a module's syntax tree) with the run-time checks of a guarded program, at the same source
+    positions: every read of an attribute ``format``/``format_map`` becomes ``__populora_format__(value,
+    name)`` (``_checked_format``), and the object of every attribute write or delete ``__populora_own__(value,
+    name)`` (``_owned``)."""
     todo = [tree]
     while todo:
         node = todo.pop()
+        if type(node) is _ast.Attribute and type(node.ctx) is not _ast.Load:
+            node.value = _check_call("__populora_own__", node.value, node.attr, node)
         for field in node._fields:
             value = getattr(node, field, None)
             if isinstance(value, list):
@@ -410,28 +447,44 @@ def _with_format_checks(tree: Any) -> Any:
 
 
 def _format_check_of(node: Any) -> Any:
-    if not (type(node) is _ast.Attribute and node.attr in _FORMAT_METHODS and type(node.ctx) is _ast.Load):
-        return node
+    if type(node) is _ast.Attribute and node.attr in _FORMAT_NAMES and type(node.ctx) is _ast.Load:
+        return _check_call("__populora_format__", node.value, node.attr, node)
+    return node
+
+
+def _check_call(function: str, value: Any, name: str, at: Any) -> Any:
+    """The syntax tree of ``function(value, name)``, placed where ``at`` is."""
     call = _ast.Call(
-        func=_ast.Name(id="__populora_format__", ctx=_ast.Load()),
-        args=[node.value, _ast.Constant(value=node.attr)],
-        keywords=[],
+        func=_ast.Name(id=function, ctx=_ast.Load()), args=[value, _ast.Constant(value=name)], keywords=[]
     )
     for made in (call, call.func, call.args[1]):
         for position in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
-            setattr(made, position, getattr(node, position, None))
+            setattr(made, position, getattr(at, position, None))
     return call
 
 
+def _needs_checks(code: Any) -> bool:
+    """Whether compiled program code reads an attribute named ``format``/``format_map`` or writes or deletes
+    any attribute (its names after NFKC, its opcodes; a global ``format`` counts too, harmlessly)."""
+    todo = [code]
+    while todo:
+        unit = todo.pop()
+        if not _FORMAT_NAMES.isdisjoint(unit.co_names) or not _ATTRIBUTE_WRITES.isdisjoint(unit.co_code[::2]):
+            return True
+        todo.extend(const for const in unit.co_consts if type(const) is type(code))
+    return False
+
+
 def _compile(text: str, filename: str, mode: str, guarded: bool) -> Any:
-    """``compile`` of program text; for a guarded program whose text mentions ``format``, through its syntax
-    tree with the format checks (``_with_format_checks``)."""
+    """``compile`` of program text; for a guarded program that needs them, again through its syntax tree
+    with the run-time checks (``_with_checks``)."""
     # dont_inherit: not this module's `from __future__ import annotations` (programs run as plain Python,
     # annotations evaluated when `f` is defined)
-    if not (guarded and "format" in text):
-        return compile(text, filename, mode, dont_inherit=True)
+    code = compile(text, filename, mode, dont_inherit=True)
+    if not (guarded and _needs_checks(code)):
+        return code
     tree = compile(text, filename, mode, _ast.PyCF_ONLY_AST, dont_inherit=True)
-    return compile(_with_format_checks(tree), filename, mode, dont_inherit=True)
+    return compile(_with_checks(tree), filename, mode, dont_inherit=True)
 
 
 class Prepared:
