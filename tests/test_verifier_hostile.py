@@ -1007,6 +1007,31 @@ def test_a_program_s_subclass_of_the_alias_class_writes_nothing_through_it(verif
     )
 
 
+def test_copy_rebuilds_into_no_existing_object_of_the_standard_library(verifier):
+    """A run-time class's ``__reduce_ex__`` whose callable returns an object that exists already made ``copy``
+    write the state into it: a standard object a program may not write itself (``calendar.c``). Copies of
+    standard objects, made anew by their classes, still work."""
+    program = (
+        "import copy, calendar\ndef f(x):\n    K = type(int)('K', (), {'__reduce_ex__': lambda self, p: "
+        "(lambda: calendar.c, (), {'firstweekday': 3})})\n    copy.copy(K())\n    return calendar.c.firstweekday\n"
+    )
+    _refused_at_run_time(
+        verifier, program, "the program made copy rebuild an object into a TextCalendar (copy.copy/deepcopy)"
+    )
+    copies = (
+        "import copy, collections, fractions, decimal, array, statistics, enum\nclass P:\n"
+        "    def __init__(self):\n        self.a = [1]\nE = enum.Enum('E', 'A B')\ndef f(x):\n"
+        "    objs = [P(), collections.Counter('aab'), collections.OrderedDict(a=1), fractions.Fraction(1, 3),\n"
+        "            decimal.Decimal('1.5'), array.array('i', [1, 2]), statistics.NormalDist(1, 2), E.A,\n"
+        "            collections.deque([1])]\n    c = copy.deepcopy(objs)\n    d = [copy.copy(o) for o in objs]\n"
+        "    return [c[0].a, c[1] == objs[1], str(c[3]), str(d[4]), list(c[5]), c[6] == objs[6], c[7] is E.A,\n"
+        "            list(c[8])]\n"
+    )
+    assert verifier.run(copies, "1") == Execution(
+        "ok", "[[1], True, '1/3', '1.5', [1, 2], True, True, [1]]", ""
+    )
+
+
 def test_copy_takes_no_program_memo(verifier):
     """``copy.deepcopy(x, memo)`` with a program's mapping: its ``get`` swapped the reconstruction state after
     the guard had checked it (dunder and ``exec`` keys set; a red-team review's finding). A plain dict is

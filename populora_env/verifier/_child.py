@@ -80,11 +80,17 @@ _NOT_CALLED = tuple(
 _NOT_SET = frozenset({"exec", "eval", "compile"})  # prefilter._SHADOWING_STORES (the worker cannot import it)
 
 
+_NEW_OBJECT: tuple[Any, ...] = ()  # copyreg.__newobj__ and __newobj_ex__ (set by install_copy_guard)
+
+
 def install_copy_guard() -> None:
     """Imports ``copy`` and wraps it (the worker, before its first fork): ``collections.UserDict.copy``
     imports ``copy`` itself, past ``_guarded_import``, so a child could get it unwrapped (a red-team
     review's finding); the preloaded, wrapped ``copy`` is the one every later import finds."""
+    global _NEW_OBJECT
     _real_import("copy")
+    copyreg = sys.modules["copyreg"]
+    _NEW_OBJECT = (copyreg.__newobj__, copyreg.__newobj_ex__)
     _guard_copy()
 
 
@@ -121,6 +127,10 @@ def _guard_copy() -> None:
             # of the standard library, for a red-team review)
             alias = getattr(sys.modules.get("typing"), "_BaseGenericAlias", ())
             if isinstance(made, _NOT_REBUILT) or type(made).__module__ == "typing" or isinstance(made, alias):
+                _refuse_at_run_time("populora.copy_into", type(made).__name__)
+            # A function (a program's) can return an object that exists already, which copy then writes the
+            # state into: only one a program may write itself (a class or copyreg's __newobj__ makes anew)
+            if type(func) is type(_is_own) and func not in _NEW_OBJECT and not _is_own(made):
                 _refuse_at_run_time("populora.copy_into", type(made).__name__)
             return made
 
@@ -399,20 +409,24 @@ _FORMAT_NAMES = frozenset(_FORMAT_METHODS)
 _ATTRIBUTE_WRITES = frozenset({95, 96})  # STORE_ATTR, DELETE_ATTR (CPython 3.11; a test checks them)
 
 
+def _is_own(target: Any) -> bool:
+    """Whether a guarded program may write ``target``'s attributes (``_owned``)."""
+    kind = type(target)
+    if issubclass(kind, type):
+        return bool(target.__module__ == "__program__")
+    if kind is type(sys):
+        return False
+    return kind.__module__ == "__program__" or not kind.__flags__ & _HEAP_TYPE
+
+
 def _owned(target: Any, name: str) -> Any:
     """``target``, for a guarded program's attribute write or delete (``target.name = ...``): refused (event
     ``populora.foreign_store``, recorded) unless ``target`` is the program's own, a class it defined or an
     instance of one, or an instance of a C type (a function, ``decimal``'s context). A program wrote names
     into standard modules and classes, and a ``property`` it put on ``abc.ABCMeta`` was handed objects the
     program could not reach (a red-team review's full escape)."""
-    kind = type(target)
-    if issubclass(kind, type):
-        owned = target.__module__ == "__program__"
-    elif kind is type(sys):
-        owned = False
-    else:
-        owned = kind.__module__ == "__program__" or not kind.__flags__ & _HEAP_TYPE
-    if not owned:
+    if not _is_own(target):
+        kind = type(target)
         if kind is type(sys):
             what = f"the module {_describe_name(target.__name__)}"
         elif issubclass(kind, type):
