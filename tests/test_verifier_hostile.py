@@ -751,15 +751,11 @@ def test_the_guarded_import_refuses_forbidden_submodules_however_named():
         "    try:\n        imp(name, None, None, fromlist)\n    except ImportError:\n        pass\n"
         "    else:\n        raise SystemExit(name + repr(fromlist))\n"
         "print(imp('json', None, None, ('decoder',)).decoder.__name__, 'json.tool' in sys.modules)\n"
-        "print(sorted(_child._FORBIDDEN_MODULES))\nprint(sorted(_child._FORBIDDEN_ATTRIBUTES))\n"
         "import opcode\nprint(_child._ATTRIBUTE_WRITES == {opcode.opmap['STORE_ATTR'], opcode.opmap['DELETE_ATTR']})\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    # and the child's copies of the pre-filter's forbidden modules and attributes agree with it
-    expected = (
-        f"json.decoder False\n{sorted(prefilter_module.FORBIDDEN_MODULES)}\n"
-        f"{sorted(prefilter_module.FORBIDDEN_ATTRIBUTES)}\nTrue\n"
-    )
+    # and the run-time check of attribute writes knows this Python's opcodes for them
+    expected = "json.decoder False\nTrue\n"
     assert done.returncode == 0 and done.stdout == expected, done.stderr
 
 

@@ -15,6 +15,7 @@ import os
 import sys
 
 import literals  # top-level in the worker process, see _worker.py
+from rules import FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES, SHADOWING_STORES
 from verdicts import line as _line
 
 TYPE_CHECKING = False  # `typing` stays out of the worker (see literals.py)
@@ -23,9 +24,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 _ALLOWED_MODULES: frozenset[str] = frozenset()
-# Submodules of allowed packages a program may not import: the pre-filter's ``FORBIDDEN_MODULES`` (the worker
-# cannot import the package; a test keeps the two equal).
-_FORBIDDEN_MODULES = frozenset({"json.tool"})
 
 
 def _guarded_import(
@@ -45,7 +43,7 @@ def _forbidden_module(name: str, fromlist: Any) -> bool:
     parts = name.split(".")
     names = {".".join(parts[: i + 1]) for i in range(len(parts))}
     names.update(f"{name}.{item}" for item in fromlist or () if type(item) is str)
-    return not names.isdisjoint(_FORBIDDEN_MODULES)
+    return not names.isdisjoint(FORBIDDEN_MODULES)
 
 
 def _refuse_at_run_time(event: str, what: str) -> None:
@@ -77,7 +75,7 @@ _NOT_CALLED = tuple(
 # State keys ``copy`` may not set: dunders, and the names whose module globals shadow the built-ins the
 # standard library calls with privileged arguments (``dataclasses.exec``), set through an object that
 # forwards attribute writes (typing's alias class) when the module itself was refused.
-_NOT_SET = frozenset({"exec", "eval", "compile"})  # prefilter._SHADOWING_STORES (the worker cannot import it)
+_NOT_SET = SHADOWING_STORES
 
 
 _NEW_OBJECT: tuple[Any, ...] = ()  # copyreg.__newobj__ and __newobj_ex__ (set by install_copy_guard)
@@ -349,18 +347,6 @@ _TABLES: dict[bool, dict[str, Any]] = {}
 # may take only what the pre-filter lets a program's source take, no private or forbidden attribute and no
 # item key with a leading underscore.
 _FORMAT_METHODS = ("format", "format_map")
-# The pre-filter's FORBIDDEN_ATTRIBUTES (the worker cannot import the package; a test keeps the two equal).
-_FORBIDDEN_ATTRIBUTES = frozenset(
-    {
-        "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "tb_frame", "tb_next",
-        "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "attrgetter", "methodcaller", "get_field",
-        "Formatter", "get_type_hints", "ForwardRef", "singledispatch", "singledispatchmethod",
-        "update_wrapper", "wraps", "WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES",
-        "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
-        "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
-        "make_dataclass", "global_enum", "dispatch_table", "pickle_by_enum_name", "obj",
-    }
-)  # fmt: skip
 
 
 def _format_walk_refused(text: str, depth: int = 0) -> str:
@@ -370,7 +356,7 @@ def _format_walk_refused(text: str, depth: int = 0) -> str:
             continue
         _first, rest = _string.formatter_field_name_split(field)
         for is_attribute, key in rest:
-            if type(key) is str and (key[:1] == "_" or (is_attribute and key in _FORBIDDEN_ATTRIBUTES)):
+            if type(key) is str and (key[:1] == "_" or (is_attribute and key in FORBIDDEN_ATTRIBUTES)):
                 return field
         if spec and "{" in spec:
             nested = _format_walk_refused(spec, depth + 1) if depth < 2 else spec

@@ -17,6 +17,8 @@ from functools import lru_cache, wraps
 from typing import Any, Literal
 
 from .literals import on_a_fresh_stack, too_deep
+from .rules import FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES
+from .rules import SHADOWING_STORES as _SHADOWING_STORES
 
 __all__ = [
     "ALLOWED_MODULES",
@@ -54,32 +56,6 @@ BANNED_NAMES = frozenset(
     }
 )  # fmt: skip
 
-#: Attributes a program may not read although their names have no underscore: the frames and code of
-#: generators, coroutines and tracebacks (``gen.gi_frame.f_back.f_globals`` reaches the child's own
-#: modules), attribute access by name at run time (``attrgetter``; a ``Formatter`` subclass's hooks get
-#: the objects a format string walks to), the evaluators of string annotations (``get_type_hints``, which
-#: ``singledispatch`` calls, runs them through ``eval`` with the real built-ins), and the modules that the
-#: allowed ones import under a public name (``typing.sys.modules`` holds every module).
-#: ``make_dataclass`` builds a class from a namespace dict of any names (``__class__``, ``__reduce_ex__``...)
-#: and ``global_enum`` copies a class's ``__members__`` into the globals of the module its ``__module__``
-#: names (the verifier's own, ``builtins``); ``copy.dispatch_table`` (copyreg's) makes ``copy`` rebuild any
-#: class's instances from what a program's function returns; ``enum.pickle_by_enum_name`` returns the real
-#: built-in ``getattr``: all turned into escapes by red-team reviews. ``obj``: since Python 3.10 a failed
-#: attribute lookup stores the object it failed on in the ``AttributeError`` (``e.obj``), so a format string
-#: built at run time (``'{0.__globals__.x}'.format(json.dumps)``, which no static check sees) handed back
-#: whatever it walked to: a module's globals, the real built-ins (a red-team review).
-#: ``FORBIDDEN_ATTRIBUTES`` is checked against the running Python's allowed modules by the tests.
-FORBIDDEN_ATTRIBUTES = frozenset(
-    {
-        "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "tb_frame", "tb_next",
-        "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "attrgetter", "methodcaller", "get_field",
-        "Formatter", "get_type_hints", "ForwardRef", "singledispatch", "singledispatchmethod",
-        "update_wrapper", "wraps", "WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES",
-        "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
-        "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
-        "make_dataclass", "global_enum", "dispatch_table", "pickle_by_enum_name", "obj",
-    }
-)  # fmt: skip
 
 #: The special methods a program may define (any other dunder-named ``def`` is refused): construction,
 #: representation, comparison, arithmetic, containers, iteration, context managers and calls. Refused by
@@ -107,9 +83,6 @@ ALLOWED_SPECIAL_METHODS = frozenset(
     }
 )  # fmt: skip
 
-#: Submodules of allowed packages that a program may not import: ``json.tool`` holds ``sys`` and
-#: ``argparse`` (the tests walk every submodule of the allowed packages for such).
-FORBIDDEN_MODULES = frozenset({"json.tool"})
 
 #: Most syntax-tree nodes a program may compile to, counting each ``finally`` body once per copy CPython
 #: 3.11 emits (normal exit, exception, and each ``return``/``break``/``continue`` leaving through it):
@@ -508,11 +481,6 @@ def _bound_names(tree: ast.AST) -> set[str]:
 
 _FORMAT_REACH = re.compile(r"\{[^{}]*\.\s*(?:_|gi_|cr_|ag_|tb_|f_)")
 """A ``str.format`` field walking to a private, dunder or frame attribute: ``"{0.__globals__}"``."""
-
-
-_SHADOWING_STORES = frozenset({"exec", "eval", "compile"})
-"""Attribute names a program may not assign or delete: a module global of that name shadows the built-in
-its functions call (``dataclasses.exec = f``)."""
 
 
 def _type_as_value(tree: ast.AST) -> int | None:

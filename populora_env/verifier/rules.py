@@ -1,0 +1,42 @@
+"""Names the language layer refuses, shared by the host's pre-filter and the worker's run-time checks.
+
+Imported by the host as ``populora_env.verifier.rules`` (through ``prefilter``) and by the worker as a
+top-level module (``_child``), which cannot import the package: one definition for both halves.
+"""
+
+from __future__ import annotations
+
+#: Attributes a program may not read although their names have no underscore: the frames and code of
+#: generators, coroutines and tracebacks (``gen.gi_frame.f_back.f_globals`` reaches the child's own
+#: modules), attribute access by name at run time (``attrgetter``; a ``Formatter`` subclass's hooks get
+#: the objects a format string walks to), the evaluators of string annotations (``get_type_hints``, which
+#: ``singledispatch`` calls, runs them through ``eval`` with the real built-ins), and the modules that the
+#: allowed ones import under a public name (``typing.sys.modules`` holds every module).
+#: ``make_dataclass`` builds a class from a namespace dict of any names (``__class__``, ``__reduce_ex__``...)
+#: and ``global_enum`` copies a class's ``__members__`` into the globals of the module its ``__module__``
+#: names (the verifier's own, ``builtins``); ``copy.dispatch_table`` (copyreg's) makes ``copy`` rebuild any
+#: class's instances from what a program's function returns; ``enum.pickle_by_enum_name`` returns the real
+#: built-in ``getattr``: all turned into escapes by red-team reviews. ``obj``: since Python 3.10 a failed
+#: attribute lookup stores the object it failed on in the ``AttributeError`` (``e.obj``), so a format string
+#: built at run time (``'{0.__globals__.x}'.format(json.dumps)``, which no static check sees) handed back
+#: whatever it walked to: a module's globals, the real built-ins (a red-team review).
+#: ``FORBIDDEN_ATTRIBUTES`` is checked against the running Python's allowed modules by the tests.
+FORBIDDEN_ATTRIBUTES = frozenset(
+    {
+        "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "tb_frame", "tb_next",
+        "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "attrgetter", "methodcaller", "get_field",
+        "Formatter", "get_type_hints", "ForwardRef", "singledispatch", "singledispatchmethod",
+        "update_wrapper", "wraps", "WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES",
+        "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
+        "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
+        "make_dataclass", "global_enum", "dispatch_table", "pickle_by_enum_name", "obj",
+    }
+)  # fmt: skip
+
+#: Submodules of allowed packages that a program may not import: ``json.tool`` holds ``sys`` and
+#: ``argparse`` (the tests walk every submodule of the allowed packages for such).
+FORBIDDEN_MODULES = frozenset({"json.tool"})
+
+SHADOWING_STORES = frozenset({"exec", "eval", "compile"})
+"""Attribute names a program may not assign or delete: a module global of that name shadows the built-in
+its functions call (``dataclasses.exec = f``)."""
