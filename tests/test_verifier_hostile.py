@@ -246,6 +246,12 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
                               {"forbidden"}, {"ok"}),
     "format_field_nested_in_a_spec": (_p("s = '{0:{1.' + '_' * 2 + 'class' + '_' * 2 + '}}'\nreturn s.format(1, 2)"),
                                       {"forbidden"}, {"runtime"}),
+    # str's own format method reached through super() of a str subclass (a red-team review)
+    "format_through_super": (
+        "import typing\nclass S(str):\n    pass\ndef f(x):\n    u = '_' * 2\n"
+        "    s = S('{0.' + u + 'globals' + u + '[sys].modules[os].environ[PATH]}')\n"
+        "    return super(S, s).format(typing.cast)[:60]\n",
+        {"forbidden"}, {"ok"}),
     # `from json import tool` loaded the forbidden submodule: argparse's FileType is `open`, Path all of pathlib
     "forbidden_submodule_by_from_import": (
         _p("return tool.argparse.FileType('r')(verdicts_file).read()[:3]",
@@ -568,16 +574,13 @@ def test_a_builtin_class_name_rebound_by_the_program_is_no_self_matching_pattern
 def test_the_future_record_a_call_changes_is_its_own(verifier):
     """The one ``__future__`` import handed out the worker's own record: a call that changed it changed the
     next call's (nondeterministic verdicts, depending on the order of a run_many). Each call gets a fresh
-    record (and a child of its own); a guarded program may not write to it at all (not its own object)."""
+    record (and a child of its own)."""
     program = ("from __future__ import annotations\n"
                "def f(x):\n    annotations.optional = annotations.optional + (x,)\n"
                "    return len(annotations.optional)")  # fmt: skip
-    detail = "the program wrote or deleted the attribute 'optional' of an object of the class '_Feature', not one of its own"
-    assert verifier.run(program, "1") == Execution("forbidden", None, detail)
-    with Verifier(workers=1, cache_size=0, language_guards=False) as plain:
-        alone = plain.run(program, "1")
-        assert alone.status == "ok"
-        assert plain.run_many([(program, "1"), (program, "2"), (program, "3")]) == [alone] * 3
+    alone = verifier.run(program, "1")
+    assert alone.status == "ok"
+    assert verifier.run_many([(program, "1"), (program, "2"), (program, "3")]) == [alone] * 3
 
 
 def test_a_frame_reached_at_run_time_is_forbidden_whatever_the_program_does_with_the_error(verifier):
@@ -691,17 +694,18 @@ def test_format_strings_built_at_run_time_still_format():
             "'x' of the class 'Any'",
         ),
         (
-            "calendar.c.firstweekday += 1",
+            "calendar.c.formatweek = len",
             "import calendar\n",
-            "'firstweekday' of an object of the class 'TextCalendar'",
+            "'formatweek' of an object of the class 'TextCalendar' (a method of the class)",
         ),
     ],
 )
 def test_a_program_writes_no_attribute_of_what_is_not_its_own(verifier, body, header, target):
-    """Standard modules, classes and their instances take no attribute writes or deletes from a guarded
-    program, in any target position: a program's names written into them changed what the standard library
-    did next (``functools.seen``), and a ``property`` put on ``abc.ABCMeta`` was handed what a run-time format
-    string walked to (red-team reviews; the second a full escape)."""
+    """Standard modules and classes take no attribute writes or deletes from a guarded program, in any target
+    position, nor standard objects one that shadows a method of their class: a program's names written into
+    them changed what the standard library did next (``functools.seen``), and a ``property`` put on
+    ``abc.ABCMeta`` was handed what a run-time format string walked to (red-team reviews; the second a full
+    escape)."""
     program = _p(f"{body}\nreturn 1", header)
     assert prefilter(program).status == "ok"  # (the static half cannot tell whose object it is)
     _refused_at_run_time(
@@ -710,19 +714,32 @@ def test_a_program_writes_no_attribute_of_what_is_not_its_own(verifier, body, he
 
 
 def test_a_program_writes_the_attributes_of_its_own_objects(verifier):
-    """Its classes, their instances (also of its subclasses of standard classes), its functions, and
-    instances of C types (``decimal``'s context, ``collections.defaultdict``), in every target position."""
+    """Its classes, their instances (also of its subclasses of standard classes), its functions, and the
+    plain attributes of standard objects (``decimal``'s context, ``collections.defaultdict``,
+    ``textwrap.TextWrapper``, exceptions, ``functools.partial``, an ``lru_cache`` wrapper), in every target
+    position; classes it makes through the functional forms of ``namedtuple``, ``enum`` and ``typing`` are
+    its own (a review of programs the checks broke)."""
     program = (
-        "import decimal, collections, fractions\n"
+        "import decimal, collections, fractions, textwrap, functools, enum, typing, json\n"
+        "@functools.lru_cache(maxsize=None)\ndef sq(n):\n    return n * n\n"
         "class P:\n    def __init__(self, a):\n        self.a, self.b = a, [a]\n        self.a += 1\n"
         "    def drop(self):\n        del self.b\n        return self.a\n"
         "class F(fractions.Fraction):\n    pass\n"
         "def f(x):\n    p = P(x)\n    P.k = 2\n    f.memo = {}\n    (p.c, (p.d, q)) = (1, (2, 3))\n"
         "    for p.e in range(3):\n        pass\n    F.tag = 'f'\n"
         "    decimal.getcontext().prec = 5\n    d = collections.defaultdict(int)\n    d.default_factory = list\n"
-        "    return [p.drop(), P.k, p.c, p.d, p.e, F.tag, str(decimal.Decimal(1) / 3), d['z']]\n"
+        "    w = textwrap.TextWrapper(width=15)\n    w.width = 25\n    sq.calls = 0\n    part = functools.partial(pow, 2)\n"
+        "    part.label = 'pow2'\n    Pt = collections.namedtuple('Pt', 'x y')\n    Pt.origin = Pt(0, 0)\n"
+        "    Color = enum.Enum('Color', 'RED GREEN')\n    Color.RED.points = 3\n"
+        "    Pair = typing.NamedTuple('Pair', [('a', int)])\n    Pair.zero = Pair(0)\n"
+        "    try:\n        json.loads('{')\n    except json.JSONDecodeError as e:\n        e.source = 'in'\n"
+        "        seen = e.source\n"
+        "    return [p.drop(), P.k, p.c, p.d, p.e, F.tag, str(decimal.Decimal(1) / 3), d['z'], w.width, sq.calls,\n"
+        "            part.label, tuple(Pt.origin), Color.RED.points, tuple(Pair.zero), seen]\n"
     )
-    expected = Execution("ok", "[2, 2, 1, 2, 2, 'f', '0.33333', []]", "")
+    expected = Execution(
+        "ok", "[2, 2, 1, 2, 2, 'f', '0.33333', [], 25, 0, 'pow2', (0, 0), 3, (0,), 'in']", ""
+    )
     assert verifier.run(program, "1") == expected
     with Verifier(workers=1, cache_size=0, language_guards=False) as plain:
         assert plain.run(program, "1") == expected
@@ -995,12 +1012,7 @@ def test_a_program_s_subclass_of_the_alias_class_writes_nothing_through_it(verif
         verifier, through_copy, "the program made copy rebuild an object into a S (copy.copy/deepcopy)"
     )
     direct = "import typing, fractions\ndef f(x):\n    a = type(typing.List[int])(fractions.Fraction, (int,))\n    a.limit_x = 1\n    return 1\n"
-    _refused_at_run_time(  # (the alias's own guard is the layer behind: a program writes to no foreign object)
-        verifier,
-        direct,
-        "the program wrote or deleted the attribute 'limit_x' of an object of the class "
-        "'_GenericAlias', not one of its own",
-    )
+    _refused_at_run_time(verifier, direct, "the program set an attribute through a typing alias ('limit_x')")
 
 
 def test_copy_rebuilds_into_no_existing_object_of_the_standard_library(verifier):
@@ -1026,6 +1038,77 @@ def test_copy_rebuilds_into_no_existing_object_of_the_standard_library(verifier)
     assert verifier.run(copies, "1") == Execution(
         "ok", "[[1], True, '1/3', '1.5', [1, 2], True, True, [1]]", ""
     )
+
+
+@pytest.mark.parametrize(
+    "callable_", ["functools.partial(lambda: calendar.c)", "max", "calendar.TextCalendar"]
+)
+def test_a_copy_of_a_program_s_object_is_the_program_s_own(verifier, callable_):
+    """A run-time class's ``__reduce_ex__`` can name any callable: one that returns an object that exists
+    already (``calendar.c``, through a ``functools.partial`` or ``max``) had ``copy`` write the state into it,
+    private names included (a red-team review). A copy of a program's object must be the program's own (a
+    new standard object too, as with the class)."""
+    made = "([calendar.c],)" if callable_ == "max" else "()"
+    program = (
+        "import copy, calendar, functools\ndef f(x):\n    K = type(int)('K', (), {'_' + '_reduce_ex__': "
+        f"lambda self, p: ({callable_}, {made}, {{'_' + 'firstweekday': 3}})}})\n    copy.copy(K())\n"
+        "    return calendar.c.firstweekday\n"
+    )
+    _refused_at_run_time(
+        verifier, program, "the program made copy rebuild an object into a TextCalendar (copy.copy/deepcopy)"
+    )
+
+
+def test_a_user_dict_copy_writes_into_nothing_but_a_new_instance(verifier):
+    """``UserDict.__copy__`` made its copy with ``self.__class__.__new__`` and wrote into its ``__dict__``: a
+    run-time class whose ``__class__`` property named a class whose ``__new__`` returned ``json`` had its
+    attributes (``__path__`` included) written into json's globals, then ``from json import code`` ran any
+    code (a red-team review's full escape). The copy is made with ``type(self)`` now and must be new."""
+    program = (
+        "import collections, copy, json\ndef f(x):\n    u = '_' * 2\n"
+        "    P = type(int)('P', (), {u + 'new' + u: lambda c: json})\n    d = {'planted': 1, 'data': {}}\n"
+        "    U = type(int)('U', (collections.UserDict,), {u + 'class' + u: property(lambda s: P),\n"
+        "                                                 u + 'dict' + u: property(lambda s: d)})\n"
+        "    copy.copy(U())\n    return hasattr(json, 'planted')\n"
+    )
+    assert prefilter(program).status == "ok"
+    assert verifier.run(program, "1") == Execution("ok", "False", "")
+    # the standard library's own UserDict.__copy__ (this process's) writes into the module
+    import types
+
+    target = types.ModuleType("target")
+    namespace = {"__builtins__": __builtins__}
+    exec(program.replace("import collections, copy, json", "import collections, copy"), namespace)
+    namespace["json"] = target
+    assert namespace["f"](1) is True and target.planted == 1
+    copies = (
+        "import collections, copy\nclass D(collections.UserDict):\n    pass\n"
+        "class L(collections.UserList):\n    pass\ndef f(x):\n    d, l = D(a=1), L([1, 2])\n    d.tag = 't'\n"
+        "    c, m = copy.copy(d), copy.copy(l)\n    c['b'] = 2\n    m.append(3)\n"
+        "    return [dict(d), dict(c), c.tag, list(l), list(m), type(c) is D, type(m) is L]\n"
+    )
+    expected = "[{'a': 1}, {'a': 1, 'b': 2}, 't', [1, 2], [1, 2, 3], True, True]"
+    assert verifier.run(copies, "1") == Execution("ok", expected, "")
+
+
+def test_the_object_a_failed_lookup_kept_is_not_handed_out(verifier):
+    """``AttributeError.obj`` (Python 3.10+) is the object a lookup failed on: it handed back what a format
+    string built at run time had walked to (a red-team review). Reading ``obj`` of an exception is refused at
+    run time (also as a class pattern's keyword, statically); ``obj`` of a program's own object is not."""
+    caught = (
+        "def f(x):\n    try:\n        x.nope\n    except AttributeError as e:\n        return str(e.obj)\n"
+    )
+    _refused_at_run_time(
+        verifier,
+        caught,
+        "the program read the object a failed lookup kept in an exception (AttributeError.obj)",
+    )
+    own = (
+        "class H:\n    def __init__(self, obj):\n        self.obj = obj\ndef f(x):\n    return H(x).obj + 1\n"
+    )
+    assert verifier.run(own, "1") == Execution("ok", "2", "")
+    pattern = "def f(x):\n    match x:\n        case str(format=m):\n            return m\n"
+    assert prefilter(pattern).detail == "line 3: a class pattern may not read the attribute 'format'"
 
 
 def test_copy_takes_no_program_memo(verifier):

@@ -15,7 +15,7 @@ import os
 import sys
 
 import literals  # top-level in the worker process, see _worker.py
-from rules import FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES, SHADOWING_STORES
+from rules import CHECKED_READS, FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES, SHADOWING_STORES
 from verdicts import line as _line
 
 TYPE_CHECKING = False  # `typing` stays out of the worker (see literals.py)
@@ -34,7 +34,8 @@ def _guarded_import(
     if level or name.split(".")[0] not in _ALLOWED_MODULES or _forbidden_module(name, fromlist):
         raise ImportError(f"import of {name!r} is not allowed")
     module = _real_import(name, globals, locals, fromlist, level)
-    _guard_typing()  # `typing` arrives with the program's own import (`copy` is wrapped by the worker)
+    _guard_typing()  # `typing` and `collections` arrive with the program's own imports (`copy` is wrapped by
+    _guard_collections()  # the worker)
     return module
 
 
@@ -78,18 +79,13 @@ _NOT_CALLED = tuple(
 _NOT_SET = SHADOWING_STORES
 
 
-_NEW_OBJECT: tuple[Any, ...] = ()  # copyreg.__newobj__ and __newobj_ex__ (set by install_copy_guard)
-
-
 def install_copy_guard() -> None:
     """Imports ``copy`` and wraps it (the worker, before its first fork): ``collections.UserDict.copy``
     imports ``copy`` itself, past ``_guarded_import``, so a child could get it unwrapped (a red-team
     review's finding); the preloaded, wrapped ``copy`` is the one every later import finds."""
-    global _NEW_OBJECT
     _real_import("copy")
-    copyreg = sys.modules["copyreg"]
-    _NEW_OBJECT = (copyreg.__newobj__, copyreg.__newobj_ex__)
     _guard_copy()
+    _guard_collections()
 
 
 def _guard_copy() -> None:
@@ -126,9 +122,10 @@ def _guard_copy() -> None:
             alias = getattr(sys.modules.get("typing"), "_BaseGenericAlias", ())
             if isinstance(made, _NOT_REBUILT) or type(made).__module__ == "typing" or isinstance(made, alias):
                 _refuse_at_run_time("populora.copy_into", type(made).__name__)
-            # A function (a program's) can return an object that exists already, which copy then writes the
-            # state into: only one a program may write itself (a class or copyreg's __newobj__ makes anew)
-            if type(func) is type(_is_own) and func not in _NEW_OBJECT and not _is_own(made):
+            # A program's object reduces to whatever its (run-time) class says: a callable that returns an
+            # object that exists already, which copy then writes the state into (calendar.c, an enum
+            # member): a copy of a program's object must be the program's own too
+            if _is_own(x) and not _is_own(made):
                 _refuse_at_run_time("populora.copy_into", type(made).__name__)
             return made
 
@@ -156,6 +153,31 @@ def _guard_copy() -> None:
         return deepcopy(x, memo, _nil)
 
     copy.deepcopy = guarded_deepcopy  # type: ignore[attr-defined]
+
+
+def _guard_collections() -> None:
+    """Replaces ``collections.UserDict.__copy__`` and ``UserList.__copy__`` (once per process) with versions
+    that make the copy with ``type(self)`` and refuse (event ``populora.copy_into``, recorded) a ``__new__``
+    that gives anything but a new instance of it. The originals call ``self.__class__.__new__`` and then
+    write into the ``__dict__`` of what it returns: a run-time class whose ``__class__`` and ``__new__``
+    returned the module ``json`` had its attributes written into json's globals (``__path__`` included: a
+    red-team review's full escape)."""
+    collections = sys.modules.get("collections")
+    if collections is None or getattr(vars(collections.UserDict).get("__copy__"), "guarded", False):
+        return
+    for cls, copy_data in ((collections.UserDict, dict.copy), (collections.UserList, list.copy)):
+
+        def __copy__(self: Any, _copy_data: Any = copy_data) -> Any:
+            kind: Any = type(self)
+            inst = kind.__new__(kind)
+            if not issubclass(type(inst), kind) or inst is self:
+                _refuse_at_run_time("populora.copy_into", type(inst).__name__)
+            inst.__dict__.update(self.__dict__)
+            inst.__dict__["data"] = _copy_data(self.__dict__["data"])
+            return inst
+
+        __copy__.guarded = True  # type: ignore[attr-defined]
+        cls.__copy__ = __copy__
 
 
 def _guard_typing() -> None:
@@ -219,6 +241,7 @@ _RUN_TIME_REFUSALS = {
     "populora.copy_func": "the program made copy rebuild an object by calling the built-in {}",
     "populora.format_walk": "a format string walks to a private or forbidden name at run time ({})",
     "populora.foreign_store": "the program wrote or deleted the attribute {}, not one of its own",
+    "populora.exception_object": "the program read the object a failed lookup kept in an exception ({}.obj)",
 }
 
 
@@ -366,16 +389,22 @@ def _format_walk_refused(text: str, depth: int = 0) -> str:
 
 
 def _checked_format(value: Any, name: str) -> Any:
-    """``value.<name>`` (``format`` or ``format_map``), for a guarded program: for a string, after checking its
-    fields (``_format_walk_refused``); for ``str`` or a subclass, a function that checks each string it is
-    given; anything else's attribute as it is."""
+    """``value.<name>`` for a guarded program's read of ``format``, ``format_map`` or ``obj``. Judged by what
+    the read gives: ``str``'s own bound method (of a string, a ``str`` subclass, a ``super()`` of one) after
+    checking the string's fields (``_format_walk_refused``); ``str``'s unbound method as a function that
+    checks each string it is given; an exception's ``obj`` (a failed lookup's object, see ``rules.py``)
+    refused; anything else as it is."""
+    if name == "obj" and isinstance(value, BaseException):
+        _refuse_at_run_time("populora.exception_object", type(value).__name__)
     method = getattr(value, name)
-    if isinstance(value, str):
-        refused = _format_walk_refused(str.__str__(value))
+    if name == "obj":
+        return method
+    kind = type(method)
+    if kind is _BOUND_BUILTIN and isinstance(getattr(method, "__self__", None), str):
+        refused = _format_walk_refused(str.__str__(method.__self__))
         if refused:
             _refuse_at_run_time("populora.format_walk", refused)
-        return method
-    if isinstance(value, type) and issubclass(value, str):
+    elif kind is _METHOD_DESCRIPTOR and getattr(method, "__objclass__", None) is str:
 
         def checked(text: Any, *args: Any, **kwargs: Any) -> Any:
             if isinstance(text, str):
@@ -388,37 +417,69 @@ def _checked_format(value: Any, name: str) -> Any:
     return method
 
 
-_HEAP_TYPE = (
-    1 << 9
-)  # Py_TPFLAGS_HEAPTYPE: a class written in Python (the C types' instances take no new names)
-_FORMAT_NAMES = frozenset(_FORMAT_METHODS)
+_BOUND_BUILTIN = type("".format)
+_METHOD_DESCRIPTOR = type(str.format)
+
+
+_FORMAT_NAMES = CHECKED_READS  # the attribute reads checked (``_checked_format``)
 _ATTRIBUTE_WRITES = frozenset({95, 96})  # STORE_ATTR, DELETE_ATTR (CPython 3.11; a test checks them)
 
 
+def _is_standard(cls: Any) -> bool:
+    """Whether a class is the standard library's (or the verifier's): found under its own name in the module
+    it names. A program's class is not, whatever its ``__module__`` says, nor one the standard library made
+    for it (``collections.namedtuple``, the ``enum`` and ``typing`` functional forms)."""
+    if cls.__module__ == "__program__":  # (the program's module is in sys.modules too, by that name)
+        return False
+    found: Any = sys.modules.get(cls.__module__) if type(cls.__module__) is str else None
+    for part in str(cls.__qualname__).split(".") if type(cls.__qualname__) is str else ("<?>",):
+        namespace = vars(found) if isinstance(found, type | type(sys)) else {}
+        found = namespace.get(part)
+    return found is cls
+
+
 def _is_own(target: Any) -> bool:
-    """Whether a guarded program may write ``target``'s attributes (``_owned``)."""
+    """Whether a guarded program may write any attribute of ``target`` (``_owned``): not a module, a standard
+    class, or an instance of one."""
     kind = type(target)
-    if issubclass(kind, type):
-        return bool(target.__module__ == "__program__")
     if kind is type(sys):
         return False
-    return kind.__module__ == "__program__" or not kind.__flags__ & _HEAP_TYPE
+    if issubclass(kind, type):
+        return not _is_standard(target)
+    return not _is_standard(kind)
+
+
+def _shadows_a_method(target: Any, name: str) -> bool:
+    """Whether writing ``name`` on an instance of a standard class would shadow a method of its class (the
+    standard library calls methods with what it holds: a program's function in their place is handed it)."""
+    for cls in type(target).__mro__:
+        found = vars(cls).get(name, _MISSING)
+        if found is not _MISSING:
+            kind = type(found)
+            return hasattr(kind, "__get__") and not hasattr(kind, "__set__")
+    return False
+
+
+_MISSING = object()
 
 
 def _owned(target: Any, name: str) -> Any:
     """``target``, for a guarded program's attribute write or delete (``target.name = ...``): refused (event
-    ``populora.foreign_store``, recorded) unless ``target`` is the program's own, a class it defined or an
-    instance of one, or an instance of a C type (a function, ``decimal``'s context). A program wrote names
-    into standard modules and classes, and a ``property`` it put on ``abc.ABCMeta`` was handed objects the
-    program could not reach (a red-team review's full escape)."""
-    if not _is_own(target):
+    ``populora.foreign_store``, recorded) where ``target`` is a module, a standard class, or an instance of
+    one whose class has a method ``name``. A program wrote names into standard modules and classes, and a
+    ``property`` it put on ``abc.ABCMeta`` was handed objects it could not reach (a red-team review's full
+    escape); a method shadowed on a standard object would be handed what the standard library passes it.
+    Plain attributes of standard instances stay writable (``textwrap.TextWrapper().width``)."""
+    if not _is_own(target) and (
+        type(target) is type(sys) or isinstance(target, type) or _shadows_a_method(target, name)
+    ):
         kind = type(target)
         if kind is type(sys):
             what = f"the module {_describe_name(target.__name__)}"
         elif issubclass(kind, type):
             what = f"the class {_describe_name(target.__qualname__)}"
         else:
-            what = f"an object of the class {_describe_name(kind.__qualname__)}"
+            what = f"an object of the class {_describe_name(kind.__qualname__)} (a method of the class)"
         _refuse_at_run_time("populora.foreign_store", f"{_describe_name(name)} of {what}")
     return target
 

@@ -42,6 +42,7 @@ TYPE_CHECKING = False  # `typing` stays out of the worker (see above)
 if TYPE_CHECKING:
     from typing import Any
 
+_SHIFT_SIZES = tuple(range(2, 480, 16))  # bytes objects of every small-object size class from 48 to 512 bytes
 _GATED = 8  # children forked in a row, each waiting at its gate (``Worker.handle``)
 
 _SIGNAL_NAMES = {
@@ -111,7 +112,7 @@ class Worker:
         # addresses (the order of a set of objects hashed by address) is then far more likely to differ
         # between the determinism check's two runs, as it would between machines.
         shift = int(config.get("heap_shift", 0))
-        sizes = (*range(2, 480, 16), 600, 1100, 2100, 4200)
+        sizes = (*_SHIFT_SIZES, 600, 1100, 2100, 4200)
         self._held = [v for _ in range(shift) for v in (object(), 0.5 + shift, *(bytes(n) for n in sizes))]
         _child.install_frame_guard()  # the language layer's run-time half: no frames for guarded programs
         _child.install_copy_guard()  # (the standard library imports copy lazily too, past the guarded import)
@@ -160,11 +161,16 @@ class Worker:
         # full collection empties the free lists of tuples, lists, dicts and floats, ~50 page faults in
         # every child when they are full (measured here), a few here.
         gc.collect()
+        # and a shifted pool's worker takes one more block of every small size class for the request (the
+        # extra blocks it took at its start are lost in its history): its children's objects sit one
+        # block on from where the other pool's do
+        shifted = [object(), 0.5 + len(self._held), *(bytes(n) for n in _SHIFT_SIZES)] if self._held else []
         lines: list[bytes] = []
         for start in range(0, len(units), _GATED):
             started = [self._start_child(unit, request) for unit in units[start : start + _GATED]]
             for child in started:
                 lines.extend(self._finish_child(child, request))
+        shifted.clear()
         return b"".join(lines)
 
     def _start_child(self, prepared: _child.Prepared, request: dict[str, Any]) -> tuple[int, int, int]:

@@ -17,7 +17,7 @@ from functools import lru_cache, wraps
 from typing import Any, Literal
 
 from .literals import on_a_fresh_stack, too_deep
-from .rules import FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES
+from .rules import CHECKED_READS, FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES
 from .rules import SHADOWING_STORES as _SHADOWING_STORES
 
 __all__ = [
@@ -567,6 +567,9 @@ def _forbidden(node: ast.AST) -> str | None:
             # `case C(p)` reads the attribute C.__match_args__[0] names, which a program can set to anything
             # (a namedtuple's or dataclass's field names, a class made with type())
             return "positional patterns of a class pattern are not allowed (except for built-in types)"
+        checked = next((name for name in node.kwd_attrs if name in CHECKED_READS), None)
+        if checked is not None:  # the run-time check of these reads sees attribute reads only
+            return f"a class pattern may not read the attribute {checked!r}"
         return next(filter(None, map(_attribute_refused, node.kwd_attrs)), None)
     elif isinstance(node, ast.Call):
         if isinstance(node.func, ast.Name) and node.func.id == "type" and not _plain_type_call(node):

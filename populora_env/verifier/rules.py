@@ -16,10 +16,7 @@ from __future__ import annotations
 #: and ``global_enum`` copies a class's ``__members__`` into the globals of the module its ``__module__``
 #: names (the verifier's own, ``builtins``); ``copy.dispatch_table`` (copyreg's) makes ``copy`` rebuild any
 #: class's instances from what a program's function returns; ``enum.pickle_by_enum_name`` returns the real
-#: built-in ``getattr``: all turned into escapes by red-team reviews. ``obj``: since Python 3.10 a failed
-#: attribute lookup stores the object it failed on in the ``AttributeError`` (``e.obj``), so a format string
-#: built at run time (``'{0.__globals__.x}'.format(json.dumps)``, which no static check sees) handed back
-#: whatever it walked to: a module's globals, the real built-ins (a red-team review).
+#: built-in ``getattr``: all turned into escapes by red-team reviews.
 #: ``FORBIDDEN_ATTRIBUTES`` is checked against the running Python's allowed modules by the tests.
 FORBIDDEN_ATTRIBUTES = frozenset(
     {
@@ -29,7 +26,7 @@ FORBIDDEN_ATTRIBUTES = frozenset(
         "update_wrapper", "wraps", "WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES",
         "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
         "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
-        "make_dataclass", "global_enum", "dispatch_table", "pickle_by_enum_name", "obj",
+        "make_dataclass", "global_enum", "dispatch_table", "pickle_by_enum_name",
     }
 )  # fmt: skip
 
@@ -40,3 +37,10 @@ FORBIDDEN_MODULES = frozenset({"json.tool"})
 SHADOWING_STORES = frozenset({"exec", "eval", "compile"})
 """Attribute names a program may not assign or delete: a module global of that name shadows the built-in
 its functions call (``dataclasses.exec = f``)."""
+
+CHECKED_READS = frozenset({"format", "format_map", "obj"})
+"""Attribute names whose reads the child checks at run time (``_child._checked_format``): ``str.format`` walks
+the attributes a format string names, and one built at run time is one no static check sees; ``obj`` of an
+exception is the object a failed lookup kept (since Python 3.10), which handed a program whatever such a walk
+had reached, the real built-ins (red-team reviews). A class pattern reads attributes too (``case
+str(format=f)``): the pre-filter refuses these names as its keywords."""
