@@ -640,6 +640,28 @@ def test_one_program_per_request_keeps_an_output_from_depending_on_the_others():
         assert v.run_many([(victim, "1"), (spy, "'zq'"), *filler])[1] == Execution("ok", "True", "")
 
 
+def test_the_memory_a_program_gets_does_not_depend_on_what_the_worker_served_before():
+    """A program's address space is capped at its process's size when forked plus ``memory_mb``: with an
+    absolute cap it got what its worker had not taken, less after the worker had compiled a large program,
+    and a program that counted how much it could allocate before ``MemoryError`` told a fresh worker from a
+    used one, alike in both pools (a red-team review)."""
+    probe = (
+        "def f(unit):\n    lo, hi = 0, 1 << 30\n    while hi - lo > unit:\n        mid = (lo + hi) // 2\n"
+        "        try:\n            b = bytes(mid)\n            del b\n            lo = mid\n"
+        "        except MemoryError:\n            hi = mid\n    return lo // unit\n"
+    )
+    big = (
+        "def f(x):\n    d = {"
+        + ", ".join(f"'k{i}': [{i}, 'v{i}']" for i in range(20_000))
+        + "}\n    return len(d)\n"
+    )
+    with Verifier(workers=1, cache_size=0, max_program_chars=len(big)) as v:
+        fresh = v.run(probe, "4096")
+        assert fresh.status == "ok", fresh
+        assert v.run(big, "1") == Execution("ok", "20000", "")  # the worker grows compiling it
+        assert v.run(probe + "# again\n", "4096") == fresh
+
+
 def test_dicts_equal_under_both_hash_seeds_are_deterministic(verifier):
     """A dict built in set order has another insertion order under each hash seed but is the same value
     (answers are compared with ``==``): ``ok``, with the first run's text; a list in set order is not."""

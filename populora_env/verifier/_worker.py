@@ -87,6 +87,9 @@ class Worker:
             seccomp_error = "the worker was given no seccomp filter"
         self.devnull = os.open("/dev/null", os.O_RDWR)
         size = sandbox.address_space_bytes()  # before Landlock hides /proc
+        # kept open to read this process's size before each request (Landlock checks paths when opened)
+        self.statm = sandbox.open_statm()
+        self.base = 0  # this process's address space when the request's children are forked (`handle`)
         self.report = sandbox.isolate_worker() if isolate else {"errors": []}
         if imports_error is None and self.keep_fds:
             imports_error = _check_import_fds(self.keep_fds)
@@ -165,6 +168,11 @@ class Worker:
         # extra blocks it took at its start are lost in its history): its children's objects sit one
         # block on from where the other pool's do
         shifted = [object(), 0.5 + len(self._held), *(bytes(n) for n in _SHIFT_SIZES)] if self._held else []
+        # A program's memory is `memory_mb` on top of the process it is forked as: an absolute cap left it
+        # what this worker had not taken, less after a large program had been compiled, and a program that
+        # counted the allocations it could make before MemoryError told a fresh worker from a used one (a
+        # red-team review).
+        self.base = sandbox.statm_bytes(self.statm)
         lines: list[bytes] = []
         for start in range(0, len(units), _GATED):
             started = [self._start_child(unit, request) for unit in units[start : start + _GATED]]
@@ -244,7 +252,7 @@ class Worker:
         # the worker's session, no terminal; seccomp stops kill() of other processes), and resetting the
         # handler here cost each child ~20 copy-on-write page faults.
         _child.set_recursion_limit(int(request["recursion_limit"]))
-        sandbox.apply_child_limits(cpu_seconds, int(request["memory_mb"]) << 20)
+        sandbox.apply_child_limits(cpu_seconds, self.base + (int(request["memory_mb"]) << 20))
         if self.bpf is not None:
             self.bpf.load()
 

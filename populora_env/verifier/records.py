@@ -55,7 +55,8 @@ class VerifierConfig:
     timeout: float = 2.0
     """Wall-clock seconds allowed per call (the child's CPU limit is derived from it)."""
     memory_mb: int = 512
-    """Address-space limit of each program's process, in MiB."""
+    """Address space each program may add to its process, in MiB (its limit is the interpreter's size when it
+    is forked plus this; the absolute limit where the worker cannot read its own size)."""
     workers: int | None = None
     """Worker processes per hash-seed pool, at most ``MAX_WORKERS``; ``None`` uses the number of CPUs (capped so)."""
     check_determinism: bool = True

@@ -450,6 +450,25 @@ def address_space_bytes() -> int | None:
         return None
 
 
+def open_statm() -> int | None:
+    """A descriptor of ``/proc/self/statm`` to read this process's size from later (``statm_bytes``), opened
+    before Landlock hides ``/proc``; ``None`` where it cannot be opened."""
+    try:
+        return os.open("/proc/self/statm", os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def statm_bytes(fd: int | None) -> int:
+    """This process's address space size now, read through ``fd`` (``open_statm``); 0 where unknown."""
+    if fd is None:
+        return 0
+    try:
+        return int(os.pread(fd, 128, 0).split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def limit_worker_memory(size_bytes: int | None, headroom_bytes: int = WORKER_HEADROOM_BYTES) -> bool:
     """Caps the worker's own address space at ``size_bytes`` (its size, from ``address_space_bytes``) plus
     ``headroom_bytes``, as a soft limit only: each child still sets its program's limit, up to the
