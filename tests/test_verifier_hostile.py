@@ -252,6 +252,28 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         "    s = S('{0.' + u + 'globals' + u + '[sys].modules[os].environ[PATH]}')\n"
         "    return super(S, s).format(typing.cast)[:60]\n",
         {"forbidden"}, {"ok"}),
+    # UserString.format calls str's on its data, past the check of format reads; a typing alias of the
+    # AttributeError relayed its `obj`, the real __import__ (a red-team review's full escape)
+    "user_string_format_and_an_alias_of_the_error": (
+        "import collections, typing, json\ndef f(x):\n    u = '_' * 2\n"
+        "    s = collections.UserString('{0.' + u + 'globals' + u + '[' + u + 'builtins' + u + '][' + u + 'import' + u + '].zzz}')\n"
+        "    try:\n        s.format(json.dumps)\n    except AttributeError as e:\n        err = e\n"
+        "    a = type(typing.List[int])(err, (int,), name='L')\n    return a.obj('os').getuid()\n",
+        {"forbidden"}, {"ok"}),
+    "user_string_format_map": (
+        "import collections, typing\ndef f(x):\n    u = '_' * 2\n"
+        "    s = collections.UserString('{t.' + u + 'globals' + u + '[sys].modules[os].environ[PATH]}')\n"
+        "    return s.format_map({'t': typing.cast})[:60]\n",
+        {"forbidden"}, {"ok"}),
+    "alias_of_an_exception": (
+        _p("try:\n    x.zzz\nexcept AttributeError as e:\n    err = e\n"
+           "return str(type(typing.List[int])(err, (int,), name='L').obj)", "import typing\n"),
+        {"forbidden"}, {"ok"}),
+    # the enum machinery sets _value_, _name_, __objclass__ on what a class's __new__ returns (a review)
+    "enum_new_returning_a_module": (
+        "import enum, json\nclass E(enum.Enum):\n    def __new__(cls, v):\n        return json\n    A = 'json'\n"
+        "def f(x):\n    return [n for n in dir(json) if n.startswith('_') and not n.startswith('__')]\n",
+        {"forbidden"}, {"ok"}),
     # `from json import tool` loaded the forbidden submodule: argparse's FileType is `open`, Path all of pathlib
     "forbidden_submodule_by_from_import": (
         _p("return tool.argparse.FileType('r')(verdicts_file).read()[:3]",
@@ -753,6 +775,23 @@ def test_a_format_read_spelled_with_compatibility_characters_is_checked(verifier
     _refused_at_run_time(
         verifier, program, "a format string walks to a private or forbidden name at run time (0.__class__)"
     )
+
+
+def test_guarded_user_strings_aliases_and_enums_still_work(verifier):
+    """The replaced ``UserString.format``/``format_map``, the alias guard (a class, special form or alias as
+    origin) and the enum guard leave ordinary use alone."""
+    program = (
+        "import collections, typing, enum\nclass C(enum.IntEnum):\n    A = 1\n    B = 2\n"
+        "class Co(enum.Flag):\n    R = 1\n    G = 2\ndef f(x):\n    s = collections.UserString('{0}-{1:>3}')\n"
+        "    m = collections.UserString('{a}')\n"
+        "    return [s.format(1, 2), m.format_map({'a': x}), str(typing.List[int]), typing.Optional[int] == typing.Union[int, None],\n"
+        "            typing.get_origin(typing.Annotated[list[int], 'm']) is typing.Annotated, typing.List[int].copy is list.copy,\n"
+        "            C.B + 1, (Co.R | Co.G).value, C(2).name, enum.Enum('E', 'P Q').Q.value]\n"
+    )
+    expected = Execution("ok", "['1-  2', '1', 'typing.List[int]', True, True, True, 3, 3, 'B', 2]", "")
+    assert verifier.run(program, "1") == expected
+    with Verifier(workers=1, cache_size=0, language_guards=False) as plain:
+        assert plain.run(program, "1") == expected
 
 
 def test_the_guarded_import_refuses_forbidden_submodules_however_named():

@@ -36,6 +36,7 @@ def _guarded_import(
     module = _real_import(name, globals, locals, fromlist, level)
     _guard_typing()  # `typing` and `collections` arrive with the program's own imports (`copy` is wrapped by
     _guard_collections()  # the worker)
+    _guard_enum()
     return module
 
 
@@ -86,6 +87,7 @@ def install_copy_guard() -> None:
     _real_import("copy")
     _guard_copy()
     _guard_collections()
+    _guard_enum()
 
 
 def _guard_copy() -> None:
@@ -179,14 +181,57 @@ def _guard_collections() -> None:
         __copy__.guarded = True  # type: ignore[attr-defined]
         cls.__copy__ = __copy__
 
+    # UserString.format and format_map call str's on `self.data`, past the check of format reads (a red-team
+    # review's full escape): they go through it here, the string read once
+    def format(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return _checked_format(self.data, "format")(*args, **kwargs)
+
+    def format_map(self: Any, mapping: Any) -> Any:
+        return _checked_format(self.data, "format_map")(mapping)
+
+    collections.UserString.format = format
+    collections.UserString.format_map = format_map
+
+
+def _guard_enum() -> None:
+    """Makes an enum class's own ``__new__`` (once per process: ``enum.EnumType.__new__`` wrapped) refuse
+    (event ``populora.enum_member``, recorded) to give a member that is not a new instance of the class: the
+    enum machinery sets ``_value_``, ``_name_`` and ``__objclass__`` on whatever it returns and calls its
+    ``__init__`` with the member's values, so a ``__new__`` returning the module ``json`` had its names
+    written and its ``__name__`` reset (a red-team review)."""
+    enum = sys.modules.get("enum")
+    if enum is None or getattr(vars(enum.EnumType)["__new__"], "guarded", False):
+        return
+    make_class = vars(enum.EnumType)["__new__"]
+    make_class = getattr(make_class, "__func__", make_class)
+
+    def guarded_class(metacls: Any, cls: Any, bases: Any, classdict: Any, **kwargs: Any) -> Any:
+        new = classdict.get("__new__")
+        if new is not None and not getattr(new, "guarded", False):
+            make = getattr(new, "__func__", new)
+
+            def member(enum_class: Any, *args: Any, **kw: Any) -> Any:
+                made = make(enum_class, *args, **kw)
+                if not issubclass(type(made), enum_class):
+                    _refuse_at_run_time("populora.enum_member", type(made).__name__)
+                return made
+
+            member.guarded = True  # type: ignore[attr-defined]
+            dict.__setitem__(classdict, "__new__", member)
+        return make_class(metacls, cls, bases, classdict, **kwargs)
+
+    guarded_class.guarded = True  # type: ignore[attr-defined]
+    enum.EnumType.__new__ = staticmethod(guarded_class)
+
 
 def _guard_typing() -> None:
     """Makes typing's alias class (``typing.List[int]``'s) refuse to forward attribute reads and writes to an
-    origin that is a module or a function (event ``populora.alias_origin``, recorded): it relays every name
+    origin that is not a class, a special form or an alias (a module, a function, an exception: event
+    ``populora.alias_origin``, recorded): it relays every name
     without double underscores to ``__origin__``, so ``type(typing.List[int])(dataclasses, (int,))`` was a
     proxy of the module, and a write through it (by ``copy``) shadowed ``dataclasses.exec`` (a red-team
     review's full escape). Every alias the standard library makes has a class or a special form there."""
-    typing = sys.modules.get("typing")
+    typing: Any = sys.modules.get("typing")
     alias = getattr(typing, "_BaseGenericAlias", None)
     if alias is None or getattr(alias.__getattr__, "guarded", False):
         return
@@ -194,9 +239,13 @@ def _guard_typing() -> None:
     # the names an alias keeps for itself (the set in its __setattr__, read from the running Python's code)
     own = next((c for c in relay_set.__code__.co_consts if isinstance(c, frozenset)), frozenset())
 
+    origins = (type, typing._SpecialForm, alias, type(list[int]))
+
     def origin_checked(self: Any) -> None:
+        # what the standard library's aliases have there: a class, a special form (Union), an alias
+        # (Annotated's); an exception relayed the object a failed lookup kept (`obj`: a red-team review)
         origin = object.__getattribute__(self, "__dict__").get("__origin__")
-        if isinstance(origin, (type(sys), type(_guarded_import), type(len))):  # a module or a function
+        if not isinstance(origin, origins):
             _refuse_at_run_time("populora.alias_origin", type(origin).__name__)
 
     def get(self: Any, attr: str) -> Any:
@@ -242,6 +291,7 @@ _RUN_TIME_REFUSALS = {
     "populora.format_walk": "a format string walks to a private or forbidden name at run time ({})",
     "populora.foreign_store": "the program wrote or deleted the attribute {}, not one of its own",
     "populora.exception_object": "the program read the object a failed lookup kept in an exception ({}.obj)",
+    "populora.enum_member": "an enum's __new__ of the program's gave a {}, not a new member",
 }
 
 

@@ -164,10 +164,12 @@ class Worker:
         # full collection empties the free lists of tuples, lists, dicts and floats, ~50 page faults in
         # every child when they are full (measured here), a few here.
         gc.collect()
-        # and a shifted pool's worker takes one more block of every small size class for the request (the
-        # extra blocks it took at its start are lost in its history): its children's objects sit one
-        # block on from where the other pool's do
-        shifted = [object(), 0.5 + len(self._held), *(bytes(n) for n in _SHIFT_SIZES)] if self._held else []
+        # and a shifted pool's worker holds one more block of every small size class, and a class object's,
+        # for the request (the extra blocks it took at its start are lost in its history), while the other
+        # pool's makes and drops the same: its children take those very blocks, the shifted pool's the next
+        shifted = [object(), 0.5 + len(self._held), type("Shift", (), {}), *(bytes(n) for n in _SHIFT_SIZES)]
+        if not self._held:
+            shifted.clear()
         # A program's memory is `memory_mb` on top of the process it is forked as: an absolute cap left it
         # what this worker had not taken, less after a large program had been compiled, and a program that
         # counted the allocations it could make before MemoryError told a fresh worker from a used one (a
