@@ -794,6 +794,67 @@ def test_guarded_user_strings_aliases_and_enums_still_work(verifier):
         assert plain.run(program, "1") == expected
 
 
+@pytest.mark.parametrize(
+    ("program", "args", "output"),
+    [
+        # a program's own exception with an `obj` field (only AttributeError's is the failed lookup's)
+        (
+            "class Missing(Exception):\n    def __init__(self, obj):\n        self.obj = obj\ndef f(x):\n"
+            "    try:\n        raise Missing(x)\n    except Missing as e:\n        return e.obj\n",
+            "3",
+            "3",
+        ),
+        # item keys with one leading underscore (JSON records' `_id`)
+        (
+            "def f(doc):\n    return 'id={0[_id]} t={0[title]}'.format(doc)\n",
+            "{'_id': 'a1', 'title': 'x'}",
+            "'id=a1 t=x'",
+        ),
+        # a malformed template fails when called, not when its method is read
+        (
+            "def f(ts):\n    out = []\n    for t in ts:\n        render = t.format\n        try:\n"
+            "            out.append(render(42))\n        except (ValueError, IndexError) as e:\n"
+            "            out.append('bad')\n    return out\n",
+            "['{}', '{', '{0} {1}']",
+            "['42', 'bad', 'bad']",
+        ),
+        # a public attribute that merely starts like a frame attribute (`f_name`), in a constant format string
+        (
+            "class P:\n    def __init__(self, a):\n        self.f_name = a\ndef f(a):\n"
+            "    return '{0.f_name}!'.format(P(a))\n",
+            "'Ada'",
+            "'Ada!'",
+        ),
+        # deep copies of methods: `str.lower` and a program object's bound method reduce to getattr(obj, name)
+        (
+            "import copy\nclass A:\n    def get(self):\n        return 7\ndef f(ws):\n"
+            "    key = copy.deepcopy({'k': str.lower})['k']\n    return [sorted(ws, key=key), copy.copy(A().get)()]\n",
+            "['b', 'A', 'c']",
+            "[['A', 'b', 'c'], 7]",
+        ),
+        # a UserDict holding a defaultdict is copied with the defaultdict's own copy
+        (
+            "import collections, copy\nclass G(collections.UserDict):\n    def __init__(self):\n"
+            "        self.data = collections.defaultdict(list)\ndef f(x):\n    g = G()\n    c = copy.copy(g)\n"
+            "    c.data['z'].append(x)\n    return [type(c.data) is collections.defaultdict, dict(c.data), dict(g.data)]\n",
+            "1",
+            "[True, {'z': [1]}, {}]",
+        ),
+    ],
+)
+def test_ordinary_programs_the_run_time_checks_once_refused(verifier, program, args, output):
+    """Programs a review of the run-time checks found refused or changed, now as in plain Python."""
+    assert verifier.run(program, args) == Execution("ok", output, "")
+
+
+def test_a_dunder_item_key_in_a_run_time_format_string_is_refused(verifier):
+    """Item keys with one underscore are data (``_id``); a dunder key still is not walked at run time."""
+    program = "def f(d):\n    return ('{0[' + '_' * 2 + 'x' + '_' * 2 + ']}').format(d)\n"
+    _refused_at_run_time(
+        verifier, program, "a format string walks to a private or forbidden name at run time (0[__x__])"
+    )
+
+
 def test_the_guarded_import_refuses_forbidden_submodules_however_named():
     """The child's import refuses ``json.tool`` whether named whole or in a ``from`` list (the pre-filter's
     second layer, for a program that reaches ``__import__`` at run time), and still imports other names."""
@@ -1171,8 +1232,8 @@ def test_copy_does_not_rebuild_a_bound_method_with_getattr(verifier):
     callable named ``__globals__`` bound to ``enum.unique`` made ``copy.copy`` return enum's globals, the
     real built-ins among them (a red-team review's full escape)."""
     program = (
-        "import copy, enum\nclass C:\n    def m(self):\n        pass\ndef f(x):\n    class N:\n"
-        "        __name__ = 'glob' + 'als'\n        def __call__(self, *a):\n            pass\n"
+        "import copy, enum\nclass C:\n    def m(self):\n        pass\ndef f(x):\n    u = '_' * 2\n"
+        "    N = type(int)('N', (), {u + 'name' + u: u + 'globals' + u, u + 'call' + u: lambda self, *a: None})\n"
         "    method = type(C().m)\n    return str(type(copy.copy(method(N(), enum.unique))))\n"
     )
     _refused_at_run_time(

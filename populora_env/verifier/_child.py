@@ -80,6 +80,20 @@ _NOT_CALLED = tuple(
 _NOT_SET = SHADOWING_STORES
 
 
+def _plain_getattr(func: Any, args: Any) -> bool:
+    """Whether a reconstruction is ``getattr(obj, name)`` with a name a program's source may read: what a
+    method reduces to (``str.lower``, a bound method of the program's), unlike the callable named
+    ``__globals__`` of a red-team review's escape."""
+    return (
+        func is getattr
+        and type(args) is tuple
+        and len(args) == 2
+        and type(args[1]) is str
+        and args[1][:1] != "_"
+        and args[1] not in FORBIDDEN_ATTRIBUTES
+    )
+
+
 def install_copy_guard() -> None:
     """Imports ``copy`` and wraps it (the worker, before its first fork): ``collections.UserDict.copy``
     imports ``copy`` itself, past ``_guarded_import``, so a child could get it unwrapped (a red-team
@@ -105,7 +119,7 @@ def _guard_copy() -> None:
         # a program's memo mapping: its get() could swap the state after the checks below
         if memo is not None and type(memo) is not dict:
             _refuse_at_run_time("populora.copy_memo", type(memo).__name__)
-        if any(func is builtin for builtin in _NOT_CALLED):
+        if any(func is builtin for builtin in _NOT_CALLED) and not _plain_getattr(func, args):
             _refuse_at_run_time("populora.copy_func", getattr(func, "__name__", "?"))
         state = rest[0] if rest else kwargs.get("state")
         parts = state if isinstance(state, tuple) and len(state) == 2 else (state,)
@@ -167,7 +181,10 @@ def _guard_collections() -> None:
     collections = sys.modules.get("collections")
     if collections is None or getattr(vars(collections.UserDict).get("__copy__"), "guarded", False):
         return
-    for cls, copy_data in ((collections.UserDict, dict.copy), (collections.UserList, list.copy)):
+    for cls, copy_data in (
+        (collections.UserDict, lambda data: data.copy()),
+        (collections.UserList, lambda data: data[:]),
+    ):
 
         def __copy__(self: Any, _copy_data: Any = copy_data) -> Any:
             kind: Any = type(self)
@@ -423,18 +440,29 @@ _FORMAT_METHODS = ("format", "format_map")
 
 
 def _format_walk_refused(text: str, depth: int = 0) -> str:
-    """The first field of ``text`` that walks where programs may not (``""`` if none)."""
-    for _literal, field, spec, _conversion in _string.formatter_parser(text):
-        if field is None:
-            continue
-        _first, rest = _string.formatter_field_name_split(field)
-        for is_attribute, key in rest:
-            if type(key) is str and (key[:1] == "_" or (is_attribute and key in FORBIDDEN_ATTRIBUTES)):
-                return field
-        if spec and "{" in spec:
-            nested = _format_walk_refused(spec, depth + 1) if depth < 2 else spec
-            if nested:
-                return nested
+    """The first field of ``text`` that walks where programs may not (``""`` if none): a private or forbidden
+    attribute, or a dunder item key. Fields after a malformed part are not looked at: ``str.format`` parses
+    the same way and fails there, before walking them."""
+    try:
+        for _literal, field, spec, _conversion in _string.formatter_parser(text):
+            if field is None:
+                continue
+            _first, rest = _string.formatter_field_name_split(field)
+            for is_attribute, key in rest:
+                if type(key) is not str:
+                    continue
+                if (
+                    (key[:1] == "_" or key in FORBIDDEN_ATTRIBUTES)
+                    if is_attribute
+                    else key[:2] == key[-2:] == "__"
+                ):
+                    return field
+            if spec and "{" in spec:
+                nested = _format_walk_refused(spec, depth + 1) if depth < 2 else spec
+                if nested:
+                    return nested
+    except ValueError:  # malformed: the call fails at the same place
+        return ""
     return ""
 
 
@@ -444,7 +472,7 @@ def _checked_format(value: Any, name: str) -> Any:
     checking the string's fields (``_format_walk_refused``); ``str``'s unbound method as a function that
     checks each string it is given; an exception's ``obj`` (a failed lookup's object, see ``rules.py``)
     refused; anything else as it is."""
-    if name == "obj" and isinstance(value, BaseException):
+    if name == "obj" and isinstance(value, AttributeError):  # (the only built-in exception with an `obj`)
         _refuse_at_run_time("populora.exception_object", type(value).__name__)
     method = getattr(value, name)
     if name == "obj":

@@ -479,7 +479,9 @@ def _bound_names(tree: ast.AST) -> set[str]:
     return names
 
 
-_FORMAT_REACH = re.compile(r"\{[^{}]*\.\s*(?:_|gi_|cr_|ag_|tb_|f_)")
+_FORMAT_REACH = re.compile(
+    r"\{[^{}]*\.\s*(?:_|gi_|cr_|ag_|tb_|f_(?:back|globals|locals|builtins|code|lasti|lineno|trace)\b)"
+)
 """A ``str.format`` field walking to a private, dunder or frame attribute: ``"{0.__globals__}"``."""
 
 
