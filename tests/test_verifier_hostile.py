@@ -274,6 +274,28 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         "import enum, json\nclass E(enum.Enum):\n    def __new__(cls, v):\n        return json\n    A = 'json'\n"
         "def f(x):\n    return [n for n in dir(json) if n.startswith('_') and not n.startswith('__')]\n",
         {"forbidden"}, {"ok"}),
+    # a typing alias named '__builtins__' reduced to a lookup in typing's globals: the real builtins'
+    # ModuleSpec, whose loader loads any built-in module (a red-team review's full escape)
+    "typing_alias_copied_by_name": (
+        "import typing, copy\ndef f(x):\n    a = type(typing.List[int])(int, ('_' + '_spec__',), name='_' + '_builtins__')\n"
+        "    b = copy.copy(a).loader.load_module('builtins')\n    return b.eval(\"len('ab')\", {})\n",
+        {"forbidden"}, {"ok"}),
+    # a run-time class's __deepcopy__ was handed copy's own memo: the originals and their live __dict__
+    "deepcopy_hook_handed_the_memo": (
+        "import copy, calendar\ndef f(x):\n    got = []\n"
+        "    K = type(int)('K', (), {'_' + '_deepcopy__': lambda self, memo: got.append(memo) or self})\n"
+        "    copy.deepcopy([calendar.c, K()])\n    for d in got[0].values():\n        if type(d) is list:\n"
+        "            live = [v for v in d if type(v) is dict]\n    live[0]['_firstweekday'] = 3\n"
+        "    return calendar.c.firstweekday\n",
+        {"forbidden"}, {"ok"}),
+    # standard classes whose names do not lead back to them (a namedtuple made at import, a C type)
+    "standard_class_not_found_by_name": (_p("difflib.Match.count = 7\nreturn 1", "import difflib\n"),
+                                         {"forbidden"}, {"ok"}),
+    "c_type_under_another_name": (_p("json.scanner.c_make_scanner.planted = 1\nreturn 1", "import json\n"),
+                                  {"forbidden"}, {"ok"}),
+    # total_ordering writes comparison methods into the class it is given
+    "total_ordering_of_a_standard_class": (_p("functools.total_ordering(numbers.Real)\nreturn 1",
+                                              "import functools, numbers\n"), {"forbidden"}, {"ok"}),
     # `from json import tool` loaded the forbidden submodule: argparse's FileType is `open`, Path all of pathlib
     "forbidden_submodule_by_from_import": (
         _p("return tool.argparse.FileType('r')(verdicts_file).read()[:3]",

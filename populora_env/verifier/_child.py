@@ -37,6 +37,8 @@ def _guarded_import(
     _guard_typing()  # `typing` and `collections` arrive with the program's own imports (`copy` is wrapped by
     _guard_collections()  # the worker)
     _guard_enum()
+    _guard_functools()
+    register_standard()
     return module
 
 
@@ -80,6 +82,18 @@ _NOT_CALLED = tuple(
 _NOT_SET = SHADOWING_STORES
 
 
+def _is_typing(obj: Any) -> bool:
+    """Whether ``obj`` is one of typing's objects (an alias, a special form...)."""
+    alias = getattr(sys.modules.get("typing"), "_BaseGenericAlias", ())
+    return type(obj).__module__ == "typing" or isinstance(obj, alias)
+
+
+def _program_hook(cls: Any, name: str) -> bool:
+    """Whether a class of the program's in ``cls``'s MRO defines the method ``name`` (only a class made at run
+    time can: a class statement defines no special method off the allowlist)."""
+    return any(name in vars(k) for k in cls.__mro__ if not _is_standard(k))
+
+
 def _plain_getattr(func: Any, args: Any) -> bool:
     """Whether a reconstruction is ``getattr(obj, name)`` with a name a program's source may read: what a
     method reduces to (``str.lower``, a bound method of the program's), unlike the callable named
@@ -102,6 +116,8 @@ def install_copy_guard() -> None:
     _guard_copy()
     _guard_collections()
     _guard_enum()
+    _guard_functools()
+    register_standard()
 
 
 def _guard_copy() -> None:
@@ -116,6 +132,10 @@ def _guard_copy() -> None:
     reconstruct = copy._reconstruct
 
     def guarded(x: Any, memo: Any, func: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        # a typing object reduces to a lookup of its name in typing's globals, which a program can set
+        # (`name='__builtins__'`: a red-team review's full escape); the copy of one was refused anyway
+        if _is_typing(x):
+            _refuse_at_run_time("populora.copy_into", type(x).__name__)
         # a program's memo mapping: its get() could swap the state after the checks below
         if memo is not None and type(memo) is not dict:
             _refuse_at_run_time("populora.copy_memo", type(memo).__name__)
@@ -135,8 +155,7 @@ def _guard_copy() -> None:
             made = func(*given)
             # typing's objects too: its alias class relays the attributes set on it to its origin (a class
             # of the standard library, for a red-team review)
-            alias = getattr(sys.modules.get("typing"), "_BaseGenericAlias", ())
-            if isinstance(made, _NOT_REBUILT) or type(made).__module__ == "typing" or isinstance(made, alias):
+            if isinstance(made, _NOT_REBUILT) or _is_typing(made):
                 _refuse_at_run_time("populora.copy_into", type(made).__name__)
             # A program's object reduces to whatever its (run-time) class says: a callable that returns an
             # object that exists already, which copy then writes the state into (calendar.c, an enum
@@ -158,6 +177,8 @@ def _guard_copy() -> None:
         # of each instance), so a program read and wrote private attributes through it (a red-team review).
         # copy's own recursion passes the memo made below.
         if memo is None:
+            if _program_hook(type(x), "__deepcopy__"):
+                _refuse_at_run_time("populora.copy_hook", type(x).__name__)
             memo = {}
             made.append(memo)
             try:
@@ -166,9 +187,17 @@ def _guard_copy() -> None:
                 made.pop()
         if not any(memo is mine for mine in made):
             _refuse_at_run_time("populora.copy_memo", type(memo).__name__)
+        # a __deepcopy__ of the program's (a run-time class's) is handed copy's own memo, the originals in it
+        if _program_hook(type(x), "__deepcopy__"):
+            _refuse_at_run_time("populora.copy_hook", type(x).__name__)
         return deepcopy(x, memo, _nil)
 
     copy.deepcopy = guarded_deepcopy  # type: ignore[attr-defined]
+    # copy's recursion into lists, tuples and dicts calls the deepcopy its functions were defined with
+    for name in ("_deepcopy_list", "_deepcopy_tuple", "_deepcopy_dict"):
+        function = getattr(copy, name, None)
+        if function is not None and function.__defaults__ == (deepcopy,):
+            function.__defaults__ = (guarded_deepcopy,)
 
 
 def _guard_collections() -> None:
@@ -208,6 +237,25 @@ def _guard_collections() -> None:
 
     collections.UserString.format = format
     collections.UserString.format_map = format_map
+
+
+def _guard_functools() -> None:
+    """Makes ``functools.total_ordering`` refuse a standard class (event ``populora.foreign_store``): it writes
+    comparison methods into the class it is given, a write a program may not make itself (a review)."""
+    functools: Any = sys.modules.get("functools")
+    if functools is None or getattr(functools.total_ordering, "guarded", False):
+        return
+    total_ordering = functools.total_ordering
+
+    def guarded_total_ordering(cls: Any) -> Any:
+        if isinstance(cls, type) and _is_standard(cls):
+            _refuse_at_run_time(
+                "populora.foreign_store", f"'<comparisons>' of the class {_describe_name(cls.__qualname__)}"
+            )
+        return total_ordering(cls)
+
+    guarded_total_ordering.guarded = True  # type: ignore[attr-defined]
+    functools.total_ordering = guarded_total_ordering
 
 
 def _guard_enum() -> None:
@@ -304,6 +352,7 @@ _RUN_TIME_REFUSALS = {
     "populora.alias_origin": "the program made a typing alias relay attributes of a {}",
     "populora.alias_write": "the program set an attribute through a typing alias ({})",
     "populora.copy_memo": "the program gave copy a memo of its own (a {})",
+    "populora.copy_hook": "a __deepcopy__ of the program's (class {}) would be handed copy's memo, the originals in it",
     "populora.copy_func": "the program made copy rebuild an object by calling the built-in {}",
     "populora.format_walk": "a format string walks to a private or forbidden name at run time ({})",
     "populora.foreign_store": "the program wrote or deleted the attribute {}, not one of its own",
@@ -503,10 +552,32 @@ _FORMAT_NAMES = CHECKED_READS  # the attribute reads checked (``_checked_format`
 _ATTRIBUTE_WRITES = frozenset({95, 96})  # STORE_ATTR, DELETE_ATTR (CPython 3.11; a test checks them)
 
 
+_STANDARD_CLASSES: set[int] = set()  # ids of the classes the imported modules hold (``register_standard``)
+_REGISTERED_MODULES: set[str] = set()
+
+
+def register_standard() -> None:
+    """Records the classes every imported module holds as public or private attributes (the worker at its
+    start, the guarded import after each import): the standard library makes classes whose name does not
+    lead back to them (``difflib.Match``, a namedtuple made at import with ``__module__`` 'collections' when
+    ``sys._getframe`` is refused; ``json.scanner.c_make_scanner``, a C type named ``Scanner``), which a
+    review found programs could write into."""
+    for name, module in list(sys.modules.items()):
+        if name in _REGISTERED_MODULES or name == "__program__":
+            continue
+        _REGISTERED_MODULES.add(name)
+        for value in list(vars(module).values()) if isinstance(module, type(sys)) else ():
+            if isinstance(value, type):
+                _STANDARD_CLASSES.add(id(value))
+
+
 def _is_standard(cls: Any) -> bool:
-    """Whether a class is the standard library's (or the verifier's): found under its own name in the module
-    it names. A program's class is not, whatever its ``__module__`` says, nor one the standard library made
-    for it (``collections.namedtuple``, the ``enum`` and ``typing`` functional forms)."""
+    """Whether a class is the standard library's (or the verifier's): held by a module the worker or the
+    guarded import recorded (``register_standard``), or found under its own name in the module it names. A
+    program's class is not, whatever its ``__module__`` says, nor one the standard library made for it
+    (``collections.namedtuple``, the ``enum`` and ``typing`` functional forms)."""
+    if id(cls) in _STANDARD_CLASSES:
+        return True
     if cls.__module__ == "__program__":  # (the program's module is in sys.modules too, by that name)
         return False
     found: Any = sys.modules.get(cls.__module__) if type(cls.__module__) is str else None

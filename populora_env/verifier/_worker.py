@@ -209,10 +209,15 @@ class Worker:
                 # red-team review).
                 gc.freeze()
                 gc.collect()
+                # and in a shifted pool two more of the smallest blocks, here: the worker's own allocations
+                # before the fork can use up its extra one (`id(object()) % 4096` of a fresh verifier's first
+                # program came out alike in both pools)
+                held = (object(), object()) if self._held else ()
                 _child.run_program(
                     prepared, write_fd, max_output=int(request["max_output"]),
                     max_depth=int(request["max_depth"]), mode=mode,
                 )  # fmt: skip
+                del held
             finally:
                 os._exit(0)
         os.close(write_fd)
