@@ -296,6 +296,24 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
     # total_ordering writes comparison methods into the class it is given
     "total_ordering_of_a_standard_class": (_p("functools.total_ordering(numbers.Real)\nreturn 1",
                                               "import functools, numbers\n"), {"forbidden"}, {"ok"}),
+    # a mixin's __new__ returned json: the enum machinery reset json.__name__ to 'importlib', and
+    # `from json import util` then imported importlib.util (a red-team review's full escape)
+    "enum_mixin_new_renaming_a_module": (
+        "import enum, json\nclass Mix:\n    def __new__(cls, v):\n        return json\n"
+        "class E(Mix, enum.Enum):\n    A = 'importlib'\ndef f(x):\n    from json import util\n"
+        "    return str(util.find_spec('builtins').loader.load_module('builtins'))\n",
+        {"forbidden"}, {"ok"}),
+    # the enum guard trusted an attribute the program can set on its own function
+    "enum_new_marked_as_a_wrapper": (
+        "import enum, json\ndef mark(fn):\n    fn.guarded = True\n    return fn\nclass E(enum.Enum):\n"
+        "    @mark\n    def __new__(cls, v):\n        return json\n    A = 'importlib'\n"
+        "def f(x):\n    from json import util\n    return str(util)\n",
+        {"forbidden"}, {"ok"}),
+    "typing_flags_on_standard_objects": (_p("typing.no_type_check(json)\ntyping.final(numbers.Number)\nreturn 1",
+                                            "import typing, json, numbers\n"), {"forbidden"}, {"ok"}),
+    # a standard class whose module name is taken by its own instance
+    "standard_class_shadowed_by_its_instance": (
+        _p("K = type(enum.auto().value)\nK.planted = 7\nreturn 1", "import enum\n"), {"forbidden"}, {"ok"}),
     # `from json import tool` loaded the forbidden submodule: argparse's FileType is `open`, Path all of pathlib
     "forbidden_submodule_by_from_import": (
         _p("return tool.argparse.FileType('r')(verdicts_file).read()[:3]",
@@ -877,6 +895,19 @@ def test_a_dunder_item_key_in_a_run_time_format_string_is_refused(verifier):
     )
 
 
+def test_enum_mixins_and_typing_decorators_on_a_program_s_own_still_work(verifier):
+    """Enums with data types (str, int), and typing's final/no_type_check/runtime_checkable on the program's
+    own classes and functions, under the guards of enum's __new__ and of typing's flag-setting decorators."""
+    program = (
+        "import enum, typing\nclass Color(str, enum.Enum):\n    R = 'r'\nclass N(int, enum.Enum):\n    A = 1\n"
+        "@typing.final\nclass Leaf:\n    pass\n@typing.no_type_check\ndef g(a: 'x') -> 'y':\n    return a\n"
+        "@typing.runtime_checkable\nclass P(typing.Protocol):\n    def m(self): ...\n"
+        "def f(x):\n    from json import decoder\n"
+        "    return [Color.R.value, N.A + 1, g(x), isinstance(Leaf(), P), decoder.JSONDecoder().decode('[1]')]\n"
+    )
+    assert verifier.run(program, "1") == Execution("ok", "['r', 2, 1, False, [1]]", "")
+
+
 def test_the_guarded_import_refuses_forbidden_submodules_however_named():
     """The child's import refuses ``json.tool`` whether named whole or in a ``from`` list (the pre-filter's
     second layer, for a program that reaches ``__import__`` at run time), and still imports other names."""
@@ -890,6 +921,9 @@ def test_the_guarded_import_refuses_forbidden_submodules_however_named():
         "    try:\n        imp(name, None, None, fromlist)\n    except ImportError:\n        pass\n"
         "    else:\n        raise SystemExit(name + repr(fromlist))\n"
         "print(imp('json', None, None, ('decoder',)).decoder.__name__, 'json.tool' in sys.modules)\n"
+        "import json\njson.__name__ = 'importlib'\n"
+        "try:\n    imp('json', None, None, ('util',))\nexcept ImportError:\n    pass\n"
+        "else:\n    raise SystemExit('renamed')\n"
         "import opcode\nprint(_child._ATTRIBUTE_WRITES == {opcode.opmap['STORE_ATTR'], opcode.opmap['DELETE_ATTR']})\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

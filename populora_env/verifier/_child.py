@@ -33,12 +33,23 @@ def _guarded_import(
         return _fresh_future()  # one allowed __future__ import
     if level or name.split(".")[0] not in _ALLOWED_MODULES or _forbidden_module(name, fromlist):
         raise ImportError(f"import of {name!r} is not allowed")
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__name__", None) != name:
+        # the import system imports a from-list's submodules by the package's __name__: a package renamed
+        # `importlib` made `from json import util` give importlib.util (a red-team review's full escape)
+        raise ImportError(f"import of {name!r} is not allowed (the module was renamed)")
     module = _real_import(name, globals, locals, fromlist, level)
     _guard_typing()  # `typing` and `collections` arrive with the program's own imports (`copy` is wrapped by
     _guard_collections()  # the worker)
     _guard_enum()
     _guard_functools()
     register_standard()
+    for item in fromlist or ():  # and whatever module a from-list hands out is an allowed one, by its name
+        value = getattr(module, item, None) if type(item) is str else None
+        if isinstance(value, type(sys)):
+            found = value.__name__ if type(value.__name__) is str else "?"
+            if found.split(".")[0] not in _ALLOWED_MODULES or _forbidden_module(found, ()):
+                raise ImportError(f"import of {found!r} is not allowed")
     return module
 
 
@@ -258,35 +269,65 @@ def _guard_functools() -> None:
     functools.total_ordering = guarded_total_ordering
 
 
+def _not_the_program_s(obj: Any) -> bool:
+    """Whether ``obj`` is a module, a standard class or function, or an instance of a standard class."""
+    kind = type(obj)
+    if kind is type(sys):
+        return True
+    if issubclass(kind, type):
+        return _is_standard(obj)
+    if kind is type(_guarded_import):  # a function: the program's are defined in its module
+        return obj.__module__ != "__program__"
+    return _is_standard(kind) and kind is not type(len)
+
+
+def _own_objects_only(decorator: Any) -> Any:
+    """``decorator``, refusing (event ``populora.foreign_store``) anything but the program's own objects."""
+
+    def guarded(obj: Any) -> Any:
+        if _not_the_program_s(obj):
+            _refuse_at_run_time(
+                "populora.foreign_store", f"set by typing.{decorator.__name__} on a {type(obj).__name__}"
+            )
+        return decorator(obj)
+
+    return guarded
+
+
 def _guard_enum() -> None:
-    """Makes an enum class's own ``__new__`` (once per process: ``enum.EnumType.__new__`` wrapped) refuse
-    (event ``populora.enum_member``, recorded) to give a member that is not a new instance of the class: the
-    enum machinery sets ``_value_``, ``_name_`` and ``__objclass__`` on whatever it returns and calls its
-    ``__init__`` with the member's values, so a ``__new__`` returning the module ``json`` had its names
-    written and its ``__name__`` reset (a red-team review)."""
-    enum = sys.modules.get("enum")
-    if enum is None or getattr(vars(enum.EnumType)["__new__"], "guarded", False):
+    """Makes the ``__new__`` an enum class makes its members with (once per process: ``EnumType._find_new_``
+    wrapped), whoever defined it (the class, a mixin of the program's), refuse (event
+    ``populora.enum_member``, recorded) to give anything but a new instance of the class: the enum machinery
+    sets ``_value_``, ``_name_`` and ``__objclass__`` on what it returns and calls its ``__init__`` with the
+    member's values, so a ``__new__`` returning the module ``json`` had its names written and its ``__name__``
+    reset, which turned ``from json import util`` into ``importlib.util`` (red-team reviews, a full escape)."""
+    enum: Any = sys.modules.get("enum")
+    if enum is None or any(wrapper is vars(enum.EnumType)["_find_new_"] for wrapper in _ENUM_GUARD):
         return
-    make_class = vars(enum.EnumType)["__new__"]
-    make_class = getattr(make_class, "__func__", make_class)
+    find_new = vars(enum.EnumType)["_find_new_"].__func__
 
-    def guarded_class(metacls: Any, cls: Any, bases: Any, classdict: Any, **kwargs: Any) -> Any:
-        new = classdict.get("__new__")
-        if new is not None and not getattr(new, "guarded", False):
-            make = getattr(new, "__func__", new)
+    def guarded_find_new(mcls: Any, classdict: Any, member_type: Any, first_enum: Any) -> Any:
+        new, save_new, use_args = find_new(mcls, classdict, member_type, first_enum)
+        if type(new) is type(_guarded_import):  # a Python function (object.__new__, int.__new__ are C)
+            make = new
 
-            def member(enum_class: Any, *args: Any, **kw: Any) -> Any:
+            def new(enum_class: Any, *args: Any, **kw: Any) -> Any:
                 made = make(enum_class, *args, **kw)
                 if not issubclass(type(made), enum_class):
                     _refuse_at_run_time("populora.enum_member", type(made).__name__)
                 return made
 
-            member.guarded = True  # type: ignore[attr-defined]
-            dict.__setitem__(classdict, "__new__", member)
-        return make_class(metacls, cls, bases, classdict, **kwargs)
+        return new, save_new, use_args
 
-    guarded_class.guarded = True  # type: ignore[attr-defined]
-    enum.EnumType.__new__ = staticmethod(guarded_class)
+    wrapper = classmethod(guarded_find_new)
+    _ENUM_GUARD.append(wrapper)
+    enum.EnumType._find_new_ = wrapper
+
+
+_ENUM_GUARD: list[
+    Any
+] = []  # the wrapper installed (compared by identity: a program can set attributes on its
+# own functions, and did, to pass for a wrapper)
 
 
 def _guard_typing() -> None:
@@ -327,6 +368,13 @@ def _guard_typing() -> None:
 
     get.guarded = True  # type: ignore[attr-defined]
     alias.__getattr__, alias.__setattr__ = get, set_
+
+    # typing's decorators that set a flag on what they are given (`__final__`, `__no_type_check__`,
+    # `_is_runtime_protocol`): only on the program's own (a review: on the module json, numbers.Number)
+    for decorator in ("final", "no_type_check", "runtime_checkable"):
+        original = getattr(typing, decorator, None)
+        if original is not None:
+            setattr(typing, decorator, _own_objects_only(original))
 
 
 def _fresh_future() -> Any:
@@ -567,8 +615,9 @@ def register_standard() -> None:
             continue
         _REGISTERED_MODULES.add(name)
         for value in list(vars(module).values()) if isinstance(module, type(sys)) else ():
-            if isinstance(value, type):
-                _STANDARD_CLASSES.add(id(value))
+            # a class, and the class of any other object a module holds (`enum._auto_null`: the name is
+            # shadowed by its instance)
+            _STANDARD_CLASSES.add(id(value) if isinstance(value, type) else id(type(value)))
 
 
 def _is_standard(cls: Any) -> bool:

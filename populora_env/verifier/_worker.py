@@ -201,11 +201,11 @@ class Worker:
                 if not os.read(gate_read, 1):
                     os._exit(0)  # the worker closed the gate without opening it
                 os.close(gate_read)
-                # In a shifted pool two more of the smallest blocks, here: the worker's own allocations
-                # before the fork can use up its extra one (`id(object()) % 4096` of a fresh verifier's first
-                # program came out alike in both pools); taken before the collector's reset, which they would
-                # otherwise shift by one allocation
-                held = (object(), object()) if self._held else ()
+                # In a shifted pool two more of the smallest blocks and a class object's, here: the worker's
+                # own allocations before the fork can use up its extra ones (`id(object()) % 4096` of a fresh
+                # verifier's first program came out alike in both pools); taken before the collector's reset,
+                # which they would otherwise shift
+                held = (object(), object(), type("Shift", (), {})) if self._held else ()
                 # The worker's objects out of the collector's way (no pages touched), then a full collection of
                 # nothing: every generation count and the long-lived tallies at zero, the free lists empty
                 # (the worker emptied them before forking, see `handle`). When the collector runs, and so when a
