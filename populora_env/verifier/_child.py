@@ -532,8 +532,7 @@ _TABLES: dict[bool, dict[str, Any]] = {}
 # guarded program every ``.format``/``.format_map`` read compiles to ``__populora_format__(value, name)``,
 # which checks the format string's fields (nested ones in format specs too) when the method is read: a walk
 # may take only what the pre-filter lets a program's source take, no private or forbidden attribute and no
-# item key with a leading underscore.
-_FORMAT_METHODS = ("format", "format_map")
+# dunder item key.
 
 
 def _format_walk_refused(text: str, depth: int = 0) -> str:
@@ -596,7 +595,6 @@ _BOUND_BUILTIN = type("".format)
 _METHOD_DESCRIPTOR = type(str.format)
 
 
-_FORMAT_NAMES = CHECKED_READS  # the attribute reads checked (``_checked_format``)
 _ATTRIBUTE_WRITES = frozenset({95, 96})  # STORE_ATTR, DELETE_ATTR (CPython 3.11; a test checks them)
 
 
@@ -706,7 +704,7 @@ def _with_checks(tree: Any) -> Any:
 
 
 def _format_check_of(node: Any) -> Any:
-    if type(node) is _ast.Attribute and node.attr in _FORMAT_NAMES and type(node.ctx) is _ast.Load:
+    if type(node) is _ast.Attribute and node.attr in CHECKED_READS and type(node.ctx) is _ast.Load:
         return _check_call("__populora_format__", node.value, node.attr, node)
     return node
 
@@ -728,7 +726,7 @@ def _needs_checks(code: Any) -> bool:
     todo = [code]
     while todo:
         unit = todo.pop()
-        if not _FORMAT_NAMES.isdisjoint(unit.co_names) or not _ATTRIBUTE_WRITES.isdisjoint(unit.co_code[::2]):
+        if not CHECKED_READS.isdisjoint(unit.co_names) or not _ATTRIBUTE_WRITES.isdisjoint(unit.co_code[::2]):
             return True
         todo.extend(const for const in unit.co_consts if type(const) is type(code))
     return False
