@@ -53,6 +53,15 @@ def _guarded_import(
     return module
 
 
+_INSTALLED: list[Any] = []  # the guards' replacement functions, known by identity (a program can set
+# attributes on functions: an attribute marking a function as a guard's was set on a program's own)
+
+
+def _installed(function: Any) -> bool:
+    """Whether ``function`` is one of the guards' replacements (``_INSTALLED``)."""
+    return any(function is mine for mine in _INSTALLED)
+
+
 def _forbidden_module(name: str, fromlist: Any) -> bool:
     """Whether ``import name`` or ``from name import *fromlist`` loads a forbidden submodule (``json.tool``)."""
     parts = name.split(".")
@@ -138,7 +147,7 @@ def _guard_copy() -> None:
     ``exec``/``eval``/``compile`` or is a dict or tuple subclass, or with a memo that is not a plain dict;
     and ``copy.deepcopy`` refuses a memo it did not make itself."""
     copy = sys.modules.get("copy")
-    if copy is None or getattr(copy._reconstruct, "guarded", False):
+    if copy is None or _installed(copy._reconstruct):
         return
     reconstruct = copy._reconstruct
 
@@ -177,7 +186,7 @@ def _guard_copy() -> None:
 
         return reconstruct(x, memo, build, args, *rest, **kwargs)
 
-    guarded.guarded = True  # type: ignore[attr-defined]
+    _INSTALLED.append(guarded)
     copy._reconstruct = guarded  # type: ignore[attr-defined]
 
     deepcopy = copy.deepcopy
@@ -219,7 +228,7 @@ def _guard_collections() -> None:
     returned the module ``json`` had its attributes written into json's globals (``__path__`` included: a
     red-team review's full escape)."""
     collections = sys.modules.get("collections")
-    if collections is None or getattr(vars(collections.UserDict).get("__copy__"), "guarded", False):
+    if collections is None or _installed(vars(collections.UserDict).get("__copy__")):
         return
     for cls, copy_data in (
         (collections.UserDict, lambda data: data.copy()),
@@ -235,7 +244,7 @@ def _guard_collections() -> None:
             inst.__dict__["data"] = _copy_data(self.__dict__["data"])
             return inst
 
-        __copy__.guarded = True  # type: ignore[attr-defined]
+        _INSTALLED.append(__copy__)
         cls.__copy__ = __copy__
 
     # UserString.format and format_map call str's on `self.data`, past the check of format reads (a red-team
@@ -254,7 +263,7 @@ def _guard_functools() -> None:
     """Makes ``functools.total_ordering`` refuse a standard class (event ``populora.foreign_store``): it writes
     comparison methods into the class it is given, a write a program may not make itself (a review)."""
     functools: Any = sys.modules.get("functools")
-    if functools is None or getattr(functools.total_ordering, "guarded", False):
+    if functools is None or _installed(functools.total_ordering):
         return
     total_ordering = functools.total_ordering
 
@@ -265,7 +274,7 @@ def _guard_functools() -> None:
             )
         return total_ordering(cls)
 
-    guarded_total_ordering.guarded = True  # type: ignore[attr-defined]
+    _INSTALLED.append(guarded_total_ordering)
     functools.total_ordering = guarded_total_ordering
 
 
@@ -339,7 +348,7 @@ def _guard_typing() -> None:
     review's full escape). Every alias the standard library makes has a class or a special form there."""
     typing: Any = sys.modules.get("typing")
     alias = getattr(typing, "_BaseGenericAlias", None)
-    if alias is None or getattr(alias.__getattr__, "guarded", False):
+    if alias is None or _installed(alias.__getattr__):
         return
     relay_get, relay_set = alias.__getattr__, alias.__setattr__
     # the names an alias keeps for itself (the set in its __setattr__, read from the running Python's code)
@@ -366,7 +375,7 @@ def _guard_typing() -> None:
             _refuse_at_run_time("populora.alias_write", _describe_name(attr))
         relay_set(self, attr, value)
 
-    get.guarded = True  # type: ignore[attr-defined]
+    _INSTALLED.append(get)
     alias.__getattr__, alias.__setattr__ = get, set_
 
     # typing's decorators that set a flag on what they are given (`__final__`, `__no_type_check__`,
