@@ -39,11 +39,7 @@ def _guarded_import(
         # `importlib` made `from json import util` give importlib.util (a red-team review's full escape)
         raise ImportError(f"import of {name!r} is not allowed (the module was renamed)")
     module = _real_import(name, globals, locals, fromlist, level)
-    _guard_typing()  # `typing` and `collections` arrive with the program's own imports (`copy` is wrapped by
-    _guard_collections()  # the worker)
-    _guard_enum()
-    _guard_functools()
-    register_standard()
+    _install_guards()  # for the modules this import brought (`typing`, `collections`, `enum`...)
     for item in fromlist or ():  # and whatever module a from-list hands out is an allowed one, by its name
         value = getattr(module, item, None) if type(item) is str else None
         if isinstance(value, type(sys)):
@@ -133,7 +129,15 @@ def install_copy_guard() -> None:
     imports ``copy`` itself, past ``_guarded_import``, so a child could get it unwrapped (a red-team
     review's finding); the preloaded, wrapped ``copy`` is the one every later import finds."""
     _real_import("copy")
+    _install_guards()
+
+
+def _install_guards() -> None:
+    """Wraps what the loaded standard modules need wrapped (each guard once per process, a no-op for a module
+    not loaded yet) and records their classes as standard: the worker before its first fork, the guarded
+    import after each import."""
     _guard_copy()
+    _guard_typing()
     _guard_collections()
     _guard_enum()
     _guard_functools()
@@ -311,7 +315,7 @@ def _guard_enum() -> None:
     member's values, so a ``__new__`` returning the module ``json`` had its names written and its ``__name__``
     reset, which turned ``from json import util`` into ``importlib.util`` (red-team reviews, a full escape)."""
     enum: Any = sys.modules.get("enum")
-    if enum is None or any(wrapper is vars(enum.EnumType)["_find_new_"] for wrapper in _ENUM_GUARD):
+    if enum is None or _installed(vars(enum.EnumType)["_find_new_"]):
         return
     find_new = vars(enum.EnumType)["_find_new_"].__func__
 
@@ -329,14 +333,8 @@ def _guard_enum() -> None:
         return new, save_new, use_args
 
     wrapper = classmethod(guarded_find_new)
-    _ENUM_GUARD.append(wrapper)
+    _INSTALLED.append(wrapper)
     enum.EnumType._find_new_ = wrapper
-
-
-_ENUM_GUARD: list[
-    Any
-] = []  # the wrapper installed (compared by identity: a program can set attributes on its
-# own functions, and did, to pass for a wrapper)
 
 
 def _guard_typing() -> None:
