@@ -19,6 +19,7 @@ import torch
 from evolve.genome import (
     Genome,
     PairBatch,
+    check_finite,
     check_strength,
     compute_dtype,
     copy_others,
@@ -27,6 +28,7 @@ from evolve.genome import (
     lora_pairs,
     module_groups,
     ordered_like,
+    overflowing_child,
     pair_batches,
     require_lora,
     rows,
@@ -213,7 +215,7 @@ def layer_gaussian(
     return child
 
 
-@detached
+@detached(checks_its_child=True)
 def neftune_a(genome: Genome, *, rng: torch.Generator, strength: float = 0.1) -> Genome:
     """NEFTune-style uniform noise on ``A`` only (factor space, LoRA only).
 
@@ -223,7 +225,7 @@ def neftune_a(genome: Genome, *, rng: torch.Generator, strength: float = 0.1) ->
     ``ΔW`` moves by ``B δA`` (nothing for a fresh adapter with ``B = 0``).
 
     Raises:
-        ValueError: A plain genome, or a negative strength.
+        ValueError: A plain genome, a negative strength, or one so large that ``A`` overflows.
     """
     strength = check_strength(strength)
     pairs = require_lora(genome, "neftune_a")
@@ -237,6 +239,13 @@ def neftune_a(genome: Genome, *, rng: torch.Generator, strength: float = 0.1) ->
         # last bit moved between 1 and 2 threads); var_mean is too, but 7x slower here
         rows = torch.linalg.vector_norm(a, dim=-1)
         bound = math.sqrt(3) * strength * math.sqrt(float(rows.square().sum()) / a.numel())
-        noise = _uniform(tuple(a.shape), rng, a).mul_(2 * bound).sub_(bound)
-        child[pair.a_key] = noise.add_(a).to(genome[pair.a_key].dtype)
+        if not bound <= torch.finfo(a.dtype).max:  # uniform_ would refuse the range naming nothing
+            raise ValueError(
+                f"neftune_a: strength {strength:g} gives noise past the range of {a.dtype} at key {pair.a_key!r}"
+            )
+        noise = torch.empty(a.shape, dtype=a.dtype, device=rng.device)
+        noise.uniform_(-bound, bound, generator=rng)  # drawn in the range: no passes to scale and shift
+        child[pair.a_key] = noise.to(a.device).add_(a).to(genome[pair.a_key].dtype)
+    # B and the other entries are copies of the checked genome; only the noisy A can overflow
+    check_finite({key: child[key] for key in noisy}, overflowing_child("neftune_a"))
     return child

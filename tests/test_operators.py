@@ -236,6 +236,15 @@ def test_children_that_overflow_their_dtype_are_refused_naming_the_key():
     half = {k: t.half() for k, t in lora(1.0).items()}
     with pytest.raises(ValueError, match=r"dare's child .* at key"):  # the rescale passes fp16's 65504
         cross("dare", [{k: t * 3e4 for k, t in half.items()}, half], drop=0.9)
+    with pytest.raises(
+        ValueError,
+        match=r"neftune_a: strength 1e\+39 gives noise past the range of torch.float32 at key 'm\.x\.lora_A",
+    ):
+        mutate("neftune_a", lora(1.0), strength=1e39)
+    with pytest.raises(
+        ValueError, match=r"neftune_a's child .* at key 'm\.x\.lora_A\.weight'"
+    ):  # checked by itself
+        mutate("neftune_a", {k: (t.clamp(-1, 1) * 6e4).half() for k, t in lora(1.0).items()}, strength=1.0)
 
 
 def test_wrong_argument_types_say_what_was_expected():
