@@ -644,7 +644,9 @@ def test_the_memory_a_program_gets_does_not_depend_on_what_the_worker_served_bef
     """A program's address space is capped at its process's size when forked plus ``memory_mb``: with an
     absolute cap it got what its worker had not taken, less after the worker had compiled a large program,
     and a program that counted how much it could allocate before ``MemoryError`` told a fresh worker from a
-    used one, alike in both pools (a red-team review)."""
+    used one, alike in both pools (a red-team review). What is left is the allocator's rounding: the room
+    free in the heap a child inherits moves the count by bytes to a few pages (one seed here: the two pools'
+    heaps are shifted on purpose, so a count to the byte differs between them and is ``nondeterministic``)."""
     probe = (
         "def f(unit):\n    lo, hi = 0, 1 << 30\n    while hi - lo > unit:\n        mid = (lo + hi) // 2\n"
         "        try:\n            b = bytes(mid)\n            del b\n            lo = mid\n"
@@ -655,11 +657,15 @@ def test_the_memory_a_program_gets_does_not_depend_on_what_the_worker_served_bef
         + ", ".join(f"'k{i}': [{i}, 'v{i}']" for i in range(20_000))
         + "}\n    return len(d)\n"
     )
-    with Verifier(workers=1, cache_size=0, max_program_chars=len(big)) as v:
-        fresh = v.run(probe, "4096")
+    config = {"workers": 1, "cache_size": 0, "max_program_chars": len(big), "check_determinism": False}
+    with Verifier(**config) as v:
+        fresh = v.run(probe, "1")
         assert fresh.status == "ok", fresh
         assert v.run(big, "1") == Execution("ok", "20000", "")  # the worker grows compiling it
-        assert v.run(probe + "# again\n", "4096") == fresh
+        used = v.run(probe + "# again\n", "1")
+        assert used.status == "ok", used
+    assert abs(int(used.output) - int(fresh.output)) <= 64 << 10, (fresh, used)
+    assert 500 << 20 < int(fresh.output) <= 512 << 20  # memory_mb's 512 MiB, less the program's own objects
 
 
 def test_dicts_equal_under_both_hash_seeds_are_deterministic(verifier):

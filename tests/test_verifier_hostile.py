@@ -320,6 +320,39 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
            "from json import tool\n"
            f"verdicts_file = {str(Path(prefilter_module.__file__).with_name('verdicts.py'))!r}\n"),
         {"forbidden"}, {"ok"}),
+    # a bound method named `format` (`obj`) reduces to getattr(obj, 'format'): copy read str's raw format,
+    # which walked to copy's globals, and AttributeError.obj handed them back (a red-team review's full
+    # escape: the real built-ins, the verdict forged, the request's other programs read)
+    "copy_reading_format_and_obj_by_a_method_name": (
+        "import copy\nclass C:\n    def m(self):\n        return 0\ndef format(*a):\n    return 0\n"
+        "def obj(*a):\n    return 0\ndef f(x):\n    MT = type(C().m)\n    raw = copy.copy(MT(format, str))\n"
+        "    u = chr(95) * 2\n    try:\n        raw('{0.' + u + 'globals' + u + '.nope}', copy.copy)\n"
+        "    except AttributeError as e:\n        g = copy.copy(MT(obj, e))\n"
+        "    return sorted(g[u + 'builtins' + u])[:3]\n",
+        {"forbidden"}, {"ok"}),
+    "copy_reading_an_exception_s_obj_by_a_method_name": (
+        "import copy\nclass C:\n    def m(self):\n        return 0\ndef obj(*a):\n    return 0\n"
+        "def f(x):\n    try:\n        [x].nope\n    except AttributeError as e:\n"
+        "        return copy.copy(type(C().m)(obj, e))\n",
+        {"forbidden"}, {"ok"}),
+    # a metaclass's `__mro__` property hid a run-time class's __deepcopy__ from the check, which then handed
+    # it copy's memo: the live __dict__ of a standard object, a method shadowed in it (a red-team review)
+    "deepcopy_hook_behind_a_metaclass_mro": (
+        "import copy, textwrap\ndef f(x):\n    u = chr(95) * 2\n    T = type(int)\n"
+        "    M = T('M', (T,), {u + 'mro' + u: property(lambda c: ())})\n    got = []\n"
+        "    K = M('K', (), {u + 'deepcopy' + u: lambda self, memo: got.append(memo) or 1})\n"
+        "    w = textwrap.TextWrapper(width=5)\n    copy.deepcopy([w, K()])\n"
+        "    live = [v for v in got[0].values() if type(v) is list and w in v][0]\n"
+        "    [o for o in live if type(o) is dict and 'width' in o][0]['wrap'] = lambda t: ['shadowed']\n"
+        "    return w.wrap('hello world')\n",
+        {"forbidden"}, {"ok"}),
+    "deepcopy_hook_handed_out_by_getattr": (
+        "import copy, textwrap\ndef f(x):\n    u = chr(95) * 2\n    got = []\n"
+        "    def ga(self, name):\n        if name == u + 'deepcopy' + u:\n"
+        "            return lambda memo: got.append(memo) or 1\n        raise AttributeError(name)\n"
+        "    K = type(int)('K', (), {u + 'getattr' + u: ga})\n"
+        "    copy.deepcopy([textwrap.TextWrapper(width=5), K()])\n    return len(got)\n",
+        {"forbidden"}, {"ok"}),
 }  # fmt: skip
 
 
@@ -871,6 +904,14 @@ def test_guarded_user_strings_aliases_and_enums_still_work(verifier):
             "    key = copy.deepcopy({'k': str.lower})['k']\n    return [sorted(ws, key=key), copy.copy(A().get)()]\n",
             "['b', 'A', 'c']",
             "[['A', 'b', 'c'], 7]",
+        ),
+        # and methods named like the checked reads, which copy makes through the same check
+        (
+            "import copy\nclass A:\n    def format(self, s):\n        return s + '!'\n    def obj(self):\n"
+            "        return 3\ndef f(x):\n    a = A()\n"
+            "    return [copy.copy(a.format)(x), copy.deepcopy(a.obj)(), copy.copy(x.format)()]\n",
+            "'hi'",
+            "['hi!', 3, 'hi']",
         ),
         # a UserDict holding a defaultdict is copied with the defaultdict's own copy
         (

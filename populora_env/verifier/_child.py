@@ -104,10 +104,19 @@ def _is_typing(obj: Any) -> bool:
     return type(obj).__module__ == "typing" or isinstance(obj, alias)
 
 
+# ``type``'s own descriptors of a class's MRO and namespace: ``cls.__mro__`` and ``vars(cls)`` go through the
+# metaclass, whose property of that name (a run-time metaclass's) showed a check another MRO than the one
+# the interpreter looks methods up in (a red-team review)
+_REAL_MRO = type.__dict__["__mro__"].__get__
+_REAL_NAMESPACE = type.__dict__["__dict__"].__get__
+
+
 def _program_hook(cls: Any, name: str) -> bool:
-    """Whether a class of the program's in ``cls``'s MRO defines the method ``name`` (only a class made at run
-    time can: a class statement defines no special method off the allowlist)."""
-    return any(name in vars(k) for k in cls.__mro__ if not _is_standard(k))
+    """Whether a class of the program's in ``cls``'s MRO defines the method ``name``, or a ``__getattr__`` or
+    ``__getattribute__`` that could hand one out (only a class made at run time can: a class statement
+    defines no special method off the allowlist)."""
+    names = (name, "__getattr__", "__getattribute__")
+    return any(not _REAL_NAMESPACE(k).keys().isdisjoint(names) for k in _REAL_MRO(cls) if not _is_standard(k))
 
 
 def _plain_getattr(func: Any, args: Any) -> bool:
@@ -176,7 +185,13 @@ def _guard_copy() -> None:
                     _refuse_at_run_time("populora.copy_state", _describe_name(key))
 
         def build(*given: Any) -> Any:
-            made = func(*given)
+            if func is getattr and len(given) == 2 and type(given[1]) is str and given[1] in CHECKED_READS:
+                # a read the program's own code makes only through the check (a bound method named `format`
+                # or `obj` reduces to it: copy read str's raw format and AttributeError.obj, a red-team
+                # review's full escape)
+                made = _checked_format(*given)
+            else:
+                made = func(*given)
             # typing's objects too: its alias class relays the attributes set on it to its origin (a class
             # of the standard library, for a red-team review)
             if isinstance(made, _NOT_REBUILT) or _is_typing(made):
@@ -655,8 +670,8 @@ def _is_own(target: Any) -> bool:
 def _shadows_a_method(target: Any, name: str) -> bool:
     """Whether writing ``name`` on an instance of a standard class would shadow a method of its class (the
     standard library calls methods with what it holds: a program's function in their place is handed it)."""
-    for cls in type(target).__mro__:
-        found = vars(cls).get(name, _MISSING)
+    for cls in _REAL_MRO(type(target)):
+        found = _REAL_NAMESPACE(cls).get(name, _MISSING)
         if found is not _MISSING:
             kind = type(found)
             return hasattr(kind, "__get__") and not hasattr(kind, "__set__")
