@@ -665,7 +665,7 @@ def test_the_memory_a_program_gets_does_not_depend_on_what_the_worker_served_bef
         used = v.run(probe + "# again\n", "1")
         assert used.status == "ok", used
     assert abs(int(used.output) - int(fresh.output)) <= 64 << 10, (fresh, used)
-    assert 500 << 20 < int(fresh.output) <= 512 << 20  # memory_mb's 512 MiB, less the program's own objects
+    assert abs(int(fresh.output) - (512 << 20)) < 8 << 20  # memory_mb's 512 MiB, give or take the heap's room
 
 
 def test_dicts_equal_under_both_hash_seeds_are_deterministic(verifier):
