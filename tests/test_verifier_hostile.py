@@ -353,6 +353,26 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         "    K = type(int)('K', (), {u + 'getattr' + u: ga})\n"
         "    copy.deepcopy([textwrap.TextWrapper(width=5), K()])\n    return len(got)\n",
         {"forbidden"}, {"ok"}),
+    # super() with a class as its first argument hands out its bases' methods unbound: with the module type
+    # as a base, super().__init__(json, 'importlib') renames a module (the renaming of an earlier escape)
+    "super_in_a_classmethod": (
+        "import json\nclass B(type(json)):\n    @classmethod\n    def m(cls):\n        return super().__init__\n"
+        "def f(x):\n    B.m()(json, 'importlib')\n    return json.__name__\n",
+        {"forbidden"}, {"ok"}),
+    "super_in_a_method_called_with_a_class": (
+        "import json\nclass B(type(json)):\n    def m(self):\n        return super().__init__\n"
+        "def f(x):\n    B.m(B)(json, 'importlib')\n    return json.__name__\n",
+        {"forbidden"}, {"ok"}),
+    "super_in_a_nested_function_given_a_class": (
+        "import json\nclass B(type(json)):\n    def m(self):\n        def g(cls):\n            return super().__init__\n"
+        "        return g(B)\ndef f(x):\n    B('z').m()(json, 'importlib')\n    return json.__name__\n",
+        {"forbidden"}, {"ok"}),
+    # the proxy's own __self__ read through the instance's class first, where a run-time class put a name
+    "super_with_a_planted_self": (
+        "import json\nclass B(type(json)):\n    def m(self):\n        return super().__init__\ndef f(x):\n"
+        "    u = chr(95) * 2\n    A = type(int)('A', (type(json),), {u + 'self' + u: 1, u + 'self_class' + u: int})\n"
+        "    C = type(int)('C', (B, A), {})\n    C.m(C)(json, 'importlib')\n    return json.__name__\n",
+        {"forbidden"}, {"ok"}),
 }  # fmt: skip
 
 
@@ -443,7 +463,10 @@ def _walk_finds(source: str) -> str | None:
     with warnings.catch_warnings():  # mutated sources: invalid escapes, numbers glued to names
         warnings.simplefilter("ignore")
         tree = ast.parse(source)
-    return next((reason for node in ast.walk(tree) if (reason := prefilter_module._forbidden(node))), None)
+    allowed = prefilter_module._allowed_in_context(tree)
+    return next(
+        (reason for node in ast.walk(tree) if (reason := prefilter_module._forbidden(node, allowed))), None
+    )
 
 
 @pytest.mark.filterwarnings("ignore::SyntaxWarning", "ignore::DeprecationWarning")
@@ -1405,6 +1428,70 @@ def test_language_escapes_found_by_review_are_refused(verifier, name):
     program, detail = LANGUAGE_ESCAPES[name]
     assert prefilter(program) == Prefiltered("forbidden", detail)
     assert verifier.run(program, "1") == Execution("forbidden", None, detail)
+
+
+@pytest.mark.parametrize(
+    ("program", "args", "output"),
+    [
+        ("class A:\n    def __init__(self, x):\n        self.x = x\nclass B(A):\n    def __init__(self, x):\n"
+         "        super().__init__(x)\n        self.y = x + 1\ndef f(x):\n    b = B(x)\n    return (b.x, b.y)\n",
+         "2", "(2, 3)"),
+        ("class E(Exception):\n    def __init__(self, msg, code):\n        super().__init__(msg)\n        self.code = code\n"
+         "def f(x):\n    try:\n        raise E('bad', x)\n    except E as e:\n        return (str(e), e.code, e.args)\n",
+         "3", "('bad', 3, ('bad',))"),
+        ("class A:\n    def __repr__(self):\n        return 'A'\nclass B(A):\n    def __repr__(self):\n"
+         "        return super().__repr__() + '!'\ndef f(x):\n    return repr(B()) * x\n", "2", "'A!A!'"),
+        ("class S:\n    inst = None\n    def __new__(cls):\n        if cls.inst is None:\n"
+         "            cls.inst = super().__new__(cls)\n        return cls.inst\ndef f(x):\n    return S() is S()\n",
+         "1", "True"),
+        ("class D(dict):\n    def __getitem__(self, k):\n        return super().__getitem__(k) * 2\n"
+         "    def __missing__(self, k):\n        return 0\ndef f(x):\n    d = D(a=x)\n    return [d['a'], d['b']]\n",
+         "4", "[8, 0]"),
+        ("class Thing:\n    def __init__(self, n):\n        self.n = n\n    def __repr__(self):\n"
+         "        return f'{self.__class__.__name__}({self.n})'\ndef f(x):\n"
+         "    return [repr(Thing(x)), [type(v).__name__ for v in (1, 'a', x)], type(Thing(1)).__qualname__]\n",
+         "3", "['Thing(3)', ['int', 'str', 'int'], 'Thing']"),
+        ("from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef f(a, b):\n    p = P(a, b)\n"
+         "    return (tuple(p._replace(x=0)), p._asdict(), P._fields, tuple(P._make([5, 6])), P._field_defaults)\n",
+         "1, 2", "((0, 2), {'x': 1, 'y': 2}, ('x', 'y'), (5, 6), {})"),
+        ("class P:\n    __slots__ = ('x', 'y')\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n"
+         "    __hash__ = None\n    def __str__(self):\n        return f'<{self.x},{self.y}>'\n    __repr__ = __str__\n"
+         "def f(x):\n    p = P(x, 2)\n    try:\n        hash(p)\n    except TypeError:\n        return repr(p)\n",
+         "1", "'<1,2>'"),
+    ],
+    ids=["super_init", "exception_super_init", "super_repr", "singleton_super_new", "dict_subclass",
+         "class_name", "namedtuple_api", "slots_and_aliases"],
+)  # fmt: skip
+def test_common_idioms_a_review_found_refused_now_run(verifier, program, args, output):
+    """``super().__init__(...)`` and the other special methods of the allowlist read on ``super()``, a class's
+    ``__name__``/``__qualname__`` (also as ``x.__class__.__name__``), the namedtuple API's private names, and
+    special methods and ``__slots__`` bound in a class body: refused by the pre-filter until a breakage review
+    counted them in LLM-written programs."""
+    assert verifier.run(program, args) == Execution("ok", output, "")
+
+
+@pytest.mark.parametrize(
+    ("program", "detail"),
+    [
+        ("import json\nsuper = lambda: json\nclass B:\n    def m(self):\n        return super().__init__\n"
+         "def f(x):\n    return 1\n", "line 5: access to attribute '__init__' is not allowed"),
+        ("import json\ndef f(x):\n    json.__name__ = 'importlib'\n    return 1\n",
+         "line 3: access to attribute '__name__' is not allowed"),
+        ("def f(x):\n    del x.__class__.__qualname__\n    return 1\n",
+         "line 2: access to attribute '__qualname__' is not allowed"),
+        ("def f(x):\n    return x.__class__\n", "line 2: access to attribute '__class__' is not allowed"),
+        ("class B:\n    def m(self):\n        return super().__getattribute__('x')\ndef f(x):\n    return 1\n",
+         "line 3: access to attribute '__getattribute__' is not allowed"),
+        ("class P:\n    __slots__ = ('__dict__',)\ndef f(x):\n    return 1\n",
+         "line 2: use of dunder name '__slots__' is not allowed"),
+        ("__getattr__ = print\ndef f(x):\n    return 1\n", "line 1: use of dunder name '__getattr__' is not allowed"),
+        ("def f(x):\n    return x._private\n", "line 2: access to private attribute '_private' is not allowed"),
+    ],
+    ids=["super_rebound", "name_written", "qualname_deleted", "class_read_for_another_name",
+         "super_getattribute", "private_slots", "module_getattr", "other_private_names"],
+)  # fmt: skip
+def test_the_idioms_allowed_since_stay_narrow(program, detail):
+    assert prefilter(program) == Prefiltered("forbidden", detail)
 
 
 def test_ordinary_special_methods_and_keywords_stay_allowed(verifier):

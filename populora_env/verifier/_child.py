@@ -428,6 +428,7 @@ _RUN_TIME_REFUSALS = {
     "populora.foreign_store": "the program wrote or deleted the attribute {}, not one of its own",
     "populora.exception_object": "the program read the object a failed lookup kept in an exception ({}.obj)",
     "populora.enum_member": "an enum's __new__ of the program's gave a {}, not a new member",
+    "populora.unbound_super": "the program read super().{} where super() is not bound to an instance",
 }
 
 
@@ -528,6 +529,7 @@ def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
     table["__import__"] = _guarded_import
     table["__populora_format__"] = _checked_format
     table["__populora_own__"] = _owned
+    table["__populora_super__"] = _checked_super
     return table
 
 
@@ -704,9 +706,10 @@ def _owned(target: Any, name: str) -> Any:
 
 def _with_checks(tree: Any) -> Any:
     """``tree`` (a module's syntax tree) with the run-time checks of a guarded program, at the same source
-    positions: every read of an attribute ``format``/``format_map`` becomes ``__populora_format__(value,
-    name)`` (``_checked_format``), and the object of every attribute write or delete ``__populora_own__(value,
-    name)`` (``_owned``)."""
+    positions: every read of an attribute ``format``/``format_map``/``obj`` becomes
+    ``__populora_format__(value, name)`` (``_checked_format``), every read of a dunder of ``super()``
+    ``__populora_super__(super(), name)`` (``_checked_super``), and the object of every attribute write or
+    delete ``__populora_own__(value, name)`` (``_owned``)."""
     todo = [tree]
     while todo:
         node = todo.pop()
@@ -726,9 +729,45 @@ def _with_checks(tree: Any) -> Any:
 
 
 def _format_check_of(node: Any) -> Any:
-    if type(node) is _ast.Attribute and node.attr in CHECKED_READS and type(node.ctx) is _ast.Load:
-        return _check_call("__populora_format__", node.value, node.attr, node)
+    if type(node) is _ast.Attribute and type(node.ctx) is _ast.Load:
+        if node.attr in CHECKED_READS:
+            return _check_call("__populora_format__", node.value, node.attr, node)
+        if node.attr[:2] == "__" and _plain_super(
+            node.value
+        ):  # `super().__init__`: the pre-filter allowed it
+            return _check_call("__populora_super__", node.value, node.attr, node)
     return node
+
+
+def _plain_super(node: Any) -> bool:
+    """``super()``: the zero-argument form, which still finds its class and instance where it is rewritten
+    (the compiler gives a function that names ``super`` the ``__class__`` cell it reads)."""
+    return (
+        type(node) is _ast.Call
+        and type(node.func) is _ast.Name
+        and node.func.id == "super"
+        and not node.args
+        and not node.keywords
+    )
+
+
+# super's own member descriptors: `s.__self__` looks the name up in the MRO of the instance's class first,
+# where a program's class made at run time can put anything under that name
+_SUPER_SELF = vars(super)["__self__"].__get__
+_SUPER_SELF_CLASS = vars(super)["__self_class__"].__get__
+
+
+def _checked_super(proxy: Any, name: str) -> Any:
+    """``super().<name>`` for a guarded program (the pre-filter lets it read special methods of the allowlist
+    this way): refused (event ``populora.unbound_super``) unless the proxy is bound to an instance. With a class
+    as its first argument (a classmethod, a method called as ``B.m(B)``, a nested function given a class)
+    ``super()`` hands out its bases' methods unbound, and ``super().__init__(json, 'importlib')``, for a
+    class deriving from the module type, would rename a module (the renaming behind an earlier escape)."""
+    if type(proxy) is not super or (
+        type(_SUPER_SELF(proxy)) is not _SUPER_SELF_CLASS(proxy) and name != "__new__"  # static: never bound
+    ):
+        _refuse_at_run_time("populora.unbound_super", name)  # (an identifier of the source)
+    return getattr(proxy, name)
 
 
 def _check_call(function: str, value: Any, name: str, at: Any) -> Any:
@@ -743,12 +782,17 @@ def _check_call(function: str, value: Any, name: str, at: Any) -> Any:
 
 
 def _needs_checks(code: Any) -> bool:
-    """Whether compiled program code reads an attribute named ``format``/``format_map`` or writes or deletes
-    any attribute (its names after NFKC, its opcodes; a global ``format`` counts too, harmlessly)."""
+    """Whether compiled program code reads an attribute named ``format``/``format_map``/``obj``, names
+    ``super`` or writes or deletes any attribute (its names after NFKC, its opcodes; a global ``format``
+    counts too, harmlessly)."""
     todo = [code]
     while todo:
         unit = todo.pop()
-        if not CHECKED_READS.isdisjoint(unit.co_names) or not _ATTRIBUTE_WRITES.isdisjoint(unit.co_code[::2]):
+        if (
+            not CHECKED_READS.isdisjoint(unit.co_names)
+            or "super" in unit.co_names
+            or not _ATTRIBUTE_WRITES.isdisjoint(unit.co_code[::2])
+        ):
             return True
         todo.extend(const for const in unit.co_consts if type(const) is type(code))
     return False

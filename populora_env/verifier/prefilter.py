@@ -166,8 +166,9 @@ def prefilter(program: str) -> Prefiltered:
         return Prefiltered("forbidden", f"line {line}: {_SAMPLES}")
     if not _needs_walk(program):
         return Prefiltered("ok")
+    allowed = _allowed_in_context(tree)
     for node in ast.walk(tree):
-        reason = _forbidden(node)
+        reason = _forbidden(node, allowed)
         if reason:
             return Prefiltered("forbidden", f"line {getattr(node, 'lineno', '?')}: {reason}")
     # two more walks, only where the name can occur (the parser NFKC-normalises look-alike letters)
@@ -522,6 +523,79 @@ def _module_refused(name: str) -> bool:
     )
 
 
+#: Private names of the namedtuple API (``collections.namedtuple``, ``typing.NamedTuple``), which programs
+#: read like public ones: in the allowed modules only namedtuple classes define them, and what they give is
+#: a new tuple, a dict, or field names and defaults.
+NAMEDTUPLE_API = frozenset({"_replace", "_asdict", "_make", "_fields", "_field_defaults"})
+
+#: Dunder attributes a program may read (not write): the name of a class, function or module, a string
+#: (``type(x).__name__``, ``self.__class__.__name__`` in a ``__repr__``).
+READABLE_DUNDERS = frozenset({"__name__", "__qualname__"})
+
+
+def _allowed_in_context(tree: ast.AST) -> set[int]:
+    """The nodes (ids) of ``tree`` that ``_forbidden`` would refuse alone but that are allowed where they are:
+
+    * ``x.__class__`` read for its ``.__name__``/``.__qualname__`` (``type(x)``'s name);
+    * ``super().__init__``, a special method of the allowlist read on ``super()`` with no arguments, where the
+      program never binds the name ``super``: the child checks at run time that the proxy is bound to an
+      instance (``_child._checked_super``; with a class it hands out its bases' methods unbound);
+    * ``__slots__ = ('x', 'y')`` in a class body: a tuple or list of public names.
+    """
+    allowed: set[int] = set()
+    bound: set[str] | None = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            value = node.value
+            if (
+                node.attr in READABLE_DUNDERS
+                and isinstance(value, ast.Attribute)
+                and value.attr == "__class__"
+                and isinstance(value.ctx, ast.Load)
+            ):
+                allowed.add(id(value))
+            elif node.attr in ALLOWED_SPECIAL_METHODS and _plain_super(value):
+                bound = _bound_names(tree) if bound is None else bound
+                if "super" not in bound:
+                    allowed.add(id(node))
+        elif isinstance(node, ast.ClassDef):
+            for statement in node.body:
+                if _public_slots(statement):
+                    allowed.add(id(statement.targets[0]))  # type: ignore[attr-defined]
+    return allowed
+
+
+def _plain_super(node: ast.AST) -> bool:
+    """``super()``, the zero-argument form."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "super"
+        and not node.args
+        and not node.keywords
+    )
+
+
+def _public_slots(statement: ast.stmt) -> bool:
+    """``__slots__ = ('x', 'y')`` (a tuple or list of public identifiers, or one as a string)."""
+    if not (
+        isinstance(statement, ast.Assign)
+        and len(statement.targets) == 1
+        and isinstance(statement.targets[0], ast.Name)
+        and statement.targets[0].id == "__slots__"
+    ):
+        return False
+    value = statement.value
+    items = value.elts if isinstance(value, ast.Tuple | ast.List) else [value]
+    return all(
+        isinstance(item, ast.Constant)
+        and isinstance(item.value, str)
+        and item.value.isidentifier()
+        and not item.value.startswith("_")
+        for item in items
+    )
+
+
 def _attribute_refused(name: str) -> str | None:
     if name in FORBIDDEN_ATTRIBUTES or name.startswith("__"):
         return f"access to attribute {name!r} is not allowed"
@@ -530,7 +604,10 @@ def _attribute_refused(name: str) -> str | None:
     return None
 
 
-def _forbidden(node: ast.AST) -> str | None:
+def _forbidden(node: ast.AST, allowed: set[int] = set()) -> str | None:  # noqa: B006 (never modified)
+    """Why ``node`` is refused, or None; ``allowed``: nodes allowed where they are (``_allowed_in_context``)."""
+    if id(node) in allowed:
+        return None
     if isinstance(node, ast.Import):
         for alias in node.names:
             if _module_refused(alias.name):
@@ -555,7 +632,10 @@ def _forbidden(node: ast.AST) -> str | None:
     elif isinstance(node, ast.Name):
         if node.id in BANNED_NAMES:
             return f"use of {node.id!r} is not allowed"
-        if len(node.id) > 4 and node.id.startswith("__") and node.id.endswith("__") and node.id != "__name__":
+        # the special methods of the allowlist are names a class body may bind too (`__repr__ = __str__`,
+        # `__hash__ = None`): what a `def` of the name may do
+        dunder = len(node.id) > 4 and node.id.startswith("__") and node.id.endswith("__")
+        if dunder and node.id != "__name__" and node.id not in ALLOWED_SPECIAL_METHODS:
             return f"use of dunder name {node.id!r} is not allowed"
     elif isinstance(node, ast.Attribute):
         if node.attr in _SHADOWING_STORES and isinstance(node.ctx, ast.Store | ast.Del):
@@ -563,6 +643,8 @@ def _forbidden(node: ast.AST) -> str | None:
             # __module__ names (`builtins`, `sys`): a full escape (a red-team review); typing and
             # namedtuple call eval likewise
             return f"assigning an attribute named {node.attr!r} is not allowed"
+        if isinstance(node.ctx, ast.Load) and (node.attr in NAMEDTUPLE_API or node.attr in READABLE_DUNDERS):
+            return None
         return _attribute_refused(node.attr)
     elif isinstance(node, ast.MatchClass):  # `case C(name=p)` reads the attribute `name` of the subject
         if node.patterns and not (isinstance(node.cls, ast.Name) and node.cls.id in _SELF_MATCHING):
