@@ -353,6 +353,11 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         "    K = type(int)('K', (), {u + 'getattr' + u: ga})\n"
         "    copy.deepcopy([textwrap.TextWrapper(width=5), K()])\n    return len(got)\n",
         {"forbidden"}, {"ok"}),
+    # a checked read inside another (`e.obj.obj`): the rewrite walked the outer read it had replaced, and
+    # left the inner one unchecked (found in review): AttributeError.obj read as any other attribute
+    "chained_checked_reads": (
+        "def f(x):\n    try:\n        [x].nope\n    except AttributeError as e:\n        return e.obj.obj\n",
+        {"forbidden"}, {"runtime"}),
     # super() with a class as its first argument hands out its bases' methods unbound: with the module type
     # as a base, super().__init__(json, 'importlib') renames a module (the renaming of an earlier escape)
     "super_in_a_classmethod": (
