@@ -25,6 +25,7 @@ from populora_env.verifier import Execution, Verifier
 from populora_env.verifier import prefilter as prefilter_module
 from populora_env.verifier.literals import parse_args
 from populora_env.verifier.prefilter import Prefiltered, prefilter
+from populora_env.verifier.rules import FORBIDDEN_ATTRIBUTES, MODULE_READS
 
 from .conftest import CRUXEVAL
 
@@ -358,6 +359,13 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
     "chained_checked_reads": (
         "def f(x):\n    try:\n        [x].nope\n    except AttributeError as e:\n        return e.obj.obj\n",
         {"forbidden"}, {"runtime"}),
+    # module names are attribute names a program may use (`event.time`) since a breakage review: what the
+    # read gives is checked at run time, and a module off the allowlist is refused
+    "module_off_the_allowlist_as_an_attribute": (_p("return str(typing.types)", "import typing\n"),
+                                                  {"forbidden"}, {"ok"}),
+    "nondeterministic_module_as_an_attribute": (
+        _p("return str(calendar.datetime.datetime.now())", "import calendar\n"),
+        {"forbidden"}, {"nondeterministic"}),
     # super() with a class as its first argument hands out its bases' methods unbound: with the module type
     # as a base, super().__init__(json, 'importlib') renames a module (the renaming of an earlier escape)
     "super_in_a_classmethod": (
@@ -1463,15 +1471,24 @@ def test_language_escapes_found_by_review_are_refused(verifier, name):
          "    __hash__ = None\n    def __str__(self):\n        return f'<{self.x},{self.y}>'\n    __repr__ = __str__\n"
          "def f(x):\n    p = P(x, 2)\n    try:\n        hash(p)\n    except TypeError:\n        return repr(p)\n",
          "1", "'<1,2>'"),
+        ("from collections import namedtuple\nEvent = namedtuple('Event', 'name time')\nclass Clock:\n"
+         "    def __init__(self):\n        self.time = 0\n        self.types = ['a']\n    def tick(self, d):\n"
+         "        self.time += d\n        return self.time\ndef f(x):\n    c = Clock()\n    c.tick(x)\n"
+         "    es = [Event('b', 2), Event('a', x)]\n"
+         "    return [c.time, c.types, min(es, key=lambda e: e.time).name, Event('go', 1).time]\n",
+         "0", "[0, ['a'], 'a', 1]"),
+        ("import collections.abc\nfrom collections import abc\ndef f(x):\n"
+         "    return [isinstance(x, collections.abc.Iterable), isinstance(x, abc.Sized)]\n", "[1]", "[True, True]"),
     ],
     ids=["super_init", "exception_super_init", "super_repr", "singleton_super_new", "dict_subclass",
-         "class_name", "namedtuple_api", "slots_and_aliases"],
+         "class_name", "namedtuple_api", "slots_and_aliases", "module_names_as_attributes", "collections_abc"],
 )  # fmt: skip
 def test_common_idioms_a_review_found_refused_now_run(verifier, program, args, output):
     """``super().__init__(...)`` and the other special methods of the allowlist read on ``super()``, a class's
-    ``__name__``/``__qualname__`` (also as ``x.__class__.__name__``), the namedtuple API's private names, and
-    special methods and ``__slots__`` bound in a class body: refused by the pre-filter until a breakage review
-    counted them in LLM-written programs."""
+    ``__name__``/``__qualname__`` (also as ``x.__class__.__name__``), the namedtuple API's private names,
+    special methods and ``__slots__`` bound in a class body, and attributes named like modules (``event.time``,
+    ``collections.abc``): refused by the pre-filter until a breakage review counted them in LLM-written
+    programs."""
     assert verifier.run(program, args) == Execution("ok", output, "")
 
 
@@ -1491,12 +1508,31 @@ def test_common_idioms_a_review_found_refused_now_run(verifier, program, args, o
          "line 2: use of dunder name '__slots__' is not allowed"),
         ("__getattr__ = print\ndef f(x):\n    return 1\n", "line 1: use of dunder name '__getattr__' is not allowed"),
         ("def f(x):\n    return x._private\n", "line 2: access to private attribute '_private' is not allowed"),
+        ("class E:\n    time = 1\ndef f(x):\n    match E():\n        case E(time=t):\n            return t\n",
+         "line 5: a class pattern may not read the attribute 'time'"),
+        ("import typing\ndef f(x):\n    return typing.sys\n", "line 3: access to attribute 'sys' is not allowed"),
+        ("from calendar import datetime\ndef f(x):\n    return 1\n", None),
     ],
     ids=["super_rebound", "name_written", "qualname_deleted", "class_read_for_another_name",
-         "super_getattribute", "private_slots", "module_getattr", "other_private_names"],
+         "super_getattribute", "private_slots", "module_getattr", "other_private_names", "module_name_pattern",
+         "sys_stays_refused", "module_name_imported"],
 )  # fmt: skip
-def test_the_idioms_allowed_since_stay_narrow(program, detail):
-    assert prefilter(program) == Prefiltered("forbidden", detail)
+def test_the_idioms_allowed_since_stay_narrow(verifier, program, detail):
+    if detail is not None:
+        assert prefilter(program) == Prefiltered("forbidden", detail)
+    else:  # past the pre-filter: the guarded import refuses a module off the allowlist in a from-list
+        assert prefilter(program).status == "ok"
+        assert verifier.run(program, "1") == Execution(
+            "runtime", None, "while defining the program: ImportError: import of 'datetime' is not allowed"
+        )
+    assert MODULE_READS <= FORBIDDEN_ATTRIBUTES  # refused as import names, format fields, pattern keywords
+
+
+def test_a_module_name_read_in_a_format_field_stays_refused(verifier):
+    program = "class E:\n    time = 1\ndef f(x):\n    return ('{0.' + 'time}').format(E())\n"
+    assert verifier.run(program, "1") == Execution(
+        "forbidden", None, "a format string walks to a private or forbidden name at run time (0.time)"
+    )
 
 
 def test_ordinary_special_methods_and_keywords_stay_allowed(verifier):

@@ -15,7 +15,7 @@ import os
 import sys
 
 import literals  # top-level in the worker process, see _worker.py
-from rules import CHECKED_READS, FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES, SHADOWING_STORES
+from rules import CHECKED_READS, FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES, MODULE_READS, SHADOWING_STORES
 from verdicts import line as _line
 
 TYPE_CHECKING = False  # `typing` stays out of the worker (see literals.py)
@@ -42,11 +42,19 @@ def _guarded_import(
     _install_guards()  # for the modules this import brought (`typing`, `collections`, `enum`...)
     for item in fromlist or ():  # and whatever module a from-list hands out is an allowed one, by its name
         value = getattr(module, item, None) if type(item) is str else None
-        if isinstance(value, type(sys)):
-            found = value.__name__ if type(value.__name__) is str else "?"
-            if found.split(".")[0] not in _ALLOWED_MODULES or _forbidden_module(found, ()):
-                raise ImportError(f"import of {found!r} is not allowed")
+        refused = _off_the_allowlist(value) if isinstance(value, type(sys)) else None
+        if refused is not None:
+            raise ImportError(f"import of {refused!r} is not allowed")
     return module
+
+
+def _off_the_allowlist(module: Any) -> str | None:
+    """The name of ``module`` if a program may not import it (off the allowlist, a forbidden submodule, or not
+    the module ``sys.modules`` holds under its name), else None."""
+    found = module.__name__ if type(module.__name__) is str else "?"
+    if found.split(".")[0] not in _ALLOWED_MODULES or _forbidden_module(found, ()):
+        return found
+    return None if sys.modules.get(found) is module else found
 
 
 _INSTALLED: list[Any] = []  # the guards' replacement functions, known by identity (a program can set
@@ -189,7 +197,7 @@ def _guard_copy() -> None:
                 # a read the program's own code makes only through the check (a bound method named `format`
                 # or `obj` reduces to it: copy read str's raw format and AttributeError.obj, a red-team
                 # review's full escape)
-                made = _checked_format(*given)
+                made = _checked_read(*given)
             else:
                 made = func(*given)
             # typing's objects too: its alias class relays the attributes set on it to its origin (a class
@@ -269,10 +277,10 @@ def _guard_collections() -> None:
     # UserString.format and format_map call str's on `self.data`, past the check of format reads (a red-team
     # review's full escape): they go through it here, the string read once
     def format(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-        return _checked_format(self.data, "format")(*args, **kwargs)
+        return _checked_read(self.data, "format")(*args, **kwargs)
 
     def format_map(self: Any, mapping: Any) -> Any:
-        return _checked_format(self.data, "format_map")(mapping)
+        return _checked_read(self.data, "format_map")(mapping)
 
     collections.UserString.format = format
     collections.UserString.format_map = format_map
@@ -428,6 +436,7 @@ _RUN_TIME_REFUSALS = {
     "populora.foreign_store": "the program wrote or deleted the attribute {}, not one of its own",
     "populora.exception_object": "the program read the object a failed lookup kept in an exception ({}.obj)",
     "populora.enum_member": "an enum's __new__ of the program's gave a {}, not a new member",
+    "populora.module_read": "the program read a module it may not import (.{})",
     "populora.unbound_super": "the program read super().{} where super() is not bound to an instance",
 }
 
@@ -527,7 +536,7 @@ def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
     ):
         table[name] = _refuse
     table["__import__"] = _guarded_import
-    table["__populora_format__"] = _checked_format
+    table["__populora_read__"] = _checked_read
     table["__populora_own__"] = _owned
     table["__populora_super__"] = _checked_super
     return table
@@ -553,7 +562,7 @@ _TABLES: dict[bool, dict[str, Any]] = {}
 # its fields name (``'{0.__globals__[__builtins__]}'``), and a format string built at run time is one no
 # static check sees: what it walked to came back to programs through ``AttributeError.obj`` and through a
 # ``property`` a program had put on a standard class on the way (red-team reviews, both full escapes). In a
-# guarded program every ``.format``/``.format_map`` read compiles to ``__populora_format__(value, name)``,
+# guarded program every ``.format``/``.format_map`` read compiles to ``__populora_read__(value, name)``,
 # which checks the format string's fields (nested ones in format specs too) when the method is read: a walk
 # may take only what the pre-filter lets a program's source take, no private or forbidden attribute and no
 # dunder item key.
@@ -586,12 +595,18 @@ def _format_walk_refused(text: str, depth: int = 0) -> str:
     return ""
 
 
-def _checked_format(value: Any, name: str) -> Any:
-    """``value.<name>`` for a guarded program's read of ``format``, ``format_map`` or ``obj``. Judged by what
-    the read gives: ``str``'s own bound method (of a string, a ``str`` subclass, a ``super()`` of one) after
-    checking the string's fields (``_format_walk_refused``); ``str``'s unbound method as a function that
-    checks each string it is given; an exception's ``obj`` (a failed lookup's object, see ``rules.py``)
-    refused; anything else as it is."""
+def _checked_read(value: Any, name: str) -> Any:
+    """``value.<name>`` for a guarded program's read of ``format``, ``format_map``, ``obj`` or a name of
+    ``MODULE_READS``. Judged by what the read gives: ``str``'s own bound method (of a string, a ``str``
+    subclass, a ``super()`` of one) after checking the string's fields (``_format_walk_refused``); ``str``'s
+    unbound method as a function that checks each string it is given; an exception's ``obj`` (a failed
+    lookup's object, see ``rules.py``) refused; a module a program may not import refused (``typing.io``,
+    ``calendar.datetime``: modules the allowed ones hold); anything else as it is."""
+    if name in MODULE_READS:
+        found = getattr(value, name)
+        if isinstance(found, type(sys)) and _off_the_allowlist(found) is not None:
+            _refuse_at_run_time("populora.module_read", name)
+        return found
     if name == "obj" and isinstance(value, AttributeError):  # (the only built-in exception with an `obj`)
         _refuse_at_run_time("populora.exception_object", type(value).__name__)
     method = getattr(value, name)
@@ -706,8 +721,8 @@ def _owned(target: Any, name: str) -> Any:
 
 def _with_checks(tree: Any) -> Any:
     """``tree`` (a module's syntax tree) with the run-time checks of a guarded program, at the same source
-    positions: every read of an attribute ``format``/``format_map``/``obj`` becomes
-    ``__populora_format__(value, name)`` (``_checked_format``), every read of a dunder of ``super()``
+    positions: every read of an attribute ``format``/``format_map``/``obj`` or of ``MODULE_READS`` becomes
+    ``__populora_read__(value, name)`` (``_checked_read``), every read of a dunder of ``super()``
     ``__populora_super__(super(), name)`` (``_checked_super``), and the object of every attribute write or
     delete ``__populora_own__(value, name)`` (``_owned``)."""
     todo = [tree]
@@ -716,8 +731,8 @@ def _with_checks(tree: Any) -> Any:
         if type(node) is _ast.Attribute and type(node.ctx) is not _ast.Load:
             node.value = _check_call("__populora_own__", node.value, node.attr, node)
         # the node that takes a child's place is walked, not the child: a check's call holds the child's own
-        # value (`e.obj.obj`: walking the replaced outer read left the inner one unchecked, a finding of
-        # this file's own review)
+        # value (`e.obj.obj`, `calendar.datetime.datetime`: walking the replaced outer read left the inner one
+        # unchecked, a finding of this file's own review)
         for field in node._fields:
             value = getattr(node, field, None)
             if isinstance(value, list):
@@ -734,8 +749,8 @@ def _with_checks(tree: Any) -> Any:
 
 def _format_check_of(node: Any) -> Any:
     if type(node) is _ast.Attribute and type(node.ctx) is _ast.Load:
-        if node.attr in CHECKED_READS:
-            return _check_call("__populora_format__", node.value, node.attr, node)
+        if node.attr in CHECKED_READS or node.attr in MODULE_READS:
+            return _check_call("__populora_read__", node.value, node.attr, node)
         if node.attr[:2] == "__" and _plain_super(
             node.value
         ):  # `super().__init__`: the pre-filter allowed it
@@ -785,17 +800,18 @@ def _check_call(function: str, value: Any, name: str, at: Any) -> Any:
     return call
 
 
+_CHECKED_NAMES = CHECKED_READS | MODULE_READS | {"super"}
+
+
 def _needs_checks(code: Any) -> bool:
-    """Whether compiled program code reads an attribute named ``format``/``format_map``/``obj``, names
-    ``super`` or writes or deletes any attribute (its names after NFKC, its opcodes; a global ``format``
+    """Whether compiled program code reads an attribute named ``format``/``format_map``/``obj`` or one of
+    ``MODULE_READS``, names ``super`` or writes or deletes any attribute (its names after NFKC, its opcodes; a global ``format``
     counts too, harmlessly)."""
     todo = [code]
     while todo:
         unit = todo.pop()
-        if (
-            not CHECKED_READS.isdisjoint(unit.co_names)
-            or "super" in unit.co_names
-            or not _ATTRIBUTE_WRITES.isdisjoint(unit.co_code[::2])
+        if not _CHECKED_NAMES.isdisjoint(unit.co_names) or not _ATTRIBUTE_WRITES.isdisjoint(
+            unit.co_code[::2]
         ):
             return True
         todo.extend(const for const in unit.co_consts if type(const) is type(code))

@@ -17,7 +17,7 @@ from functools import lru_cache, wraps
 from typing import Any, Literal
 
 from .literals import on_a_fresh_stack, too_deep
-from .rules import CHECKED_READS, FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES
+from .rules import CHECKED_READS, FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES, MODULE_READS
 from .rules import SHADOWING_STORES as _SHADOWING_STORES
 
 __all__ = [
@@ -626,7 +626,11 @@ def _forbidden(node: ast.AST, allowed: set[int] = set()) -> str | None:  # noqa:
         submodule = next((a.name for a in node.names if _module_refused(f"{module}.{a.name}")), None)
         if submodule is not None:
             return f"import of module {module + '.' + submodule!r} is not allowed"
-        refused = next((a.name for a in node.names if a.name in FORBIDDEN_ATTRIBUTES), None)
+        # (the modules of MODULE_READS: the guarded import refuses one off the allowlist at run time)
+        refused = next(
+            (a.name for a in node.names if a.name in FORBIDDEN_ATTRIBUTES and a.name not in MODULE_READS),
+            None,
+        )
         if refused is not None:
             return f"import of {refused!r} is not allowed"
     elif isinstance(node, ast.Name):
@@ -645,13 +649,19 @@ def _forbidden(node: ast.AST, allowed: set[int] = set()) -> str | None:  # noqa:
             return f"assigning an attribute named {node.attr!r} is not allowed"
         if isinstance(node.ctx, ast.Load) and (node.attr in NAMEDTUPLE_API or node.attr in READABLE_DUNDERS):
             return None
+        if (
+            node.attr in MODULE_READS
+        ):  # `event.time`: the child refuses a module off the allowlist at run time
+            return None
         return _attribute_refused(node.attr)
     elif isinstance(node, ast.MatchClass):  # `case C(name=p)` reads the attribute `name` of the subject
         if node.patterns and not (isinstance(node.cls, ast.Name) and node.cls.id in _SELF_MATCHING):
             # `case C(p)` reads the attribute C.__match_args__[0] names, which a program can set to anything
             # (a namedtuple's or dataclass's field names, a class made with type())
             return "positional patterns of a class pattern are not allowed (except for built-in types)"
-        checked = next((name for name in node.kwd_attrs if name in CHECKED_READS), None)
+        checked = next(
+            (name for name in node.kwd_attrs if name in CHECKED_READS or name in MODULE_READS), None
+        )
         if checked is not None:  # the run-time check of these reads sees attribute reads only
             return f"a class pattern may not read the attribute {checked!r}"
         return next(filter(None, map(_attribute_refused, node.kwd_attrs)), None)

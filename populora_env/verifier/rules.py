@@ -30,6 +30,15 @@ FORBIDDEN_ATTRIBUTES = frozenset(
     }
 )  # fmt: skip
 
+#: Names among ``FORBIDDEN_ATTRIBUTES`` that are names of modules and, as often, of a program's own attributes
+#: (``event.time``, ``self.types``, ``collections.abc``): the pre-filter lets attributes of these names
+#: through, and the child checks what each read gives at run time (``_child._checked_read``): a module off the
+#: allowlist is refused, whatever object held it. In ``from x import <name>``, a format field and a class
+#: pattern they stay refused (no read a check could see).
+MODULE_READS = frozenset(
+    {"types", "contextlib", "warnings", "random", "datetime", "keyword", "abc", "io", "time"}
+)
+
 #: Submodules of allowed packages that a program may not import: ``json.tool`` holds ``sys`` and
 #: ``argparse`` (the tests walk every submodule of the allowed packages for such).
 FORBIDDEN_MODULES = frozenset({"json.tool"})
@@ -39,7 +48,7 @@ SHADOWING_STORES = frozenset({"exec", "eval", "compile"})
 its functions call (``dataclasses.exec = f``)."""
 
 CHECKED_READS = frozenset({"format", "format_map", "obj"})
-"""Attribute names whose reads the child checks at run time (``_child._checked_format``): ``str.format`` walks
+"""Attribute names whose reads the child checks at run time (``_child._checked_read``): ``str.format`` walks
 the attributes a format string names, and one built at run time is one no static check sees; ``obj`` of an
 exception is the object a failed lookup kept (since Python 3.10), which handed a program whatever such a walk
 had reached, the real built-ins (red-team reviews). A class pattern reads attributes too (``case
