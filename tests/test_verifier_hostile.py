@@ -366,6 +366,24 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
     "nondeterministic_module_as_an_attribute": (
         _p("return str(calendar.datetime.datetime.now())", "import calendar\n"),
         {"forbidden"}, {"nondeterministic"}),
+    # red-team round 19: `import typing as __builtins__` made typing's globals (sys among them) the built-ins of
+    # the functions defined after it; a class named like a run-time check replaced it; a run-time metaclass's
+    # namespace supplied a class body's `super`; copy read NormalDist.samples by a method's name
+    "builtins_rebound_by_an_import_alias": ("import typing as __builtins__\ndef f(x):\n    return sys.platform\n",
+                                            {"forbidden"}, {"ok"}),
+    "check_replaced_by_a_class_name": (
+        "import json\nclass __populora_own__:\n    def __new__(cls, target, name):\n        return target\n"
+        "def f(x):\n    json.loads = len\n    return json.loads('abc')\n", {"forbidden"}, {"ok"}),
+    "super_from_a_metaclass_namespace": (
+        "import typing, json\ndef prep(name, bases, **kw):\n"
+        "    return {'super': lambda: super(type(typing.List), typing.List)}\n"
+        "M = type(int)('M', (type(int),), {'_' + '_prepare__': prep})\nclass C(metaclass=M):\n"
+        "    init = super().__init__\ndef f(x):\n    C.init(json, name='json')\n    return repr(typing.List)\n",
+        {"forbidden"}, {"ok"}),
+    "normaldist_samples_through_copy": (
+        "import copy, statistics\nclass P:\n    def m(self):\n        pass\ndef samples():\n    pass\n"
+        "def f(x):\n    draw = copy.copy(type(P().m)(samples, statistics.NormalDist(0, 1)))\n    return draw(1)[0] > 0\n",
+        {"forbidden"}, {"ok", "nondeterministic"}),
     # super() with a class as its first argument hands out its bases' methods unbound: with the module type
     # as a base, super().__init__(json, 'importlib') renames a module (the renaming of an earlier escape)
     "super_in_a_classmethod": (
@@ -791,6 +809,57 @@ def test_the_audit_hook_refuses_getframe_and_class_changes_and_the_standard_libr
     assert done.returncode == 0 and done.stdout == f"{sorted(prefilter_module._SHADOWING_STORES)}\n", (
         done.stderr
     )
+
+
+def test_the_run_time_checks_are_called_by_names_no_program_can_bind():
+    """The rewritten code calls its checks by names with a dot, which no source can bind (spelled as
+    identifiers, a class or a parameter of that name replaced them: red-team round 19), and a class body
+    declares them global, so that a namespace a run-time metaclass's ``__prepare__`` made cannot supply them
+    either. Run in a fresh interpreter (the hook cannot be removed), past the pre-filter."""
+    import subprocess
+
+    folder = Path(prefilter_module.__file__).parent
+    source = (
+        "import json\nclass __populora_own__:\n    def __new__(cls, t, n):\n        return t\n"
+        "def prep(name, bases, **kw):\n"
+        "    return {'populora.own': lambda t, n: t, '__populora_own__': lambda t, n: t}\n"
+        "M = type(int)('M', (type(int),), {'__prepare__': prep})\n"
+        "class C(metaclass=M):\n    'doc'\n    json.loads = len\n"
+    )
+    script = (
+        f"import sys\nsys.path.insert(0, {str(folder)!r})\nimport _child\n"
+        f"code = _child._compile({source!r}, '<p>', 'exec', True)\n"
+        "names = set()\ntodo = [code]\nwhile todo:\n    unit = todo.pop()\n    names.update(unit.co_names)\n"
+        "    todo.extend(c for c in unit.co_consts if type(c) is type(code))\n"
+        "print(sorted(n for n in names if '.' in n))\n"
+        "table = _child.safe_builtins(frozenset({'json'}))\n"
+        "_child.install_frame_guard()\n_child.arm_frame_guard(True)\n"
+        "try:\n    exec(code, {'__builtins__': table, '__name__': '__program__'})\n"
+        "except RuntimeError:\n    pass\nelse:\n    raise SystemExit('written')\n"
+        "print(_child.frame_guard_refusal())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "['populora.own']",
+        "the program wrote or deleted the attribute 'loads' of the module 'json', not one of its own",
+    ]
+
+
+@pytest.mark.parametrize(
+    "binding",
+    ["import json as __builtins__", "from json import dumps as __builtins__", "class __builtins__:\n    pass",
+     "def g(__builtins__):\n    pass", "g = lambda __builtins__: 0",
+     "try:\n    pass\nexcept ValueError as __builtins__:\n    pass",
+     "match 1:\n    case __builtins__:\n        pass", "match [1]:\n    case [*__builtins__]:\n        pass",
+     "match {}:\n    case {**__builtins__}:\n        pass"],
+    ids=["import_as", "from_import_as", "class", "parameter", "lambda_parameter", "except_as", "capture",
+         "star_capture", "mapping_rest"],
+)  # fmt: skip
+def test_no_form_binds_a_dunder_name(binding):
+    found = prefilter(binding + "\ndef f(x):\n    return x\n")
+    assert found.status == "forbidden", found
+    assert found.detail.endswith(": binding the dunder name '__builtins__' is not allowed"), found
 
 
 def test_format_strings_built_at_run_time_still_format():

@@ -138,6 +138,7 @@ def _plain_getattr(func: Any, args: Any) -> bool:
         and type(args[1]) is str
         and args[1][:1] != "_"
         and args[1] not in FORBIDDEN_ATTRIBUTES
+        and args[1] != "samples"  # statistics.NormalDist.samples: OS-seeded random draws (red-team round 19)
     )
 
 
@@ -437,6 +438,7 @@ _RUN_TIME_REFUSALS = {
     "populora.exception_object": "the program read the object a failed lookup kept in an exception ({}.obj)",
     "populora.enum_member": "an enum's __new__ of the program's gave a {}, not a new member",
     "populora.module_read": "the program read a module it may not import (.{})",
+    "populora.foreign_super": "the program read super().{} of an object not its own",
     "populora.unbound_super": "the program read super().{} where super() is not bound to an instance",
 }
 
@@ -536,9 +538,9 @@ def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
     ):
         table[name] = _refuse
     table["__import__"] = _guarded_import
-    table["__populora_read__"] = _checked_read
-    table["__populora_own__"] = _owned
-    table["__populora_super__"] = _checked_super
+    table[_READ_CHECK] = _checked_read
+    table[_OWN_CHECK] = _owned
+    table[_SUPER_CHECK] = _checked_super
     return table
 
 
@@ -562,7 +564,7 @@ _TABLES: dict[bool, dict[str, Any]] = {}
 # its fields name (``'{0.__globals__[__builtins__]}'``), and a format string built at run time is one no
 # static check sees: what it walked to came back to programs through ``AttributeError.obj`` and through a
 # ``property`` a program had put on a standard class on the way (red-team reviews, both full escapes). In a
-# guarded program every ``.format``/``.format_map`` read compiles to ``__populora_read__(value, name)``,
+# guarded program every ``.format``/``.format_map`` read compiles to a call of ``_checked_read(value, name)``,
 # which checks the format string's fields (nested ones in format specs too) when the method is read: a walk
 # may take only what the pre-filter lets a program's source take, no private or forbidden attribute and no
 # dunder item key.
@@ -719,17 +721,30 @@ def _owned(target: Any, name: str) -> Any:
     return target
 
 
+# The names the checks are called by in a guarded program's rewritten code: names no source can spell (an
+# identifier has no dot), looked up in the program's built-ins table. Spelled as identifiers, a program bound
+# them itself, as a class or a parameter name, and its own function replaced the check (red-team round 19).
+_READ_CHECK, _OWN_CHECK, _SUPER_CHECK = "populora.read", "populora.own", "populora.super"
+
+
 def _with_checks(tree: Any) -> Any:
     """``tree`` (a module's syntax tree) with the run-time checks of a guarded program, at the same source
     positions: every read of an attribute ``format``/``format_map``/``obj`` or of ``MODULE_READS`` becomes
-    ``__populora_read__(value, name)`` (``_checked_read``), every read of a dunder of ``super()``
-    ``__populora_super__(super(), name)`` (``_checked_super``), and the object of every attribute write or
-    delete ``__populora_own__(value, name)`` (``_owned``)."""
+    ``_checked_read(value, name)``, every read of a dunder of ``super()`` ``_checked_super(super(), name)``,
+    and the object of every attribute write or delete ``_owned(value, name)``, each called by a name of the
+    built-ins table that no source can spell. A class body declares those names global: it looks names up
+    in the namespace its metaclass's ``__prepare__`` made first, and a metaclass made at run time can put
+    any key there (red-team round 19, for ``super``)."""
     todo = [tree]
     while todo:
         node = todo.pop()
+        if type(node) is _ast.ClassDef:
+            names = _ast.Global(names=[_READ_CHECK, _OWN_CHECK, _SUPER_CHECK])
+            for position in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
+                setattr(names, position, getattr(node, position, None))
+            node.body.insert(1 if _is_docstring(node.body[0]) else 0, names)  # (a class body is never empty)
         if type(node) is _ast.Attribute and type(node.ctx) is not _ast.Load:
-            node.value = _check_call("__populora_own__", node.value, node.attr, node)
+            node.value = _check_call(_OWN_CHECK, node.value, node.attr, node)
         # the node that takes a child's place is walked, not the child: a check's call holds the child's own
         # value (`e.obj.obj`, `calendar.datetime.datetime`: walking the replaced outer read left the inner one
         # unchecked, a finding of this file's own review)
@@ -747,14 +762,22 @@ def _with_checks(tree: Any) -> Any:
     return tree
 
 
+def _is_docstring(statement: Any) -> bool:
+    return (
+        type(statement) is _ast.Expr
+        and type(statement.value) is _ast.Constant
+        and type(statement.value.value) is str
+    )
+
+
 def _format_check_of(node: Any) -> Any:
     if type(node) is _ast.Attribute and type(node.ctx) is _ast.Load:
         if node.attr in CHECKED_READS or node.attr in MODULE_READS:
-            return _check_call("__populora_read__", node.value, node.attr, node)
+            return _check_call(_READ_CHECK, node.value, node.attr, node)
         if node.attr[:2] == "__" and _plain_super(
             node.value
         ):  # `super().__init__`: the pre-filter allowed it
-            return _check_call("__populora_super__", node.value, node.attr, node)
+            return _check_call(_SUPER_CHECK, node.value, node.attr, node)
     return node
 
 
@@ -786,6 +809,10 @@ def _checked_super(proxy: Any, name: str) -> Any:
         type(_SUPER_SELF(proxy)) is not _SUPER_SELF_CLASS(proxy) and name != "__new__"  # static: never bound
     ):
         _refuse_at_run_time("populora.unbound_super", name)  # (an identifier of the source)
+    # and bound to the program's own object: a `super` a run-time metaclass's namespace supplied to a class
+    # body was `super(type(typing.List), typing.List)`, which re-initialised typing.List (red-team round 19)
+    if not _is_own(_SUPER_SELF(proxy)):
+        _refuse_at_run_time("populora.foreign_super", name)
     return getattr(proxy, name)
 
 
@@ -918,16 +945,15 @@ def run_program(
         return
     for args in prepared.args:
         arm(prepared.guarded)  # stays on after the call's verdict
-        verdict = _define_and_call(prepared.code, prepared.table, args, mode, max_output, max_depth)
+        verdict = _define_and_call(prepared, args, mode, max_output, max_depth)
         if refused := refusal():  # whatever the program made of the error
             verdict = _line("forbidden", None, refused)
         os.write(out_fd, verdict)
 
 
-def _define_and_call(
-    code: Any, table: dict[str, Any], args: Any, mode: str, max_output: int, max_depth: int
-) -> bytes:
+def _define_and_call(prepared: Prepared, args: Any, mode: str, max_output: int, max_depth: int) -> bytes:
     """One call's verdict line: runs the module code in fresh globals, then calls its ``f``."""
+    code, table = prepared.code, prepared.table
     if isinstance(args, bytes):  # an argument text that did not compile: its verdict is ready
         return args
     # The program's globals are a module's, listed in sys.modules: dataclasses (and typing.get_type_hints)
@@ -944,6 +970,8 @@ def _define_and_call(
         return _line("memory", None, "MemoryError while defining the program")
     except BaseException as e:
         return _line("runtime", None, "while defining the program: " + _describe(e))
+    if prepared.guarded and glb.get("__builtins__") is not table:  # (the pre-filter refuses every binding)
+        return _line("forbidden", None, "the program rebound __builtins__")
     f = glb.get("f")
     if not callable(f):
         return _line("syntax", None, "the program does not define a function `f`")

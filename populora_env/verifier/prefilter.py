@@ -596,6 +596,26 @@ def _public_slots(statement: ast.stmt) -> bool:
     )
 
 
+def _is_dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def _bound_name(node: ast.AST) -> str | None:
+    """The name ``node`` binds, for the forms other than a plain name (``ast.Name``, checked on its own) and a
+    ``def`` (its own rule): an import's alias, a class, a parameter, an ``except ... as``, a pattern's capture."""
+    if isinstance(node, ast.alias):
+        return node.asname
+    if isinstance(node, ast.ClassDef):
+        return node.name
+    if isinstance(node, ast.arg):
+        return node.arg
+    if isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar):
+        return node.name
+    if isinstance(node, ast.MatchMapping):
+        return node.rest
+    return None
+
+
 def _attribute_refused(name: str) -> str | None:
     if name in FORBIDDEN_ATTRIBUTES or name.startswith("__"):
         return f"access to attribute {name!r} is not allowed"
@@ -676,6 +696,11 @@ def _forbidden(node: ast.AST, allowed: set[int] = set()) -> str | None:  # noqa:
         name = node.name
         if name.startswith("__") and name.endswith("__") and name not in ALLOWED_SPECIAL_METHODS:
             return f"defining the special method {name!r} is not allowed"
+    elif (bound := _bound_name(node)) is not None and _is_dunder(bound):
+        # `import typing as __builtins__` made typing's globals the built-ins of every function defined after
+        # it (`sys` among them: a full escape), and `class __populora_own__` replaced a run-time check
+        # (red-team round 19): a dunder name is bound by no form at all
+        return f"binding the dunder name {bound!r} is not allowed"
     elif isinstance(node, ast.ClassDef) and (
         any(k.arg is None for k in node.keywords) or any(isinstance(b, ast.Starred) for b in node.bases)
     ):
