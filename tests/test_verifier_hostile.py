@@ -384,6 +384,19 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         "import copy, statistics\nclass P:\n    def m(self):\n        pass\ndef samples():\n    pass\n"
         "def f(x):\n    draw = copy.copy(type(P().m)(samples, statistics.NormalDist(0, 1)))\n    return draw(1)[0] > 0\n",
         {"forbidden"}, {"ok", "nondeterministic"}),
+    # red-team round 20: a run-time subclass of typing's alias class (`**{'_root': True}`, no keyword the
+    # pre-filter sees) with a `__dict__` property showed the origin check a dict of its own and relayed
+    # AttributeError.obj; an alias of a function wrote `__orig_class__` on the module it returned
+    "typing_alias_subclassed_with_an_unpacked_root": (
+        "import typing\ndef fake(self):\n    return {'_' + '_origin__': int}\nclass K:\n    pass\ndef f(x):\n"
+        "    A = type(int)('A', (type(typing.List[int]),), {'_' + '_dict__': property(fake)}, **{'_root': True})\n"
+        "    try:\n        K().missing\n    except AttributeError as e:\n        err = e\n"
+        "    return type(A(err, (int,), name='x').obj).__name__\n",
+        {"forbidden"}, {"ok"}),
+    "typing_alias_of_a_function_called": (
+        "import typing, json\ndef g():\n    return json\ndef f(x):\n    type(typing.List[int])(g, (int,))()\n"
+        "    return sorted(k for k in dir(json) if k.startswith('_' + '_orig'))\n",
+        {"forbidden"}, {"ok"}),
     # super() with a class as its first argument hands out its bases' methods unbound: with the module type
     # as a base, super().__init__(json, 'importlib') renames a module (the renaming of an earlier escape)
     "super_in_a_classmethod": (
@@ -1303,16 +1316,15 @@ def test_copy_rebuilds_into_no_typing_object(verifier):
 def test_a_program_s_subclass_of_the_alias_class_writes_nothing_through_it(verifier):
     """A subclass of typing's alias class (``**{'_root': True}`` unpacked at run time) rebuilt by ``copy``
     relayed a write of any run-time name to its origin, a standard class (``fractions.Fraction``); a direct
-    write through an alias is refused too (a red-team review's findings)."""
+    write through an alias is refused too (a red-team review's findings). Since round 20 such a subclass is
+    refused when it is made."""
     through_copy = (
         "import typing, copy, fractions\ndef f(x):\n    A = type(typing.List[int])\n"
         "    S = type(int)('S', (A,), {}, **{'_' + 'root': True})\n    s = S(fractions.Fraction, (int,))\n"
         "    R = type(int)('R', (), {'__reduce_ex__': lambda self, p: (lambda: s, (), (None, {'lim' + 'it_x': 42}))})\n"
         "    copy.copy(R())\n    return 1\n"
     )
-    _refused_at_run_time(
-        verifier, through_copy, "the program made copy rebuild an object into a S (copy.copy/deepcopy)"
-    )
+    _refused_at_run_time(verifier, through_copy, "the program subclassed one of typing's own classes ('S')")
     direct = "import typing, fractions\ndef f(x):\n    a = type(typing.List[int])(fractions.Fraction, (int,))\n    a.limit_x = 1\n    return 1\n"
     _refused_at_run_time(verifier, direct, "the program set an attribute through a typing alias ('limit_x')")
 
@@ -1548,9 +1560,17 @@ def test_language_escapes_found_by_review_are_refused(verifier, name):
          "0", "[0, ['a'], 'a', 1]"),
         ("import collections.abc\nfrom collections import abc\ndef f(x):\n"
          "    return [isinstance(x, collections.abc.Iterable), isinstance(x, abc.Sized)]\n", "[1]", "[True, True]"),
+        ("def f(x):\n    return str.format is str.format and str.format('{}', x) == str(x)\n", "1", "True"),
+        ("def f(x):\n    return [input.__name__, input.__qualname__]\n", "1", "['input', 'input']"),
+        ("import json\nclass C:\n    pass\ndef f(x):\n    c = C()\n    c.x = x\n    json.y: int\n    return c.x\n",
+         "1", "1"),
+        ("import typing, json\nclass K:\n    def __new__(cls):\n        return json\ndef f(x):\n"
+         "    type(typing.List[int])(K, (int,))()\n    return sorted(k for k in dir(json) if k.startswith('_' + '_orig'))\n",
+         "1", "[]"),
     ],
     ids=["super_init", "exception_super_init", "super_repr", "singleton_super_new", "dict_subclass",
-         "class_name", "namedtuple_api", "slots_and_aliases", "module_names_as_attributes", "collections_abc"],
+         "class_name", "namedtuple_api", "slots_and_aliases", "module_names_as_attributes", "collections_abc",
+         "unbound_format_is_itself", "refused_builtin_named_as_itself", "annotation_of_a_module_attribute", "alias_call_returning_a_module"],
 )  # fmt: skip
 def test_common_idioms_a_review_found_refused_now_run(verifier, program, args, output):
     """``super().__init__(...)`` and the other special methods of the allowlist read on ``super()``, a class's
@@ -1581,10 +1601,12 @@ def test_common_idioms_a_review_found_refused_now_run(verifier, program, args, o
          "line 5: a class pattern may not read the attribute 'time'"),
         ("import typing\ndef f(x):\n    return typing.sys\n", "line 3: access to attribute 'sys' is not allowed"),
         ("from calendar import datetime\ndef f(x):\n    return 1\n", None),
+        ("import collections.abc\ndef f(x):\n    match x:\n        case collections.abc:\n            return 1\n",
+         "line 4: a value pattern may not read the attributes the child checks at run time"),
     ],
     ids=["super_rebound", "name_written", "qualname_deleted", "class_read_for_another_name",
          "super_getattribute", "private_slots", "module_getattr", "other_private_names", "module_name_pattern",
-         "sys_stays_refused", "module_name_imported"],
+         "sys_stays_refused", "module_name_imported", "value_pattern_checked_name"],
 )  # fmt: skip
 def test_the_idioms_allowed_since_stay_narrow(verifier, program, detail):
     if detail is not None:

@@ -372,22 +372,43 @@ def _guard_typing() -> None:
     alias = getattr(typing, "_BaseGenericAlias", None)
     if alias is None or _installed(alias.__getattr__):
         return
-    relay_get, relay_set = alias.__getattr__, alias.__setattr__
+    relay_set, call = alias.__setattr__, alias.__call__
     # the names an alias keeps for itself (the set in its __setattr__, read from the running Python's code)
     own = next((c for c in relay_set.__code__.co_consts if isinstance(c, frozenset)), frozenset())
+    # the alias's own instance dict, by the descriptor of typing's class: a subclass's `__dict__` property
+    # showed the check another dict than the one typing relays from (red-team round 20)
+    namespace = vars(alias)["__dict__"].__get__
 
     origins = (type, typing._SpecialForm, alias, type(list[int]))
 
-    def origin_checked(self: Any) -> None:
+    def checked_origin(self: Any) -> Any:
         # what the standard library's aliases have there: a class, a special form (Union), an alias
         # (Annotated's); an exception relayed the object a failed lookup kept (`obj`: a red-team review)
-        origin = object.__getattribute__(self, "__dict__").get("__origin__")
+        origin = namespace(self).get("__origin__")
         if not isinstance(origin, origins):
             _refuse_at_run_time("populora.alias_origin", type(origin).__name__)
+        return origin
 
     def get(self: Any, attr: str) -> Any:
-        origin_checked(self)
-        return relay_get(self, attr)
+        # typing's relay (no dunder names), from the checked origin itself: typing's own code read
+        # `self.__origin__` again, which a subclass could make another object
+        if "__origin__" in namespace(self) and type(attr) is str and not attr[:2] == attr[-2:] == "__":
+            return getattr(checked_origin(self), attr)
+        raise AttributeError(attr)
+
+    def instantiate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # typing sets `__orig_class__` on whatever its origin returns: with a function there, on a module or
+        # a standard class (red-team round 20); only the program's own objects get it here (no program can
+        # read a dunder; no allowed module reads that one)
+        if not namespace(self).get("_inst", False):
+            return call(self, *args, **kwargs)  # typing's TypeError: this alias cannot be instantiated
+        result = checked_origin(self)(*args, **kwargs)
+        if _is_own(result):
+            try:
+                result.__orig_class__ = self
+            except AttributeError:
+                pass
+        return result
 
     def set_(self: Any, attr: str, value: Any) -> None:
         if not (type(attr) is str and (attr[:2] == attr[-2:] == "__" or attr in own)):
@@ -398,7 +419,20 @@ def _guard_typing() -> None:
         relay_set(self, attr, value)
 
     _INSTALLED.append(get)
-    alias.__getattr__, alias.__setattr__ = get, set_
+    alias.__getattr__, alias.__setattr__, alias.__call__ = get, set_, instantiate
+
+    # typing's classes are subclassed with `_root=True`, by typing's own module code: a program's class made
+    # at run time with `**{'_root': True}` (no keyword the pre-filter sees) subclassed the alias class and
+    # gave it a `__dict__` of its choosing (red-team round 20)
+    final = typing._Final
+    subclass_hook = vars(final)["__init_subclass__"].__func__
+
+    def init_subclass(cls: Any, /, *args: Any, **kwds: Any) -> None:
+        if "_root" in kwds:
+            _refuse_at_run_time("populora.typing_subclass", _describe_name(cls.__qualname__))
+        subclass_hook(cls, *args, **kwds)
+
+    final.__init_subclass__ = classmethod(init_subclass)
 
     # typing's decorators that set a flag on what they are given (`__final__`, `__no_type_check__`,
     # `_is_runtime_protocol`): only on the program's own (a review: on the module json, numbers.Number)
@@ -417,8 +451,15 @@ def _fresh_future() -> Any:
     return module
 
 
-def _refuse(*_args: Any, **_kwargs: Any) -> Any:
-    raise RuntimeError("this built-in is not available to programs")
+def _refusing(name: str) -> Any:
+    """A stand-in for the built-in ``name`` that refuses to run, named as the built-in (``input`` is a name
+    programs may use, ``def f(input)``: its ``__name__`` read as ``_refuse``, red-team round 20)."""
+
+    def refuse(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("this built-in is not available to programs")
+
+    refuse.__name__ = refuse.__qualname__ = name
+    return refuse
 
 
 _real_import = builtins.__import__
@@ -430,6 +471,7 @@ _RUN_TIME_REFUSALS = {
     "populora.copy_state": "the program made copy set an attribute it may not set ({})",
     "populora.alias_origin": "the program made a typing alias relay attributes of a {}",
     "populora.alias_write": "the program set an attribute through a typing alias ({})",
+    "populora.typing_subclass": "the program subclassed one of typing's own classes ({})",
     "populora.copy_memo": "the program gave copy a memo of its own (a {})",
     "populora.copy_hook": "a __deepcopy__ of the program's (class {}) would be handed copy's memo, the originals in it",
     "populora.copy_func": "the program made copy rebuild an object by calling the built-in {}",
@@ -536,7 +578,7 @@ def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
         "globals",
         "locals",
     ):
-        table[name] = _refuse
+        table[name] = _refusing(name)
     table["__import__"] = _guarded_import
     table[_READ_CHECK] = _checked_read
     table[_OWN_CHECK] = _owned
@@ -620,16 +662,29 @@ def _checked_read(value: Any, name: str) -> Any:
         if refused:
             _refuse_at_run_time("populora.format_walk", refused)
     elif kind is _METHOD_DESCRIPTOR and getattr(method, "__objclass__", None) is str:
-
-        def checked(text: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(text, str):
-                refused = _format_walk_refused(str.__str__(text))
-                if refused:
-                    _refuse_at_run_time("populora.format_walk", refused)
-            return method(text, *args, **kwargs)
-
-        return checked
+        return _checked_unbound(method)
     return method
+
+
+def _checked_unbound(method: Any) -> Any:
+    """``str.format`` (``str.format_map``) as a function that checks each string it is given; one per method,
+    so that ``str.format is str.format`` holds as in plain Python."""
+    for known, made in _CHECKED_UNBOUND:
+        if known is method:
+            return made
+
+    def checked(text: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(text, str):
+            refused = _format_walk_refused(str.__str__(text))
+            if refused:
+                _refuse_at_run_time("populora.format_walk", refused)
+        return method(text, *args, **kwargs)
+
+    _CHECKED_UNBOUND.append((method, checked))
+    return checked
+
+
+_CHECKED_UNBOUND: list[tuple[Any, Any]] = []
 
 
 _BOUND_BUILTIN = type("".format)
@@ -736,14 +791,17 @@ def _with_checks(tree: Any) -> Any:
     in the namespace its metaclass's ``__prepare__`` made first, and a metaclass made at run time can put
     any key there (red-team round 19, for ``super``)."""
     todo = [tree]
+    declared = set()  # `obj.x: int`, an annotation alone: no store (its target is walked after it)
     while todo:
         node = todo.pop()
+        if type(node) is _ast.AnnAssign and node.value is None:
+            declared.add(id(node.target))
         if type(node) is _ast.ClassDef:
             names = _ast.Global(names=[_READ_CHECK, _OWN_CHECK, _SUPER_CHECK])
             for position in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
                 setattr(names, position, getattr(node, position, None))
             node.body.insert(1 if _is_docstring(node.body[0]) else 0, names)  # (a class body is never empty)
-        if type(node) is _ast.Attribute and type(node.ctx) is not _ast.Load:
+        if type(node) is _ast.Attribute and type(node.ctx) is not _ast.Load and id(node) not in declared:
             node.value = _check_call(_OWN_CHECK, node.value, node.attr, node)
         # the node that takes a child's place is walked, not the child: a check's call holds the child's own
         # value (`e.obj.obj`, `calendar.datetime.datetime`: walking the replaced outer read left the inner one

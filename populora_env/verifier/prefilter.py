@@ -685,6 +685,13 @@ def _forbidden(node: ast.AST, allowed: set[int] = set()) -> str | None:  # noqa:
         if checked is not None:  # the run-time check of these reads sees attribute reads only
             return f"a class pattern may not read the attribute {checked!r}"
         return next(filter(None, map(_attribute_refused, node.kwd_attrs)), None)
+    elif isinstance(node, ast.MatchValue) and any(
+        isinstance(part, ast.Attribute) and (part.attr in CHECKED_READS or part.attr in MODULE_READS)
+        for part in ast.walk(node.value)
+    ):
+        # `case x.obj:` compares the subject with what the read gives, where the child's check of the read
+        # cannot go (a value pattern is a dotted name, never a call)
+        return "a value pattern may not read the attributes the child checks at run time"
     elif isinstance(node, ast.Call):
         if isinstance(node.func, ast.Name) and node.func.id == "type" and not _plain_type_call(node):
             return "type() with more than one argument (a class from a dict of any names) is not allowed"
