@@ -586,7 +586,14 @@ def test_the_two_pools_allocate_program_objects_at_other_offsets(bare_verifier):
 def test_objects_of_every_size_class_land_at_other_offsets_in_the_two_pools():
     """Address-ordered outputs of objects the heap shift missed: class objects (over 512 bytes, glibc's)
     and iterators (48 bytes: no shifted block of that size class) came out alike in both pools, so the
-    same program passed as ``ok`` with outputs that changed with what its worker had served before."""
+    same program passed as ``ok`` with outputs that changed with what its worker had served before.
+
+    The shift makes the two pools differ likely, not certainly (a set of a few objects can iterate alike
+    under two offsets): counted over sets of 3 to 12 objects, fresh and after other programs, at least a
+    third of the runs must be ``nondeterministic``. Measured for the classes: 18 of 30 in one build of the
+    worker, 28 to 30 of 30 in 25 builds padded with a constant (the heap moves with any change to the code), 0 without the
+    shift (the two pools' addresses agree). A single case asserted alone (8 classes) passed or failed with
+    unrelated code changes."""
     classes = (
         "def f(n):\n    cs = []\n    for i in range(n):\n        class A:\n            k = i\n"
         "        cs.append(A)\n    return [c.k for c in set(cs)]"
@@ -594,11 +601,13 @@ def test_objects_of_every_size_class_land_at_other_offsets_in_the_two_pools():
     iterators = "def f(n):\n    its = [iter([k]) for k in range(n)]\n    return [next(it) for it in set(its)]"
     filler = [(f"def f(x):\n    return [x] * {i} + {list(range(i * 7))}", "1") for i in range(1, 8)]
     with Verifier(workers=1, cache_size=0) as v:
-        for round_ in range(3):
-            if round_:
-                v.run_many(filler)  # other programs served by the same workers in between
-            for program in (classes, iterators):
-                assert v.run(program, "8").status == "nondeterministic", (round_, program)
+        for program in (classes, iterators):
+            caught = []
+            for round_ in range(3):
+                if round_:
+                    v.run_many(filler)  # other programs served by the same workers in between
+                caught += [v.run(program, str(n)).status == "nondeterministic" for n in range(3, 13)]
+            assert sum(caught) >= len(caught) / 3, (program, caught)
 
 
 def test_when_the_collector_runs_does_not_depend_on_what_the_worker_served_before():

@@ -479,8 +479,8 @@ def test_kernel_layers_are_all_active_here(bare_verifier):
 
 # Sources the pre-filter must reject: each hides its forbidden part from a naive text search somehow.
 DISGUISED = [
-    "def f(x):\n    return x. __class__",
-    "def f(x):\n    return x.\\\n__class__",
+    "def f(x):\n    return x. __dict__",
+    "def f(x):\n    return x.\\\n__dict__",
     "def f(x):\n    return x._private",
     "def f(x):\n    global __b\n    return x",
     "def f(x):\n    return (lambda: 0).__globals__",
@@ -1562,6 +1562,14 @@ def test_language_escapes_found_by_review_are_refused(verifier, name):
          "    return [isinstance(x, collections.abc.Iterable), isinstance(x, abc.Sized)]\n", "[1]", "[True, True]"),
         ("def f(x):\n    return str.format is str.format and str.format('{}', x) == str(x)\n", "1", "True"),
         ("def f(x):\n    return [input.__name__, input.__qualname__]\n", "1", "['input', 'input']"),
+        ("class Tok:\n    def __init__(self, type, value):\n        self.type = type\n        self.value = value\n"
+         "def f(pairs):\n    toks = [Tok(type, n) for type, n in pairs]\n    kinds = []\n    for type, _ in pairs:\n"
+         "        kinds.append(type)\n    return [t.type for t in toks] + kinds\n",
+         "[('num', 1), ('op', 2)]", "['num', 'op', 'num', 'op']"),
+        ("class A:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n"
+         "        return self.__class__(self.x + o.x)\nclass B(A):\n    def __init__(self, x):\n"
+         "        super(B, self).__init__(x * 10)\ndef f(x):\n    b = B(x) + B(x)\n    return [type(b).__name__, b.x]\n",
+         "1", "['B', 200]"),
         ("import json\nclass C:\n    pass\ndef f(x):\n    c = C()\n    c.x = x\n    json.y: int\n    return c.x\n",
          "1", "1"),
         ("import typing, json\nclass K:\n    def __new__(cls):\n        return json\ndef f(x):\n"
@@ -1570,7 +1578,7 @@ def test_language_escapes_found_by_review_are_refused(verifier, name):
     ],
     ids=["super_init", "exception_super_init", "super_repr", "singleton_super_new", "dict_subclass",
          "class_name", "namedtuple_api", "slots_and_aliases", "module_names_as_attributes", "collections_abc",
-         "unbound_format_is_itself", "refused_builtin_named_as_itself", "annotation_of_a_module_attribute", "alias_call_returning_a_module"],
+         "unbound_format_is_itself", "refused_builtin_named_as_itself", "type_as_a_variable", "two_argument_super_and_class", "annotation_of_a_module_attribute", "alias_call_returning_a_module"],
 )  # fmt: skip
 def test_common_idioms_a_review_found_refused_now_run(verifier, program, args, output):
     """``super().__init__(...)`` and the other special methods of the allowlist read on ``super()``, a class's
@@ -1590,7 +1598,20 @@ def test_common_idioms_a_review_found_refused_now_run(verifier, program, args, o
          "line 3: access to attribute '__name__' is not allowed"),
         ("def f(x):\n    del x.__class__.__qualname__\n    return 1\n",
          "line 2: access to attribute '__qualname__' is not allowed"),
-        ("def f(x):\n    return x.__class__\n", "line 2: access to attribute '__class__' is not allowed"),
+        ("class B:\n    pass\ndef f(x):\n    x.__class__ = B\n    return 1\n",
+         "line 4: access to attribute '__class__' is not allowed"),
+        ("def f(x):\n    return (lambda type=type: type)()\n",
+         "line 2: `type` other than called as type(x) is not allowed (`T = type` made T(name, bases, namespace): "
+         "a class from a dict of any names)"),
+        ("def f(type):\n    class C:\n        T = type\n    return C.T\n",
+         "line 3: `type` other than called as type(x) is not allowed (`T = type` made T(name, bases, namespace): "
+         "a class from a dict of any names)"),
+        ("def f(x):\n    global type\n    type = 1\n    return type\n",
+         "line 4: `type` other than called as type(x) is not allowed (`T = type` made T(name, bases, namespace): "
+         "a class from a dict of any names)"),
+        ("def f(xs):\n    return [t for t in type]\n",
+         "line 2: `type` other than called as type(x) is not allowed (`T = type` made T(name, bases, namespace): "
+         "a class from a dict of any names)"),
         ("class B:\n    def m(self):\n        return super().__getattribute__('x')\ndef f(x):\n    return 1\n",
          "line 3: access to attribute '__getattribute__' is not allowed"),
         ("class P:\n    __slots__ = ('__dict__',)\ndef f(x):\n    return 1\n",
@@ -1604,7 +1625,8 @@ def test_common_idioms_a_review_found_refused_now_run(verifier, program, args, o
         ("import collections.abc\ndef f(x):\n    match x:\n        case collections.abc:\n            return 1\n",
          "line 4: a value pattern may not read the attributes the child checks at run time"),
     ],
-    ids=["super_rebound", "name_written", "qualname_deleted", "class_read_for_another_name",
+    ids=["super_rebound", "name_written", "qualname_deleted", "class_written", "type_as_a_default",
+         "type_in_a_class_body", "type_declared_global", "type_as_the_first_iterable",
          "super_getattribute", "private_slots", "module_getattr", "other_private_names", "module_name_pattern",
          "sys_stays_refused", "module_name_imported", "value_pattern_checked_name"],
 )  # fmt: skip

@@ -840,13 +840,14 @@ def _format_check_of(node: Any) -> Any:
 
 
 def _plain_super(node: Any) -> bool:
-    """``super()``: the zero-argument form, which still finds its class and instance where it is rewritten
-    (the compiler gives a function that names ``super`` the ``__class__`` cell it reads)."""
+    """``super()``, the zero-argument form, which still finds its class and instance where it is rewritten
+    (the compiler gives a function that names ``super`` the ``__class__`` cell it reads), or ``super(B, x)``
+    with two names: the forms the pre-filter lets read a special method."""
     return (
         type(node) is _ast.Call
         and type(node.func) is _ast.Name
         and node.func.id == "super"
-        and not node.args
+        and (not node.args or (len(node.args) == 2 and all(type(a) is _ast.Name for a in node.args)))
         and not node.keywords
     )
 

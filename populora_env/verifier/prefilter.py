@@ -487,17 +487,100 @@ _FORMAT_REACH = re.compile(
 
 
 def _type_as_value(tree: ast.AST) -> int | None:
-    """The line of the first read of the name ``type`` that is not the function of a call, else None."""
+    """The line of the first read of the built-in ``type`` that is not the function of a call, else None.
+
+    Not refused: a read of a local variable of that name (``def f(type)``, ``for name, type in fields``, a
+    function that assigns it: such a read never reaches the built-in), and an annotation (``cls: type``,
+    kept only where no program can read it, ``__annotations__``)."""
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Name)
-            and node.id == "type"
-            and isinstance(node.ctx, ast.Load)
-            and id(node) not in called
-        ):
-            return node.lineno
-    return None
+    found: list[int] = []
+
+    def visit(node: ast.AST, local: bool) -> None:
+        """``local``: ``type`` names a variable of a function scope here (or of one this scope sees)."""
+        item: ast.AST
+        if found:
+            return
+        if isinstance(node, ast.Name):
+            if node.id == "type" and isinstance(node.ctx, ast.Load) and id(node) not in called and not local:
+                found.append(node.lineno)
+            return
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            arguments = node.args
+            outer = [*arguments.defaults, *(d for d in arguments.kw_defaults if d is not None)]
+            if not isinstance(node, ast.Lambda):
+                outer += node.decorator_list
+            for item in outer:  # evaluated where the function is defined
+                visit(item, local)
+            inner = _binds_type(node, local)
+            for item in node.body if isinstance(node.body, list) else [node.body]:
+                visit(item, inner)
+            return  # (annotations: not visited)
+        if isinstance(node, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+            first, *rest = node.generators
+            visit(first.iter, local)  # the first iterable is evaluated in the enclosing scope
+            inner = local or any(_targets_type(g.target) for g in node.generators)
+            for part in [first.target, *first.ifs, *rest, *_comprehension_results(node)]:
+                visit(part, inner)
+            return
+        if isinstance(node, ast.ClassDef):
+            for item in [*node.decorator_list, *node.bases, *node.keywords]:
+                visit(item, local)
+            for item in node.body:  # a class body reads names as globals and built-ins: never local
+                visit(item, False)
+            return
+        if isinstance(node, ast.AnnAssign):
+            for item in [node.target] if node.value is None else [node.target, node.value]:
+                visit(item, local)
+            return  # (the annotation: not visited)
+        for child in ast.iter_child_nodes(node):
+            visit(child, local)
+
+    visit(tree, False)
+    return found[0] if found else None
+
+
+def _comprehension_results(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.DictComp):
+        return [node.key, node.value]
+    return [node.elt]  # type: ignore[attr-defined]
+
+
+def _targets_type(target: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "type" for n in ast.walk(target))
+
+
+def _binds_type(function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, outer_local: bool) -> bool:
+    """Whether ``type`` names a local variable of ``function`` (a parameter, or a name it binds in its own
+    body) or one of an enclosing function it sees; not where the function declares it ``global``."""
+    arguments = function.args
+    parameters = [
+        *arguments.posonlyargs,
+        *arguments.args,
+        *arguments.kwonlyargs,
+        arguments.vararg,
+        arguments.kwarg,
+    ]
+    binds = any(p is not None and p.arg == "type" for p in parameters)
+    body = function.body if isinstance(function.body, list) else [function.body]
+    todo: list[ast.AST] = list(body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Global) and "type" in node.names:
+            return False
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            name: str | None = node.id
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            name = node.name
+        else:
+            name = _bound_name(node)
+        binds = binds or name == "type"
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue  # their own scopes (a walrus in a comprehension binds here: walked below)
+        if isinstance(node, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+            todo.extend(n for n in ast.walk(node) if isinstance(n, ast.NamedExpr))
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return binds or outer_local
 
 
 def _plain_type_call(node: ast.Call) -> bool:
@@ -529,17 +612,18 @@ def _module_refused(name: str) -> bool:
 NAMEDTUPLE_API = frozenset({"_replace", "_asdict", "_make", "_fields", "_field_defaults"})
 
 #: Dunder attributes a program may read (not write): the name of a class, function or module, a string
-#: (``type(x).__name__``, ``self.__class__.__name__`` in a ``__repr__``).
-READABLE_DUNDERS = frozenset({"__name__", "__qualname__"})
+#: (``type(x).__name__`` in a ``__repr__``), and an object's class (``self.__class__(...)``), what ``type(x)``
+#: gives (a class statement may not define ``__class__``; the class of an object is changed by no program).
+READABLE_DUNDERS = frozenset({"__name__", "__qualname__", "__class__"})
 
 
 def _allowed_in_context(tree: ast.AST) -> set[int]:
     """The nodes (ids) of ``tree`` that ``_forbidden`` would refuse alone but that are allowed where they are:
 
-    * ``x.__class__`` read for its ``.__name__``/``.__qualname__`` (``type(x)``'s name);
-    * ``super().__init__``, a special method of the allowlist read on ``super()`` with no arguments, where the
-      program never binds the name ``super``: the child checks at run time that the proxy is bound to an
-      instance (``_child._checked_super``; with a class it hands out its bases' methods unbound);
+    * ``super().__init__``, a special method of the allowlist read on ``super()`` with no arguments or two
+      names (``super(B, self)``), where the program never binds the name ``super``: the child checks at run
+      time that the proxy is bound to an instance of the program's own (``_child._checked_super``; with a
+      class it hands out its bases' methods unbound);
     * ``__slots__ = ('x', 'y')`` in a class body: a tuple or list of public names.
     """
     allowed: set[int] = set()
@@ -547,14 +631,7 @@ def _allowed_in_context(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             value = node.value
-            if (
-                node.attr in READABLE_DUNDERS
-                and isinstance(value, ast.Attribute)
-                and value.attr == "__class__"
-                and isinstance(value.ctx, ast.Load)
-            ):
-                allowed.add(id(value))
-            elif node.attr in ALLOWED_SPECIAL_METHODS and _plain_super(value):
+            if node.attr in ALLOWED_SPECIAL_METHODS and _plain_super(value):
                 bound = _bound_names(tree) if bound is None else bound
                 if "super" not in bound:
                     allowed.add(id(node))
@@ -566,12 +643,12 @@ def _allowed_in_context(tree: ast.AST) -> set[int]:
 
 
 def _plain_super(node: ast.AST) -> bool:
-    """``super()``, the zero-argument form."""
+    """``super()``, the zero-argument form, or ``super(B, self)`` with two names (what ``_child`` checks)."""
     return (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
         and node.func.id == "super"
-        and not node.args
+        and (not node.args or (len(node.args) == 2 and all(isinstance(a, ast.Name) for a in node.args)))
         and not node.keywords
     )
 
