@@ -397,6 +397,26 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         "import typing, json\ndef g():\n    return json\ndef f(x):\n    type(typing.List[int])(g, (int,))()\n"
         "    return sorted(k for k in dir(json) if k.startswith('_' + '_orig'))\n",
         {"forbidden"}, {"ok"}),
+    # red-team round 21 (a full escape: the real sys, the hook off, the request's other programs read): a
+    # mixin's own __init_subclass__ skipped typing's refusal, a typing alias relayed `_sys` from a list[int]-style
+    # alias of the module collections, and EnumType's method comparison handed a program's __eq__
+    # object.__reduce_ex__, which reads the attributes a class lists in __slotnames__
+    "typing_subclass_past_a_mixin_s_init_subclass": (
+        "import typing, collections\nT = type(int)\ndef isub(cls, **kw):\n    return None\ndef f(x):\n"
+        "    M = T('M', (), {'_' + '_init_subclass__': classmethod(isub)})\n"
+        "    K = T('K', (M, type(typing.List[int]).mro()[1]), {})\n"
+        "    return K(type(list[int])(collections, ())).OrderedDict.__name__\n",
+        {"forbidden"}, {"ok"}),
+    "enum_comparison_handing_out_object_methods": (
+        "import enum\nT = type(int)\nbox = []\ndef eq(self, other):\n    box.append(other)\n    return False\n"
+        "def f(x):\n    O = T('O', (), {'_' + '_eq__': eq, '_' + '_hash__': None})()\n"
+        "    Mix = T('Mix', (), {'_' + '_reduce_ex__': staticmethod(O)})\n    class E(Mix, enum.Enum):\n"
+        "        A = 1\n    return [str(b) for b in box]\n",
+        {"forbidden"}, {"ok"}),
+    "enum_new_as_a_staticmethod_returning_a_module": (
+        "import enum, json\ndef g(cls, *args):\n    return json\nclass E(enum.Enum):\n    __new__ = staticmethod(g)\n"
+        "    RED = ('importlib',)\ndef f(x):\n    return json.__name__\n",
+        {"forbidden"}, {"ok"}),
     # super() with a class as its first argument hands out its bases' methods unbound: with the module type
     # as a base, super().__init__(json, 'importlib') renames a module (the renaming of an earlier escape)
     "super_in_a_classmethod": (

@@ -345,7 +345,9 @@ def _guard_enum() -> None:
 
     def guarded_find_new(mcls: Any, classdict: Any, member_type: Any, first_enum: Any) -> Any:
         new, save_new, use_args = find_new(mcls, classdict, member_type, first_enum)
-        if type(new) is type(_guarded_import):  # a Python function (object.__new__, int.__new__ are C)
+        # anything but a built-in (object.__new__, int.__new__): a staticmethod, a partial or a callable
+        # object of the program's passed unwrapped when only plain functions were (red-team round 21)
+        if type(new) is not type(len):
             make = new
 
             def new(enum_class: Any, *args: Any, **kw: Any) -> Any:
@@ -359,6 +361,32 @@ def _guard_enum() -> None:
     wrapper = classmethod(guarded_find_new)
     _INSTALLED.append(wrapper)
     enum.EnumType._find_new_ = wrapper
+
+    # EnumType compares the `__repr__`, `__str__`, `__format__` and `__reduce_ex__` a new enum class finds with
+    # object's and its data type's (`found in (data_type_method, object_method)`): a program object there, with
+    # an `__eq__` of its own, was handed `object.__reduce_ex__`, which reads any attribute a class lists in
+    # `__slotnames__` (red-team round 21, a link of a full escape); such an object must be a function
+    make_class = vars(enum.EnumType)["__new__"]
+    compared = ("__repr__", "__str__", "__format__", "__reduce_ex__")
+    plain = (type(_guarded_import), type(len), type(str.lower), type(object.__init__))
+
+    def compared_safely(value: Any) -> bool:  # what the comparison runs no program code for
+        if type(value) in (staticmethod, classmethod):  # (exact: a subclass's __get__ gives anything)
+            value = value.__func__
+        return type(value) in plain
+
+    def guarded_new(metacls: Any, cls: Any, bases: Any, classdict: Any, **kwds: Any) -> Any:
+        for base in bases if type(bases) is tuple else ():
+            for k in _REAL_MRO(base) if isinstance(base, type) else ():
+                namespace = _REAL_NAMESPACE(k)
+                for name in compared:
+                    if name in namespace and not compared_safely(namespace[name]):
+                        _refuse_at_run_time(
+                            "populora.enum_compared", f"a {type(namespace[name]).__name__} as {name}"
+                        )
+        return make_class(metacls, cls, bases, classdict, **kwds)
+
+    enum.EnumType.__new__ = guarded_new
 
 
 def _guard_typing() -> None:
@@ -379,14 +407,24 @@ def _guard_typing() -> None:
     # showed the check another dict than the one typing relays from (red-team round 20)
     namespace = vars(alias)["__dict__"].__get__
 
-    origins = (type, typing._SpecialForm, alias, type(list[int]))
+    origins = (type, typing._SpecialForm, alias)
+    generic = type(list[int])
+    generic_origin = vars(generic)["__origin__"].__get__  # (the C member: a subclass cannot replace it)
 
     def checked_origin(self: Any) -> Any:
+        # typing's own classes only: a run-time subclass (its mixin's `__init_subclass__` ran instead of
+        # typing's refusal) relayed from an origin of its choosing (red-team round 21)
+        if not _is_standard(type(self)):
+            _refuse_at_run_time("populora.typing_subclass", _describe_name(type(self).__qualname__))
         # what the standard library's aliases have there: a class, a special form (Union), an alias
-        # (Annotated's); an exception relayed the object a failed lookup kept (`obj`: a red-team review)
-        origin = namespace(self).get("__origin__")
-        if not isinstance(origin, origins):
-            _refuse_at_run_time("populora.alias_origin", type(origin).__name__)
+        # (Annotated's), a `list[int]` of a class; an exception relayed the object a failed lookup kept (`obj`:
+        # a red-team review), and a `list[int]`-style alias of a module relayed its private names
+        # (`collections._sys`, round 21)
+        origin = found = namespace(self).get("__origin__")
+        while isinstance(found, generic):
+            found = generic_origin(found)
+        if not isinstance(found, origins):
+            _refuse_at_run_time("populora.alias_origin", type(found).__name__)
         return origin
 
     def get(self: Any, attr: str) -> Any:
@@ -411,6 +449,8 @@ def _guard_typing() -> None:
         return result
 
     def set_(self: Any, attr: str, value: Any) -> None:
+        if not _is_standard(type(self)):
+            _refuse_at_run_time("populora.typing_subclass", _describe_name(type(self).__qualname__))
         if not (type(attr) is str and (attr[:2] == attr[-2:] == "__" or attr in own)):
             # a write relayed to the origin: nothing in the standard library sets attributes through an
             # alias, and a program's alias of a standard class (copy setting a run-time name) wrote any name
@@ -479,6 +519,7 @@ _RUN_TIME_REFUSALS = {
     "populora.foreign_store": "the program wrote or deleted the attribute {}, not one of its own",
     "populora.exception_object": "the program read the object a failed lookup kept in an exception ({}.obj)",
     "populora.enum_member": "an enum's __new__ of the program's gave a {}, not a new member",
+    "populora.enum_compared": "the program gave an enum {}, which the enum machinery compares with object's",
     "populora.module_read": "the program read a module it may not import (.{})",
     "populora.foreign_super": "the program read super().{} of an object not its own",
     "populora.unbound_super": "the program read super().{} where super() is not bound to an instance",
