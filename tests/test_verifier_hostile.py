@@ -417,6 +417,21 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         "import enum, json\ndef g(cls, *args):\n    return json\nclass E(enum.Enum):\n    __new__ = staticmethod(g)\n"
         "    RED = ('importlib',)\ndef f(x):\n    return json.__name__\n",
         {"forbidden"}, {"ok"}),
+    # red-team round 22 (two full escapes): a program's subclass of types.GenericAlias hands every attribute
+    # read, __dict__ included, to its origin (a module): functools.cached_property's cache became typing's
+    # globals (the real sys), and UserDict's copy updated a dict of the program's with json's globals
+    "generic_alias_subclass_under_cached_property": (
+        "import typing, functools\ndef f(x):\n    def grab(o):\n        return None\n"
+        "    cp = functools.cached_property(grab)\n    G = type(int)('G', (type(list[int]),), {'_' + '_origin__': cp})\n"
+        "    cp.attrname = 'sys'\n    return str(typing.get_origin(G(typing, ())))\n",
+        {"runtime"}, {"runtime"}),
+    "generic_alias_subclass_copied_as_a_user_dict": (
+        "import collections, copy, json\nD = {}\nH = type(int)('H', (), {'_' + '_dict__': property(lambda s: D)})\n"
+        "class K(type(list[int]), collections.UserDict):\n    def __new__(cls, *a):\n        if not a:\n"
+        "            a = (H(), ())\n        return super().__new__(cls, *a)\n    def __init__(self, *a):\n"
+        "        pass\ndef f(x):\n    try:\n        copy.copy(K(json, ()))\n    except KeyError:\n        pass\n"
+        "    return sorted(D)[:3]\n",
+        {"runtime"}, {"runtime"}),
     # super() with a class as its first argument hands out its bases' methods unbound: with the module type
     # as a base, super().__init__(json, 'importlib') renames a module (the renaming of an earlier escape)
     "super_in_a_classmethod": (

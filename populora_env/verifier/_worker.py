@@ -117,6 +117,11 @@ class Worker:
         shift = int(config.get("heap_shift", 0))
         sizes = (*_SHIFT_SIZES, 600, 1100, 2100, 4200)
         self._held = [v for _ in range(shift) for v in (object(), 0.5 + shift, *(bytes(n) for n in sizes))]
+        # no program class derives from types.GenericAlias (see there; after the preloaded modules' own
+        # subclass of it, collections.abc's)
+        closed = sandbox.close_to_subclasses(type(list[int]))
+        if closed:
+            self.report["errors"].append(closed)
         _child.install_frame_guard()  # the language layer's run-time half: no frames for guarded programs
         _child.install_copy_guard()  # (the standard library imports copy lazily too, past the guarded import)
         self._warm_up()

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "apply_child_limits",
     "build_seccomp_programs",
+    "close_to_subclasses",
     "die_with_parent",
     "isolate_worker",
     "load_seccomp_program",
@@ -428,6 +429,30 @@ class SeccompProgram:
 def load_seccomp_program(bpf: bytes) -> None:
     """Loads one BPF program produced by :func:`build_seccomp_programs` (needs ``no_new_privs``)."""
     SeccompProgram(bpf).load()
+
+
+_Py_TPFLAGS_BASETYPE = 1 << 10
+
+
+def close_to_subclasses(cls: type) -> str | None:
+    """Clears ``Py_TPFLAGS_BASETYPE`` of a built-in class, so that no class made from now on derives from it
+    (``TypeError: type '...' is not an acceptable base type``); classes deriving from it already keep
+    working. For ``types.GenericAlias``, which hands every attribute read, ``__dict__`` included, to its
+    origin (any object: a module): a program's subclass of it, with a descriptor or a mixin for the few names
+    it keeps, gave standard code a module's globals where it read an object's ``__dict__`` (red-team round
+    22, two full escapes). CPython offers no Python way to do this for a built-in type: the flags are
+    written in place (``tp_flags`` of CPython's type object, checked against ``__flags__`` first).
+
+    Returns:
+        ``None``, or why the class stays open (another layout of the type object).
+    """
+    # PyTypeObject: the variable-size header (3 words), then 18 pointer-sized fields before tp_flags (tp_name
+    # ... tp_as_buffer), the same from CPython 3.8 to 3.13; written only where the word reads __flags__
+    word = ctypes.c_ulong.from_address(id(cls) + 21 * ctypes.sizeof(ctypes.c_void_p))
+    if word.value != cls.__flags__:
+        return f"cannot close {cls.__qualname__} to subclasses (tp_flags not where expected)"
+    word.value = cls.__flags__ & ~_Py_TPFLAGS_BASETYPE
+    return None
 
 
 def die_with_parent() -> None:
