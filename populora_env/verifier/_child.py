@@ -873,9 +873,7 @@ def _format_check_of(node: Any) -> Any:
     if type(node) is _ast.Attribute and type(node.ctx) is _ast.Load:
         if node.attr in CHECKED_READS or node.attr in MODULE_READS:
             return _check_call(_READ_CHECK, node.value, node.attr, node)
-        if node.attr[:2] == "__" and _plain_super(
-            node.value
-        ):  # `super().__init__`: the pre-filter allowed it
+        if node.attr[:2] == "__" and _plain_super(node.value):  # `super().__init__` (the pre-filter let it)
             return _check_call(_SUPER_CHECK, node.value, node.attr, node)
     return node
 
@@ -901,7 +899,8 @@ _SUPER_SELF_CLASS = vars(super)["__self_class__"].__get__
 
 def _checked_super(proxy: Any, name: str) -> Any:
     """``super().<name>`` for a guarded program (the pre-filter lets it read special methods of the allowlist
-    this way): refused (event ``populora.unbound_super``) unless the proxy is bound to an instance. With a class
+    this way): refused (events ``populora.unbound_super``, ``populora.foreign_super``) unless the proxy is
+    bound to an instance of the program's own (``__new__``, a static method, also to a class). With a class
     as its first argument (a classmethod, a method called as ``B.m(B)``, a nested function given a class)
     ``super()`` hands out its bases' methods unbound, and ``super().__init__(json, 'importlib')``, for a
     class deriving from the module type, would rename a module (the renaming behind an earlier escape)."""
@@ -932,8 +931,8 @@ _CHECKED_NAMES = CHECKED_READS | MODULE_READS | {"super"}
 
 def _needs_checks(code: Any) -> bool:
     """Whether compiled program code reads an attribute named ``format``/``format_map``/``obj`` or one of
-    ``MODULE_READS``, names ``super`` or writes or deletes any attribute (its names after NFKC, its opcodes; a global ``format``
-    counts too, harmlessly)."""
+    ``MODULE_READS``, names ``super``, or writes or deletes any attribute (its names after NFKC, its opcodes;
+    a global ``format`` counts too, harmlessly)."""
     todo = [code]
     while todo:
         unit = todo.pop()
