@@ -152,7 +152,7 @@ def detached(
     (finite parents, extreme magnitudes) a ``ValueError`` naming the operator and the key, never an
     infinite child. ``checks_its_child=True`` (``@detached(checks_its_child=True)``) leaves that last check
     to an operator that copies most of its child from the checked input and checks the rest itself
-    (``neftune_a``: a second pass over the whole genome was ~10% of its time).
+    (``neftune_a``: a second pass over the whole genome was ~8% of its time).
     """
     if operator is None:
         return functools.partial(detached, checks_its_child=checks_its_child)
