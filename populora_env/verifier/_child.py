@@ -15,7 +15,15 @@ import os
 import sys
 
 import literals  # top-level in the worker process, see _worker.py
-from rules import CHECKED_READS, FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES, MODULE_READS, SHADOWING_STORES
+from rules import (
+    CHECKED_READS,
+    FORBIDDEN_ATTRIBUTES,
+    FORBIDDEN_MODULES,
+    MODULE_READS,
+    RUN_TIME_READS,
+    SHADOWING_STORES,
+    plain_super,
+)
 from verdicts import line as _line
 
 TYPE_CHECKING = False  # `typing` stays out of the worker (see literals.py)
@@ -871,24 +879,11 @@ def _is_docstring(statement: Any) -> bool:
 
 def _format_check_of(node: Any) -> Any:
     if type(node) is _ast.Attribute and type(node.ctx) is _ast.Load:
-        if node.attr in CHECKED_READS or node.attr in MODULE_READS:
+        if node.attr in RUN_TIME_READS:
             return _check_call(_READ_CHECK, node.value, node.attr, node)
-        if node.attr[:2] == "__" and _plain_super(node.value):  # `super().__init__` (the pre-filter let it)
+        if node.attr[:2] == "__" and plain_super(node.value):  # `super().__init__` (the pre-filter let it)
             return _check_call(_SUPER_CHECK, node.value, node.attr, node)
     return node
-
-
-def _plain_super(node: Any) -> bool:
-    """``super()``, the zero-argument form, which still finds its class and instance where it is rewritten
-    (the compiler gives a function that names ``super`` the ``__class__`` cell it reads), or ``super(B, x)``
-    with two names: the forms the pre-filter lets read a special method."""
-    return (
-        type(node) is _ast.Call
-        and type(node.func) is _ast.Name
-        and node.func.id == "super"
-        and (not node.args or (len(node.args) == 2 and all(type(a) is _ast.Name for a in node.args)))
-        and not node.keywords
-    )
 
 
 # super's own member descriptors: `s.__self__` looks the name up in the MRO of the instance's class first,
@@ -926,7 +921,7 @@ def _check_call(function: str, value: Any, name: str, at: Any) -> Any:
     return call
 
 
-_CHECKED_NAMES = CHECKED_READS | MODULE_READS | {"super"}
+_CHECKED_NAMES = RUN_TIME_READS | {"super"}
 
 
 def _needs_checks(code: Any) -> bool:

@@ -17,7 +17,7 @@ from functools import lru_cache, wraps
 from typing import Any, Literal
 
 from .literals import on_a_fresh_stack, too_deep
-from .rules import CHECKED_READS, FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES, MODULE_READS
+from .rules import FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES, MODULE_READS, RUN_TIME_READS, plain_super
 from .rules import SHADOWING_STORES as _SHADOWING_STORES
 
 __all__ = [
@@ -631,7 +631,7 @@ def _allowed_in_context(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             value = node.value
-            if node.attr in ALLOWED_SPECIAL_METHODS and _plain_super(value):
+            if node.attr in ALLOWED_SPECIAL_METHODS and plain_super(value):
                 bound = _bound_names(tree) if bound is None else bound
                 if "super" not in bound:
                     allowed.add(id(node))
@@ -640,17 +640,6 @@ def _allowed_in_context(tree: ast.AST) -> set[int]:
                 if _public_slots(statement):
                     allowed.add(id(statement.targets[0]))  # type: ignore[attr-defined]
     return allowed
-
-
-def _plain_super(node: ast.AST) -> bool:
-    """``super()``, the zero-argument form, or ``super(B, self)`` with two names (what ``_child`` checks)."""
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id == "super"
-        and (not node.args or (len(node.args) == 2 and all(isinstance(a, ast.Name) for a in node.args)))
-        and not node.keywords
-    )
 
 
 def _public_slots(statement: ast.stmt) -> bool:
@@ -756,15 +745,12 @@ def _forbidden(node: ast.AST, allowed: set[int] = set()) -> str | None:  # noqa:
             # `case C(p)` reads the attribute C.__match_args__[0] names, which a program can set to anything
             # (a namedtuple's or dataclass's field names, a class made with type())
             return "positional patterns of a class pattern are not allowed (except for built-in types)"
-        checked = next(
-            (name for name in node.kwd_attrs if name in CHECKED_READS or name in MODULE_READS), None
-        )
+        checked = next((name for name in node.kwd_attrs if name in RUN_TIME_READS), None)
         if checked is not None:  # the run-time check of these reads sees attribute reads only
             return f"a class pattern may not read the attribute {checked!r}"
         return next(filter(None, map(_attribute_refused, node.kwd_attrs)), None)
     elif isinstance(node, ast.MatchValue) and any(
-        isinstance(part, ast.Attribute) and (part.attr in CHECKED_READS or part.attr in MODULE_READS)
-        for part in ast.walk(node.value)
+        isinstance(part, ast.Attribute) and part.attr in RUN_TIME_READS for part in ast.walk(node.value)
     ):
         # `case x.obj:` compares the subject with what the read gives, where the child's check of the read
         # cannot go (a value pattern is a dotted name, never a call)

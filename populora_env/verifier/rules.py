@@ -6,6 +6,12 @@ top-level module (``_child``), which cannot import the package: one definition f
 
 from __future__ import annotations
 
+import _ast  # (the C module: the worker imports no `ast`; the pre-filter's nodes are these classes)
+
+TYPE_CHECKING = False  # `typing` stays out of the worker (see _worker.py)
+if TYPE_CHECKING:
+    from typing import Any
+
 #: Attributes a program may not read although their names have no underscore: the frames and code of
 #: generators, coroutines and tracebacks (``gen.gi_frame.f_back.f_globals`` reaches the child's own
 #: modules), attribute access by name at run time (``attrgetter``; a ``Formatter`` subclass's hooks get
@@ -53,3 +59,19 @@ the attributes a format string names, and one built at run time is one no static
 exception is the object a failed lookup kept (since Python 3.10), which handed a program whatever such a walk
 had reached, the real built-ins (red-team reviews). A class pattern reads attributes too (``case
 str(format=f)``): the pre-filter refuses these names as its keywords."""
+
+#: Every attribute name whose reads the child checks at run time (``CHECKED_READS`` and ``MODULE_READS``):
+#: where no check can run (a class pattern's keyword, a value pattern), the pre-filter refuses them.
+RUN_TIME_READS = CHECKED_READS | MODULE_READS
+
+
+def plain_super(node: Any) -> bool:
+    """``super()``, the zero-argument form, or ``super(B, x)`` with two names: the forms on which the
+    pre-filter lets a program read a special method, and which the child rewrites into a checked read."""
+    return (
+        type(node) is _ast.Call
+        and type(node.func) is _ast.Name
+        and node.func.id == "super"
+        and (not node.args or (len(node.args) == 2 and all(type(a) is _ast.Name for a in node.args)))
+        and not node.keywords
+    )
