@@ -461,23 +461,30 @@ def _rebound_self_matching(tree: ast.AST) -> ast.MatchClass | None:
 
 def _bound_names(tree: ast.AST) -> set[str]:
     """Every name ``tree`` binds, deletes or declares global/nonlocal, in any scope."""
-    names: set[str] = set()
+    names = {name for node in ast.walk(tree) if (name := _binding(node)) is not None}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
-            names.add(node.id)
-        elif isinstance(node, ast.arg):
-            names.add(node.arg)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.alias):
-            names.add((node.asname or node.name).split(".")[0])
-        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
-            names.add(node.name)
-        elif isinstance(node, ast.MatchMapping) and node.rest:
-            names.add(node.rest)
-        elif isinstance(node, ast.Global | ast.Nonlocal):
+        if isinstance(node, ast.Global | ast.Nonlocal):
             names.update(node.names)
     return names
+
+
+def _binding(node: ast.AST) -> str | None:
+    """The name ``node`` binds (or deletes), if it is a binding: a plain name stored or deleted, a parameter,
+    a ``def`` or a class, an import's alias (``import a.b`` binds ``a``), an ``except ... as``, a pattern's
+    capture."""
+    if isinstance(node, ast.Name):
+        return node.id if isinstance(node.ctx, ast.Store | ast.Del) else None
+    if isinstance(node, ast.arg):
+        return node.arg
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return node.name
+    if isinstance(node, ast.alias):
+        return (node.asname or node.name).split(".")[0]
+    if isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar):
+        return node.name
+    if isinstance(node, ast.MatchMapping):
+        return node.rest
+    return None
 
 
 _FORMAT_REACH = re.compile(
@@ -567,13 +574,7 @@ def _binds_type(function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, o
         node = todo.pop()
         if isinstance(node, ast.Global) and "type" in node.names:
             return False
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
-            name: str | None = node.id
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            name = node.name
-        else:
-            name = _bound_name(node)
-        binds = binds or name == "type"
+        binds = binds or _binding(node) == "type"
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
             continue  # their own scopes (a walrus in a comprehension binds here: walked below)
         if isinstance(node, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
@@ -666,22 +667,6 @@ def _is_dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
 
-def _bound_name(node: ast.AST) -> str | None:
-    """The name ``node`` binds, for the forms other than a plain name (``ast.Name``, checked on its own) and a
-    ``def`` (its own rule): an import's alias, a class, a parameter, an ``except ... as``, a pattern's capture."""
-    if isinstance(node, ast.alias):
-        return node.asname
-    if isinstance(node, ast.ClassDef):
-        return node.name
-    if isinstance(node, ast.arg):
-        return node.arg
-    if isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar):
-        return node.name
-    if isinstance(node, ast.MatchMapping):
-        return node.rest
-    return None
-
-
 def _attribute_refused(name: str) -> str | None:
     if name in FORBIDDEN_ATTRIBUTES or name.startswith("__"):
         return f"access to attribute {name!r} is not allowed"
@@ -766,7 +751,9 @@ def _forbidden(node: ast.AST, allowed: set[int] = set()) -> str | None:  # noqa:
         name = node.name
         if name.startswith("__") and name.endswith("__") and name not in ALLOWED_SPECIAL_METHODS:
             return f"defining the special method {name!r} is not allowed"
-    elif (bound := _bound_name(node)) is not None and _is_dunder(bound):
+    elif (bound := _binding(node)) is not None and _is_dunder(
+        bound
+    ):  # (names and defs: their own rules above)
         # `import typing as __builtins__` made typing's globals the built-ins of every function defined after
         # it (`sys` among them: a full escape), and `class __populora_own__` replaced a run-time check
         # (red-team round 19): a dunder name is bound by no form at all
