@@ -1673,7 +1673,37 @@ def test_the_idioms_allowed_since_stay_narrow(verifier, program, detail):
         assert verifier.run(program, "1") == Execution(
             "runtime", None, "while defining the program: ImportError: import of 'datetime' is not allowed"
         )
-    assert MODULE_READS <= FORBIDDEN_ATTRIBUTES  # refused as import names, format fields, pattern keywords
+
+
+def test_module_names_checked_at_run_time_stay_forbidden_names_elsewhere():
+    """The names of ``MODULE_READS`` pass the pre-filter as attribute reads only: as from-import names, in
+    format fields and as pattern keywords they are refused by ``FORBIDDEN_ATTRIBUTES``'s rules."""
+    assert MODULE_READS <= FORBIDDEN_ATTRIBUTES
+
+
+def test_a_program_that_rebinds_its_builtins_is_refused_past_the_pre_filter():
+    """The child's own check behind the pre-filter's refusal of every dunder binding: a guarded program whose
+    ``__builtins__`` global is not its table once its module has run is ``forbidden`` before ``f`` is
+    called (``import typing as __builtins__`` gave the functions defined after it typing's globals, ``sys``
+    among them). Run in a fresh interpreter, the program compiled by the child itself, no pre-filter."""
+    import subprocess
+
+    folder = Path(prefilter_module.__file__).parent
+    script = (
+        f"import os, sys\nsys.path.insert(0, {str(folder)!r})\nimport _child, verdicts\n"
+        "src = 'import typing as __builtins__\\ndef f():\\n    return sys.platform\\n'\n"
+        "for guards in (frozenset({'typing'}), None):\n"
+        "    prepared = _child.prepare(src, [()], mode='literal', allowed=guards)\n"
+        "    read, write = os.pipe()\n"
+        "    _child.run_program(prepared, write, max_output=1000, max_depth=50)\n"
+        "    print(verdicts.parse_line(os.read(read, 1000).rstrip(b'\\n')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "['forbidden', None, 'the program rebound __builtins__']",
+        str(["ok", repr(sys.platform), ""]),  # unguarded: plain Python (typing's globals hold `sys`)
+    ]
 
 
 def test_a_module_name_read_in_a_format_field_stays_refused(verifier):
