@@ -27,6 +27,7 @@ from evolve.genome import (
     Genome,
     LoraPair,
     PairBatch,
+    check_finite,
     check_fitness,
     check_parents,
     check_strength,
@@ -38,12 +39,14 @@ from evolve.genome import (
     lora_pairs,
     module_groups,
     ordered_like,
+    overflowing_child,
     pair_batches,
     require_lora,
     rows,
     run_parallel,
     stack_factors,
     store_factors,
+    within_range,
 )
 
 Fitness = Sequence[float] | torch.Tensor | None
@@ -80,22 +83,43 @@ def _concatenate(
     return b_cat, a_rows.to(batch.dtype).view(count, len(terms) * rank, in_features), weights
 
 
-def linear_combination(parents: Sequence[Genome], coeffs: Sequence[float]) -> Genome:
+def linear_combination(
+    parents: Sequence[Genome], coeffs: Sequence[float], name: str = "linear_combination"
+) -> Genome:
     """``Σ_i coeffs[i] * parent_i`` in ΔW space (LoRA, re-projected to rank r) or parameter space (plain).
 
-    The building block of ``extrapolate``, ``es`` and ``interpolate``; ``check_parents`` must have passed.
+    The building block of ``extrapolate``, ``es`` and ``interpolate`` (``detached(checks_its_child=True,
+    checks_its_parents=True)``); ``check_parents`` must have passed. Checks the finiteness of what it
+    does not decompose itself (``ValueError`` naming the parent or, as ``name``'s child, the key): entries
+    outside the LoRA pairs, parents with a zero coefficient, a plain genome's child; the child's factors
+    one batch at a time (``within_range``, then ``check_finite`` on that batch only where it fails). A
+    non-finite LoRA factor of a parent fails the decomposition (``lowrank.ProductOverflow``: the Gram
+    matrices and triangular factors it is checked on carry every entry's NaN or infinity). That skips
+    two passes over the parents and 336 small sums over a Qwen2.5-0.5B-shaped child (~10 ms of ~80 at
+    one thread).
     """
     first = parents[0]
     pairs = lora_pairs(first)
     mixed = _mixed_keys(first, pairs)
     child = copy_others(first, mixed)
+    terms = [(c, p) for c, p in zip(coeffs, parents, strict=True) if c != 0] or [(0.0, first)]
+    decomposed = {id(p) for _, p in terms} if pairs else set()
+    factors = lora_keys(pairs)
+    for index, parent in enumerate(parents):
+        unseen = (
+            parent if id(parent) not in decomposed else {k: v for k, v in parent.items() if k not in factors}
+        )
+        check_finite(unseen, f"parent {index}")
     if pairs:
-        terms = [(c, p) for c, p in zip(coeffs, parents, strict=True) if c != 0] or [(0.0, first)]
 
         def combine(batch: PairBatch) -> None:
             b_cat, a_cat, weights = _concatenate(terms, batch)
             b, a = lowrank.reproject_concatenated(b_cat, a_cat, batch.a_shape[0], weights)
             store_factors(child, batch, b, a, like=first)
+            like = first[batch.pairs[0].b_key].dtype, first[batch.pairs[0].a_key].dtype
+            if not (within_range(b, like[0]) and within_range(a, like[1])):
+                keys = [key for pair in batch.pairs for key in (pair.a_key, pair.b_key)]
+                check_finite({key: child[key] for key in keys}, overflowing_child(name))
 
         units = [unit for batch in pair_batches(first, pairs) for unit in chunks(batch)]
         run_parallel(combine, units, [rows(unit) for unit in units], first[pairs[0].a_key].device)
@@ -104,6 +128,7 @@ def linear_combination(parents: Sequence[Genome], coeffs: Sequence[float]) -> Ge
             dtype = compute_dtype(first[key].dtype)
             total = sum(c * p[key].to(dtype) for c, p in zip(coeffs, parents, strict=True))
             child[key] = torch.as_tensor(total, dtype=dtype).to(first[key].dtype)
+    check_finite({k: v for k, v in child.items() if k not in factors}, overflowing_child(name))
     return ordered_like(child, first)
 
 
@@ -256,7 +281,7 @@ def svd_splice(parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitn
     return ordered_like(child, first)
 
 
-@detached
+@detached(checks_its_child=True, checks_its_parents=True)
 def extrapolate(
     parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None, max_step: float = 0.5
 ) -> Genome:
@@ -274,7 +299,9 @@ def extrapolate(
     eta = max_step * float(torch.rand((), generator=rng, device=rng.device))
     coeffs = [0.0, 0.0]
     coeffs[ranked[0]], coeffs[ranked[1]] = 1 + eta, -eta
-    return linear_combination(parents, coeffs)  # in the given order: other entries from the first parent
+    return linear_combination(
+        parents, coeffs, "extrapolate"
+    )  # in the given order: other entries from the first parent
 
 
 def centred_ranks(fitness: Sequence[float]) -> list[float]:
@@ -289,7 +316,7 @@ def centred_ranks(fitness: Sequence[float]) -> list[float]:
     return [r / (count - 1) - 0.5 for r in ranks]
 
 
-@detached
+@detached(checks_its_child=True, checks_its_parents=True)
 def es(
     parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None, step: float = 0.5
 ) -> Genome:
@@ -310,10 +337,10 @@ def es(
         raise ValueError("fitness: the es crossover needs one fitness value per parent")
     step = check_strength(step, "step")
     coeffs = [1 / len(parents) + step * w for w in centred_ranks(values)]
-    return linear_combination(parents, coeffs)
+    return linear_combination(parents, coeffs, "es")
 
 
-@detached
+@detached(checks_its_child=True, checks_its_parents=True)
 def interpolate(
     parents: Sequence[Genome], *, rng: torch.Generator, fitness: Fitness = None, weight: float | None = None
 ) -> Genome:
@@ -330,7 +357,7 @@ def interpolate(
     if weight is not None and not 0 <= weight <= 1:
         raise ValueError(f"weight: must be in [0, 1], got {weight}")
     t = float(torch.rand((), generator=rng, device=rng.device)) if weight is None else float(weight)
-    return linear_combination(parents, [1 - t, t])
+    return linear_combination(parents, [1 - t, t], "interpolate")
 
 
 @detached

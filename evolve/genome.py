@@ -131,13 +131,17 @@ _Operator = TypeVar("_Operator", bound=Callable[..., Genome])
 
 
 @overload
-def detached(operator: _Operator, *, checks_its_child: bool = False) -> _Operator: ...
+def detached(
+    operator: _Operator, *, checks_its_child: bool = False, checks_its_parents: bool = False
+) -> _Operator: ...
 @overload
-def detached(*, checks_its_child: bool = False) -> Callable[[_Operator], _Operator]: ...
+def detached(
+    *, checks_its_child: bool = False, checks_its_parents: bool = False
+) -> Callable[[_Operator], _Operator]: ...
 
 
 def detached(
-    operator: _Operator | None = None, *, checks_its_child: bool = False
+    operator: _Operator | None = None, *, checks_its_child: bool = False, checks_its_parents: bool = False
 ) -> _Operator | Callable[[_Operator], _Operator]:
     """Runs ``operator`` on detached views of its genome or parents (and of any genome given by keyword,
     e.g. ``dare``'s ``base``), after checking that their floating-point tensors are finite.
@@ -152,10 +156,15 @@ def detached(
     (finite parents, extreme magnitudes) a ``ValueError`` naming the operator and the key, never an
     infinite child. ``checks_its_child=True`` (``@detached(checks_its_child=True)``) leaves that last check
     to an operator that copies most of its child from the checked input and checks the rest itself
-    (``neftune_a``: a second pass over the whole genome was ~8% of its time).
+    (``neftune_a``: a second pass over the whole genome was ~8% of its time). ``checks_its_parents=True``
+    leaves the parents' check to an operator that finds non-finite LoRA factors in its own decomposition
+    (``ProductOverflow``) and checks the rest itself (``crossovers.linear_combination``): on that error the
+    parents are checked here, so the message still names the parent and the key.
     """
     if operator is None:
-        return functools.partial(detached, checks_its_child=checks_its_child)
+        return functools.partial(
+            detached, checks_its_child=checks_its_child, checks_its_parents=checks_its_parents
+        )
     first = next(iter(inspect.signature(operator).parameters))
     name = getattr(operator, "__name__", "operator")
 
@@ -175,7 +184,8 @@ def detached(
                 if not isinstance(genome, Mapping):
                     raise TypeError(f"{name}: parent {index} must be a genome (a dict of tensors), got a "
                                     f"{type(genome).__name__}")  # fmt: skip
-                check_finite(genome, f"parent {index}")
+                if not checks_its_parents:
+                    check_finite(genome, f"parent {index}")
             genomes = [_detach(g) for g in genomes]
         elif isinstance(genomes, Mapping):
             check_finite(genomes, "genome")
@@ -190,6 +200,9 @@ def detached(
             child = operator(genomes, *args, **kwargs)
         except ProductOverflow as error:
             parents = [genomes] if isinstance(genomes, Mapping) else list(genomes)
+            if checks_its_parents:  # a non-finite factor, named; else an overflow, named below
+                for index, parent in enumerate(parents):
+                    check_finite(parent, f"parent {index}")
             raise ValueError(f"{name}: {_overflowing(parents) or error}") from None
         if not checks_its_child:
             check_finite(child, overflowing_child(name))
@@ -523,6 +536,17 @@ def store_factors(child: Genome, batch: PairBatch, b: torch.Tensor, a: torch.Ten
         child[pair.a_key] = a[index].to(
             like[pair.a_key].dtype, memory_format=torch.contiguous_format, copy=True
         )
+
+
+def within_range(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether every value of ``x`` is finite and inside ``dtype``'s range: one pass (``aminmax``; a NaN
+    propagates to both ends and fails the comparisons). A value just past the range may still round
+    into it when cast, so a False asks for ``check_finite`` on the cast result, which decides."""
+    if not x.numel():
+        return True
+    low, high = torch.aminmax(x)
+    limit = torch.finfo(dtype).max
+    return bool(low >= -limit) and bool(high <= limit)
 
 
 def lora_keys(pairs: Sequence[LoraPair]) -> set[str]:

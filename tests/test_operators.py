@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import re
 import threading
 
@@ -208,6 +209,41 @@ def test_non_finite_parents_are_refused_naming_the_parent_and_key(bad):
     assert_same_structure(mutate("gaussian", huge), huge)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_dw_crossovers_name_non_finite_factors_their_decomposition_finds(bad):
+    """extrapolate, es and interpolate leave the parents' finiteness to their own decomposition
+    (``detached(checks_its_parents=True)``): every factor, parent and decomposition path is still named,
+    and so are parents the combination skips (a zero coefficient) and entries outside the LoRA pairs."""
+    for which, factor, layer in itertools.product((0, 1), ("lora_A", "lora_B"), (0, 1)):
+        key = f"base_model.model.layers.{layer}.up_proj.{factor}.weight"
+        parents = [lora_genome(1), lora_genome(3)]
+        related = [parents[0], {k: t + 1e-6 * torch.ones_like(t) for k, t in parents[0].items()}]
+        for pair in (parents, related):  # Gram path, Householder path
+            pair = list(pair)
+            pair[which] = dict(pair[which])
+            pair[which][key] = pair[which][key].clone()
+            pair[which][key][2, 1] = bad
+            for name, kwargs in [
+                ("extrapolate", {"fitness": (0.0, 1.0)}),
+                ("es", {}),
+                ("interpolate", {"weight": 0.3}),
+                ("interpolate", {"weight": float(which == 0)}),  # the poisoned parent's coefficient is 0
+            ]:
+                with pytest.raises(
+                    ValueError, match=rf"parent {which} has non-finite values .* '{re.escape(key)}'"
+                ):
+                    cross(name, pair, **kwargs)
+    with_buffer = [{**lora_genome(seed), "head.weight": torch.ones(2, 3)} for seed in (1, 3)]
+    with_buffer[1]["head.weight"] = torch.full((2, 3), bad)
+    plain = [plain_net(0).state_dict(), plain_net(1).state_dict()]
+    plain[1]["0.weight"] = plain[1]["0.weight"].clone()
+    plain[1]["0.weight"][0, 0] = bad
+    for name in ("extrapolate", "es", "interpolate"):
+        for pair, key in ((with_buffer, "head.weight"), (plain, "0.weight")):
+            with pytest.raises(ValueError, match=rf"parent 1 has non-finite values .* '{re.escape(key)}'"):
+                cross(name, pair)
+
+
 def test_svd_spectrum_refuses_a_strength_that_overflows():
     with pytest.raises(ValueError, match="strength 100 scales a singular value past the float range"):
         mutate("svd_spectrum", lora_genome(1), strength=100.0)
@@ -231,8 +267,12 @@ def test_children_that_overflow_their_dtype_are_refused_naming_the_key():
             mutate(name, big, strength=0.0)
     with pytest.raises(ValueError, match=r"interpolate.* overflows .* at key 'm\.x\.lora_"):
         cross("interpolate", [big, lora(1e19)])
-    with pytest.raises(ValueError, match=r"gaussian's child .* at key 'm\.x\.lora_(A|B)\.weight'"):
-        mutate("gaussian", lora(1.0), strength=1e39)
+    # fp16 parents whose products fit; extrapolating far past them (ΔW_2 = -ΔW_1) gives factors past
+    # fp16's range: found by the batch's range check, named by check_finite on that batch
+    first = {k: t.half() * 100 for k, t in lora(1.0).items()}
+    second = {k: -t if "lora_B" in k else t for k, t in first.items()}
+    with pytest.raises(ValueError, match=r"extrapolate's child .* at key 'm\.x\.lora_(A|B)\.weight'"):
+        cross("extrapolate", [first, second], max_step=1e6)
     half = {k: t.half() for k, t in lora(1.0).items()}
     with pytest.raises(ValueError, match=r"dare's child .* at key"):  # the rescale passes fp16's 65504
         cross("dare", [{k: t * 3e4 for k, t in half.items()}, half], drop=0.9)
