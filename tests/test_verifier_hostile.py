@@ -424,14 +424,14 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         "import typing, functools\ndef f(x):\n    def grab(o):\n        return None\n"
         "    cp = functools.cached_property(grab)\n    G = type(int)('G', (type(list[int]),), {'_' + '_origin__': cp})\n"
         "    cp.attrname = 'sys'\n    return str(typing.get_origin(G(typing, ())))\n",
-        {"runtime"}, {"runtime"}),
+        {"forbidden"}, {"runtime"}),  # the run-time class refused (its __origin__); unguarded: no subclass
     "generic_alias_subclass_copied_as_a_user_dict": (
         "import collections, copy, json\nD = {}\nH = type(int)('H', (), {'_' + '_dict__': property(lambda s: D)})\n"
         "class K(type(list[int]), collections.UserDict):\n    def __new__(cls, *a):\n        if not a:\n"
         "            a = (H(), ())\n        return super().__new__(cls, *a)\n    def __init__(self, *a):\n"
         "        pass\ndef f(x):\n    try:\n        copy.copy(K(json, ()))\n    except KeyError:\n        pass\n"
         "    return sorted(D)[:3]\n",
-        {"runtime"}, {"runtime"}),
+        {"forbidden"}, {"runtime"}),  # the run-time class refused (its __dict__); unguarded: no subclass
     # super() with a class as its first argument hands out its bases' methods unbound: with the module type
     # as a base, super().__init__(json, 'importlib') renames a module (the renaming of an earlier escape)
     "super_in_a_classmethod": (
@@ -1299,10 +1299,51 @@ def test_dataclasses_is_refused_whatever_route_a_program_takes_into_its_generate
     assert verifier.run(program, "1") == Execution("forbidden", None, detail)
 
 
+# What the check of the classes a program makes says (``_child.check_class``): many programs below reach the
+# guards they test through a class made at run time, which that check now refuses first.
+_CLASS_CHECK = ("the program made a metaclass at run time", "the program made a class holding the name")
+
+
+def _below_the_class_check(program: str) -> Execution:
+    """The verdict of ``program``'s call by the child's language layer with every guard the worker installs but
+    the check of the classes programs make (``sandbox.route_class_creation``): in a fresh interpreter, the
+    program prepared and run by ``_child`` in a forked child, no pre-filter and no OS sandbox. The guards
+    behind that check, for programs that reach them only through a class made at run time."""
+    import subprocess
+
+    folder = Path(prefilter_module.__file__).parent
+    script = (
+        f"import json, os, sys\nsys.path.insert(0, {str(folder)!r})\nimport _child, sandbox, verdicts\n"
+        "sandbox.close_to_subclasses(type(list[int]))\n_child.install_frame_guard()\n"
+        "_child.install_copy_guard()\nallowed, program = json.loads(sys.stdin.read())\n"
+        "prepared = _child.prepare(program, [(1,)], mode='literal', allowed=frozenset(allowed))\n"
+        "read, write = os.pipe()\nif os.fork() == 0:\n"
+        "    _child.run_program(prepared, write, max_output=100000, max_depth=50)\n    os._exit(0)\n"
+        "os.wait()\nprint(json.dumps(verdicts.parse_line(os.read(read, 200000).rstrip(b'\\n'))))\n"
+    )
+    request = json.dumps([sorted(prefilter_module.ALLOWED_MODULES), program])
+    done = subprocess.run(
+        [sys.executable, "-c", script], input=request, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return Execution(*json.loads(done.stdout))
+
+
+def _past_the_class_check(verifier, program: str) -> Execution:
+    """``program``'s verdict from the verifier, or, where the verifier refused a class the program made (as it
+    must then), from the guards behind that check (``_below_the_class_check``)."""
+    got = verifier.run(program, "1")
+    if got.status == "forbidden" and got.detail.startswith(_CLASS_CHECK):
+        return _below_the_class_check(program)
+    return got
+
+
 def _refused_at_run_time(verifier, program: str, detail: str) -> None:
-    """``program`` passes the pre-filter (the static half) and its call is ``forbidden`` with ``detail``."""
+    """``program`` passes the pre-filter (the static half) and its call is ``forbidden`` with ``detail``: by the
+    verifier, or by the guards behind the check of the classes programs make where that check refused a
+    class the program made first (both layers are then tested)."""
     assert prefilter(program).status == "ok"
-    assert verifier.run(program, "1") == Execution("forbidden", None, detail)
+    assert _past_the_class_check(verifier, program) == Execution("forbidden", None, detail)
 
 
 def test_copy_imported_by_the_standard_library_itself_is_guarded_too(verifier):
@@ -1421,7 +1462,7 @@ def test_a_user_dict_copy_writes_into_nothing_but_a_new_instance(verifier):
         "    copy.copy(U())\n    return hasattr(json, 'planted')\n"
     )
     assert prefilter(program).status == "ok"
-    assert verifier.run(program, "1") == Execution("ok", "False", "")
+    assert _past_the_class_check(verifier, program) == Execution("ok", "False", "")
     # the standard library's own UserDict.__copy__ (this process's) writes into the module
     import types
 
@@ -1547,9 +1588,138 @@ def test_copy_refuses_to_rebuild_into_a_module(verifier, build_class):
     the verdict is ``forbidden`` whatever the program does with the error (a red-team review's finding)."""
     program = _module_into_copy(build_class)
     assert prefilter(program).status == "ok"  # past the static half
-    assert verifier.run(program, "1") == Execution(
+    assert _past_the_class_check(verifier, program) == Execution(
         "forbidden", None, "the program made copy rebuild an object into a module (copy.copy/deepcopy)"
     )
+
+
+# Red-team round 23 (a full escape: the real built-ins, os, a forged verdict): a class made at run time held
+# __slotnames__ and __setstate__, and a metaclass made at run time an mro() leaving object out; copy then read
+# EnumType._convert_ bound to an enum of the program's, which reads any module of sys.modules.
+ROUND_23 = (
+    "import copy\nimport enum\nclass K:\n    pass\ndef keep(self, state):\n    K.got = state\ndef f(x):\n"
+    "    T = type(K)\n    MM = T('MM', (T,), {'mro': lambda cls: (cls, enum.EnumType, T)})\n"
+    "    M = MM('M', (enum.EnumType,), {})\n    class E(enum.Enum, metaclass=M):\n        pass\n"
+    "    S = T('S', (super,), {'_' + '_slotnames__': ['_convert_', 'a', 'b', 'c'], '_' + '_setstate__': keep})\n"
+    "    copy.copy(S(M, E))\n    Z = K.got[1]['_convert_']('Z', 'enum', lambda n: n == 'bltns')\n"
+    "    return repr(list(Z)[0].value)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("program", "detail"),
+    [
+        (ROUND_23, "the program made a metaclass at run time (a class deriving from 'type')"),
+        (  # the same without the metaclass: copy read a private attribute named in __slotnames__
+            "import copy, string\nclass K:\n    pass\ndef keep(self, state):\n    K.got = state\ndef f(x):\n"
+            "    S = type(K)('S', (string.Template,), {'_' + '_slotnames__': ['_invalid'], "
+            "'_' + '_setstate__': keep})\n    copy.copy(S('abc'))\n    return sorted(K.got[1])\n",
+            "the program made a class holding the name '__slotnames__' (at run time or through the standard "
+            "library)",
+        ),
+        (  # the enum functional API puts dunder names in the class it makes
+            "import enum\ndef f(x):\n    return enum.Enum('E', {'a': 1, '_' + '_getattr__': len}).a.value\n",
+            "the program made a class holding the name '__getattr__' (at run time or through the standard "
+            "library)",
+        ),
+        (  # a str subclass equal to a dunder name is that name to CPython's slot lookups
+            "class S(str):\n    pass\ndef f(x):\n    return type(S)('X', (), {S('a'): 1}).a\n",
+            "the program made a class holding the name a key of the class S (at run time or through the "
+            "standard library)",
+        ),
+    ],
+    ids=["round_23", "slotnames", "enum_functional_api", "str_subclass_key"],
+)
+def test_classes_made_at_run_time_hold_only_what_a_class_statement_may(verifier, program, detail):
+    """Every class made in a child is checked as it is made (``_child.check_class``, installed on
+    ``type.__new__`` by ``sandbox.route_class_creation``): one a program makes may not be a metaclass, nor hold
+    a dunder name outside the special methods a class statement may define and the names class statements
+    and the standard library's class factories add; the verdict is ``forbidden`` whatever the program does
+    with the error."""
+    assert prefilter(program).status == "ok"
+    assert verifier.run(program, "1") == Execution("forbidden", None, detail)
+
+
+def test_the_guards_behind_the_class_check_refuse_round_23_too():
+    """Behind the check of the classes programs make (``_below_the_class_check``): ``copy`` refuses the private
+    attribute a program's class named in ``__slotnames__`` (round 23's read of ``EnumType._convert_``), and
+    ``_convert_`` itself refuses in a guarded call (armed here by hand, as ``run_program`` arms it)."""
+    assert _below_the_class_check(ROUND_23) == Execution(
+        "forbidden", None, "the program made copy set an attribute it may not set ('_convert_')"
+    )
+    import subprocess
+
+    folder = Path(prefilter_module.__file__).parent
+    script = (
+        f"import sys\nsys.path.insert(0, {str(folder)!r})\nimport _child\n_child.install_frame_guard()\n"
+        "import enum\n_child._install_guards()\n_child.arm_frame_guard(True)\ntry:\n"
+        "    enum.IntEnum._convert_('Z', 'enum', lambda name: False)\nexcept RuntimeError:\n    pass\n"
+        "print(_child.frame_guard_refusal())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (
+        done.stdout.strip()
+        == "the program made an enum of the globals of the module 'enum' (EnumType._convert_)"
+    )
+
+
+def test_classes_programs_make_the_ordinary_ways_still_work(verifier):
+    """Class statements (special methods, ``__slots__``, bases with metaclasses), the standard library's class
+    factories (``namedtuple``, ``typing.NamedTuple``, ``TypedDict``, ``Protocol``, ``Generic``, enum classes and
+    the enum functional API, which marks a class whose module it cannot name with a ``__reduce_ex__`` of its
+    own), a module imported inside ``f`` (its classes are made at import), and a class made at run time that
+    holds only what a class statement may."""
+    program = (
+        "import collections, enum, typing\nT = typing.TypeVar('T')\n"
+        "class Box(typing.Generic[T]):\n    __slots__ = ('v',)\n    def __init__(self, v):\n        self.v = v\n"
+        "    def __repr__(self):\n        return 'Box'\n    def __eq__(self, o):\n        return self.v == o.v\n"
+        "    __hash__ = None\nclass N(typing.NamedTuple):\n    x: int\n    y: int = 2\n"
+        "class TD(typing.TypedDict):\n    a: int\nclass Pr(typing.Protocol):\n    def m(self) -> int: ...\n"
+        "class C(enum.IntEnum):\n    A = 1\n    B = 2\nclass Fl(enum.Flag):\n    R = enum.auto()\n    G = enum.auto()\n"
+        "def f(x):\n    import fractions, statistics\n    P = collections.namedtuple('P', 'a b')\n"
+        "    E = enum.Enum('E', 'p q')\n    Q = type(P)('Q', (), {'z': x, '_' + '_repr__': lambda s: 'Q!'})\n"
+        "    return [P(1, 2)._asdict()['a'], N(1).y, TD(a=3)['a'], C.B + 1, (Fl.R | Fl.G).value, E.q.value,\n"
+        "            repr(Box(1)), Box(1) == Box(1), Q.z, repr(Q()), str(fractions.Fraction(1, 3)),\n"
+        "            statistics.median([3, 1, 2])]\n"
+    )
+    assert verifier.run(program, "4") == Execution(
+        "ok", "[1, 2, 3, 3, 3, 2, 'Box', True, 4, 'Q!', '1/3', 2]", ""
+    )
+
+
+def test_class_creation_routes_through_the_check_and_stays_plain_python():
+    """``sandbox.route_class_creation`` (in a fresh interpreter): the check sees every class made after it is
+    installed (``type()``, class statements, a metaclass's call, ctypes' metaclasses written in C, whose own
+    ``tp_new`` calls type's slot and must not loop) with its arguments; CPython's errors pass through as
+    themselves; the check's own exception refuses the class."""
+    import subprocess
+
+    folder = Path(prefilter_module.__file__).parent
+    script = (
+        f"import sys\nsys.path.insert(0, {str(folder)!r})\nimport ctypes, enum, sandbox\nseen = []\n"
+        "def check(metatype, args):\n    seen.append((metatype.__name__, args[0] if args else None))\n"
+        "    if len(args) == 3 and 'refuse' in args[2]:\n        raise PermissionError('refused')\n"
+        "assert sandbox.route_class_creation(check) is None\n"
+        "class A:\n    pass\nB = type('B', (A,), {'x': 1})\nclass E(enum.Enum):\n    R = 1\n"
+        "class S(ctypes.Structure):\n    _fields_ = [('a', ctypes.c_int)]\nArr = ctypes.c_char * 3\n"
+        "assert S(5).a == 5 and B.x == 1 and E.R.value == 1 and len(Arr().raw) == 3\n"
+        "try:\n    type('X', (1,), {})\nexcept TypeError as e:\n    print('TypeError', e)\n"
+        "class Base:\n    def __init_subclass__(cls, **kw):\n        raise LookupError(kw)\n"
+        "try:\n    class Sub(Base, flag=1):\n        pass\nexcept LookupError as e:\n    print('LookupError', e)\n"
+        "try:\n    type('Y', (), {'refuse': 1})\nexcept PermissionError as e:\n    print('PermissionError', e)\n"
+        "print(seen)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "TypeError metaclass conflict: the metaclass of a derived class must be a (non-strict) subclass of the "
+        "metaclasses of all its bases",
+        "LookupError {'flag': 1}",
+        "PermissionError refused",
+        "[('type', 'A'), ('type', 'B'), ('EnumType', 'E'), ('PyCStructType', 'S'), ('PyCArrayType', "
+        "'c_char_Array_3'), ('type', 'X'), ('type', 'Base'), ('type', 'Sub'), ('type', 'Y')]",
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(LANGUAGE_ESCAPES))

@@ -16,7 +16,9 @@ import sys
 
 import literals  # top-level in the worker process, see _worker.py
 from rules import (
+    ALLOWED_SPECIAL_METHODS,
     CHECKED_READS,
+    CLASS_NAMESPACE_DUNDERS,
     FORBIDDEN_ATTRIBUTES,
     FORBIDDEN_MODULES,
     MODULE_READS,
@@ -24,6 +26,7 @@ from rules import (
     SHADOWING_STORES,
     plain_super,
 )
+from sandbox import current_frame
 from verdicts import line as _line
 
 TYPE_CHECKING = False  # `typing` stays out of the worker (see literals.py)
@@ -200,6 +203,13 @@ def _guard_copy() -> None:
             for key in part if type(part) is dict else ():
                 if type(key) is not str or key in _NOT_SET or key[:2] == key[-2:] == "__":
                     _refuse_at_run_time("populora.copy_state", _describe_name(key))
+        # the slot state of a program's object: copy read each attribute its class's `__slotnames__` names, and
+        # a class made at run time named private ones of the standard library's there (`EnumType._convert_`,
+        # red-team round 23; such classes are refused where they are made now, this is the second line)
+        slots = parts[1] if len(parts) == 2 and type(parts[1]) is dict and _is_own(x) else {}
+        for key in slots:
+            if type(key) is str and (key[:1] == "_" or key in FORBIDDEN_ATTRIBUTES):
+                _refuse_at_run_time("populora.copy_state", _describe_name(key))
 
         def build(*given: Any) -> Any:
             if func is getattr and len(given) == 2 and type(given[1]) is str and given[1] in CHECKED_READS:
@@ -370,6 +380,17 @@ def _guard_enum() -> None:
     _INSTALLED.append(wrapper)
     enum.EnumType._find_new_ = wrapper
 
+    # `_convert_` makes an enum of the globals of any module of sys.modules, named by a string (`sys`, the real
+    # `builtins`), and can write the enum into them: a bound one reached a program in red-team round 23
+    convert = vars(enum.EnumType)["_convert_"]
+
+    def refused_convert(cls: Any, name: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
+        _refuse_at_run_time("populora.enum_convert", _describe_name(module))
+        return convert(cls, name, module, *args, **kwargs)
+
+    _INSTALLED.append(refused_convert)
+    enum.EnumType._convert_ = refused_convert
+
     # EnumType compares the `__repr__`, `__str__`, `__format__` and `__reduce_ex__` a new enum class finds with
     # object's and its data type's (`found in (data_type_method, object_method)`): a program object there, with
     # an `__eq__` of its own, was handed `object.__reduce_ex__`, which reads any attribute a class lists in
@@ -531,7 +552,80 @@ _RUN_TIME_REFUSALS = {
     "populora.module_read": "the program read a module it may not import (.{})",
     "populora.foreign_super": "the program read super().{} of an object not its own",
     "populora.unbound_super": "the program read super().{} where super() is not bound to an instance",
+    "populora.enum_convert": "the program made an enum of the globals of the module {} (EnumType._convert_)",
+    "populora.metaclass": "the program made a metaclass at run time (a class deriving from {})",
+    "populora.class_namespace": "the program made a class holding the name {} (at run time or through the "
+    "standard library)",
 }
+
+
+# Every class made in a child is checked as it is made (``sandbox.route_class_creation``, installed by the
+# worker): one the program makes, by a class statement, by calling a class's metaclass (``type(K)(name,
+# bases, namespace)``, ``typing.Type``, ``enum.EnumType``) or through the standard library, may hold in its
+# namespace only the special methods a class statement may define and the names class statements and the
+# standard library's class factories add (``CLASS_NAMESPACE_DUNDERS``), and may not be a metaclass. A class
+# statement's namespace passed the pre-filter, but one made at run time held ``__slotnames__`` and
+# ``__setstate__``, and a metaclass made at run time an ``mro`` leaving ``object`` out of its classes' MRO, for
+# ``copy`` to read private attributes of the enum machinery (red-team round 23, a full escape). Classes the
+# standard library makes at import (a module's own, or one a function of it imports for a program) are not
+# the program's: the import system's frames are met before any of the program's.
+_PROGRAM_FILES = frozenset({"<program>", "<args>"})
+_IMPORT_FILES = frozenset({"<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>"})
+_CLASS_DUNDERS = ALLOWED_SPECIAL_METHODS | CLASS_NAMESPACE_DUNDERS
+
+
+def _made_by_the_program() -> bool:
+    """Whether the class being made comes from a program: one of its frames is on the stack before any of the
+    import system's (the frames are read through the C API: ``sys._getframe`` is refused in guarded calls)."""
+    frame = current_frame()
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename in _PROGRAM_FILES:
+            return True
+        if filename in _IMPORT_FILES:
+            return False
+        frame = frame.f_back
+    return False
+
+
+def check_class(metatype: Any, args: tuple[Any, ...]) -> None:
+    """The check of every class made in a child (``sandbox.route_class_creation``): in a guarded call, refuses
+    (events ``populora.metaclass``, ``populora.class_namespace``: recorded) a class a program makes that
+    derives from ``type`` or holds a dunder name outside ``ALLOWED_SPECIAL_METHODS`` and
+    ``CLASS_NAMESPACE_DUNDERS`` (or a key that is not a plain ``str``: a ``str`` subclass equal to one)."""
+    if len(args) != 3 or not _made_by_the_program():
+        return
+    _name, bases, namespace = args
+    for base in bases if type(bases) is tuple else ():
+        try:
+            classes = _REAL_MRO(base)
+        except TypeError:  # not a class: type_new refuses it
+            continue
+        if any(cls is type for cls in classes):
+            _refuse_at_run_time("populora.metaclass", _describe_name(getattr(base, "__qualname__", "?")))
+    if isinstance(namespace, dict):
+        for key in dict.keys(namespace):
+            if type(key) is not str:
+                _refuse_at_run_time("populora.class_namespace", f"a key of the class {type(key).__name__}")
+            elif (
+                len(key) > 4
+                and key[:2] == key[-2:] == "__"
+                and key not in _CLASS_DUNDERS
+                and not _unpicklable_enum(key, dict.__getitem__(namespace, key))
+            ):
+                _refuse_at_run_time("populora.class_namespace", _describe_name(key))
+
+
+def _unpicklable_enum(key: str, value: Any) -> bool:
+    """Whether ``value`` is what ``enum``'s functional API puts under ``__reduce_ex__`` in a class whose module it
+    cannot name (``sys._getframe`` is refused): a function of ``enum._make_class_unpicklable``'s own."""
+    maker = getattr(sys.modules.get("enum"), "_make_class_unpicklable", None)
+    return (
+        key == "__reduce_ex__"
+        and type(value) is type(_guarded_import)
+        and type(maker) is type(_guarded_import)
+        and any(value.__code__ is const for const in maker.__code__.co_consts)
+    )
 
 
 # The run-time half of the language layer, an audit hook (PEP 578) in every child. Where a frame comes from,

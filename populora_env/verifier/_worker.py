@@ -122,6 +122,9 @@ class Worker:
         closed = sandbox.close_to_subclasses(type(list[int]))
         if closed:
             self.report["errors"].append(closed)
+        routed = sandbox.route_class_creation(_child.check_class)  # every class a program makes, checked
+        if routed:
+            self.report["errors"].append(routed)
         _child.install_frame_guard()  # the language layer's run-time half: no frames for guarded programs
         _child.install_copy_guard()  # (the standard library imports copy lazily too, past the guarded import)
         self._warm_up()

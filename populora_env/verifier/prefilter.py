@@ -17,7 +17,14 @@ from functools import lru_cache, wraps
 from typing import Any, Literal
 
 from .literals import on_a_fresh_stack, too_deep
-from .rules import FORBIDDEN_ATTRIBUTES, FORBIDDEN_MODULES, MODULE_READS, RUN_TIME_READS, plain_super
+from .rules import (
+    ALLOWED_SPECIAL_METHODS,
+    FORBIDDEN_ATTRIBUTES,
+    FORBIDDEN_MODULES,
+    MODULE_READS,
+    RUN_TIME_READS,
+    plain_super,
+)
 from .rules import SHADOWING_STORES as _SHADOWING_STORES
 
 __all__ = [
@@ -53,33 +60,6 @@ BANNED_NAMES = frozenset(
         "__import__", "eval", "exec", "compile", "open", "globals", "locals", "vars", "getattr",
         "setattr", "delattr", "breakpoint", "help", "exit", "quit", "memoryview", "id",
         "__builtins__", "__loader__", "__spec__",
-    }
-)  # fmt: skip
-
-
-#: The special methods a program may define (any other dunder-named ``def`` is refused): construction,
-#: representation, comparison, arithmetic, containers, iteration, context managers and calls. Refused by
-#: omission, among others: ``__class__`` (``dataclasses.replace`` calls ``obj.__class__(**fields)``),
-#: ``__init_subclass__`` and ``__class_getitem__`` (subclassing the typing module's attribute-forwarding
-#: alias class), ``__reduce__``/``__reduce_ex__``/``__setstate__`` and the copy hooks (``copy`` sets the
-#: attributes a reconstruction state names, on the object a program's callable returns: any module),
-#: ``__getattr__``/``__getattribute__``/``__setattr__``, descriptors (``__get__``, ``__set_name__``),
-#: metaclass hooks (``__instancecheck__``, ``__prepare__``, ``__mro_entries__``) and ``__del__``.
-ALLOWED_SPECIAL_METHODS = frozenset(
-    {
-        "__init__", "__new__", "__post_init__", "__repr__", "__str__", "__format__", "__bytes__", "__hash__",
-        "__bool__", "__len__", "__length_hint__", "__iter__", "__next__", "__reversed__", "__contains__",
-        "__getitem__", "__setitem__", "__delitem__", "__missing__", "__call__", "__enter__", "__exit__",
-        "__await__", "__aiter__", "__anext__", "__aenter__", "__aexit__",
-        "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
-        "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__", "__complex__", "__index__",
-        "__round__", "__trunc__", "__floor__", "__ceil__", "__divmod__", "__rdivmod__",
-        *(
-            f"__{prefix}{op}__"
-            for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift",
-                       "rshift", "and", "xor", "or")
-            for prefix in ("", "r", "i")
-        ),
     }
 )  # fmt: skip
 

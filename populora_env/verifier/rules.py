@@ -45,6 +45,45 @@ MODULE_READS = frozenset(
     {"types", "contextlib", "warnings", "random", "datetime", "keyword", "abc", "io", "time"}
 )
 
+#: The special methods a program may define (any other dunder-named ``def`` is refused): construction,
+#: representation, comparison, arithmetic, containers, iteration, context managers and calls. Refused by
+#: omission, among others: ``__class__`` (``dataclasses.replace`` calls ``obj.__class__(**fields)``),
+#: ``__init_subclass__`` and ``__class_getitem__`` (subclassing the typing module's attribute-forwarding
+#: alias class), ``__reduce__``/``__reduce_ex__``/``__setstate__`` and the copy hooks (``copy`` sets the
+#: attributes a reconstruction state names, on the object a program's callable returns: any module),
+#: ``__getattr__``/``__getattribute__``/``__setattr__``, descriptors (``__get__``, ``__set_name__``),
+#: metaclass hooks (``__instancecheck__``, ``__prepare__``, ``__mro_entries__``) and ``__del__``.
+ALLOWED_SPECIAL_METHODS = frozenset(
+    {
+        "__init__", "__new__", "__post_init__", "__repr__", "__str__", "__format__", "__bytes__", "__hash__",
+        "__bool__", "__len__", "__length_hint__", "__iter__", "__next__", "__reversed__", "__contains__",
+        "__getitem__", "__setitem__", "__delitem__", "__missing__", "__call__", "__enter__", "__exit__",
+        "__await__", "__aiter__", "__anext__", "__aenter__", "__aexit__",
+        "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
+        "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__", "__complex__", "__index__",
+        "__round__", "__trunc__", "__floor__", "__ceil__", "__divmod__", "__rdivmod__",
+        *(
+            f"__{prefix}{op}__"
+            for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift",
+                       "rshift", "and", "xor", "or")
+            for prefix in ("", "r", "i")
+        ),
+    }
+)  # fmt: skip
+
+#: Dunder names a class's namespace may hold beside ``ALLOWED_SPECIAL_METHODS`` when a program makes the class
+#: (a class statement, or the standard library on its behalf: ``collections.namedtuple``, the ``enum`` and
+#: ``typing`` forms), checked as each class is made (``_child.check_class``): what a class statement puts
+#: there itself, and the names ``namedtuple`` and ``typing`` add. A class made at run time could hold any
+#: name (``__slotnames__``, ``__setstate__``, ``__getattr__``...), where a class statement holds only what the
+#: pre-filter lets a program write (red-team round 23).
+CLASS_NAMESPACE_DUNDERS = frozenset(
+    {
+        "__module__", "__qualname__", "__doc__", "__annotations__", "__classcell__", "__orig_bases__",
+        "__slots__", "__match_args__", "__getnewargs__",
+    }
+)  # fmt: skip
+
 #: Submodules of allowed packages that a program may not import: ``json.tool`` holds ``sys`` and
 #: ``argparse`` (the tests walk every submodule of the allowed packages for such).
 FORBIDDEN_MODULES = frozenset({"json.tool"})

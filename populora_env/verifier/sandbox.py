@@ -28,15 +28,18 @@ import sys
 
 TYPE_CHECKING = False  # the worker imports this module: `typing` stays out of it (see literals.py)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 __all__ = [
     "apply_child_limits",
     "build_seccomp_programs",
     "close_to_subclasses",
+    "current_frame",
     "die_with_parent",
     "isolate_worker",
     "load_seccomp_program",
+    "route_class_creation",
 ]
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -453,6 +456,109 @@ def close_to_subclasses(cls: type) -> str | None:
         return f"cannot close {cls.__qualname__} to subclasses (tp_flags not where expected)"
     word.value = cls.__flags__ & ~_Py_TPFLAGS_BASETYPE
     return None
+
+
+_Py_TPFLAGS_IMMUTABLETYPE = 1 << 8
+# type's own tp_new (CPython's type_new), called with the GIL held and its exception raised as Python's
+_TYPE_NEW = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.py_object)
+
+
+def _type_word(cls: type, index: int) -> ctypes.c_ulong:
+    """The ``index``-th pointer-sized field of a type object (PyTypeObject, 64-bit CPython 3.8 to 3.13)."""
+    return ctypes.c_ulong.from_address(id(cls) + index * ctypes.sizeof(ctypes.c_void_p))
+
+
+def route_class_creation(check: Callable[[type, tuple[Any, ...]], None]) -> str | None:
+    """Makes every class creation call ``check(metatype, args)`` first: ``type(name, bases, namespace)``, a
+    metaclass's call (``typing.Type(...)``, ``enum.EnumType`` and ``abc.ABCMeta`` reach ``type.__new__``), a
+    class statement. ``check`` raises to refuse; what it lets through goes to CPython's own ``type_new``.
+
+    A class made at run time takes any names in its namespace (``__slotnames__``, ``__setstate__``, a
+    metaclass's ``mro``), where a class statement takes only what the pre-filter lets a program write: a
+    program made ``type(K)('S', (super,), {'__slotnames__': [...]})`` and had ``copy`` read private
+    attributes of the enum machinery for it (red-team round 23, a full escape). ``type`` is a built-in whose
+    attributes cannot be set; its immutability flag is cleared for the one assignment of ``type.__new__``
+    (CPython then routes ``type``'s ``tp_new``, and every metaclass's that inherits it, through that
+    function, as for any class's ``__new__``) and set again. The original ``type_new`` is called through its
+    slot's address, saved first.
+
+    Returns:
+        ``None``, or why class creation stays unchecked (another layout of the type object).
+    """
+    probe = type("probe", (type,), {})  # inherits type's tp_new
+    laid_out = (
+        _type_word(type, 4).value == type.__basicsize__
+        and _type_word(type, 21).value == type.__flags__
+        and _type_word(type, 32).value == id(object)
+        and _type_word(type, 36).value == type.__dictoffset__
+        and _type_word(type, 39).value == _type_word(probe, 39).value != _type_word(object, 39).value
+    )
+    if not laid_out:
+        return "cannot check the classes programs make at run time (PyTypeObject not laid out as expected)"
+    type_new = _TYPE_NEW(_type_word(type, 39).value)
+
+    def __new__(metatype: type, *args: Any, **kwargs: Any) -> Any:
+        check(metatype, args)
+        if len(args) == 3 and type(args[2]) is dict and "__module__" not in args[2]:
+            # type_new names the module from the running frame's globals, which would be this function's
+            # now: the caller's, as before (namedtuple's classes are `collections`')
+            caller = current_frame().f_back.f_back  # (current_frame's own frame, then this one's)
+            if caller is not None and "__name__" in caller.f_globals:
+                args = (args[0], args[1], {**args[2], "__module__": caller.f_globals["__name__"]})
+        return type_new(metatype, args, kwargs)
+
+    # Metaclasses written in C (ctypes') have a tp_new of their own that calls type's slot, which from now on
+    # looks __new__ up on the metaclass: their own __new__ there would call them again, without end. They get
+    # the check's __new__ too, and their own tp_new back: it does their work, then type's part is checked.
+    wrapper = type(vars(type)["__new__"])
+    in_c = [
+        cls
+        for cls in _subclasses(type)
+        if type(vars(cls).get("__new__")) is wrapper
+        and getattr(vars(cls)["__new__"], "__self__", None) is cls
+    ]
+    own = [_type_word(cls, 39).value for cls in in_c]
+    checked = staticmethod(__new__)
+    for cls in (type, *in_c):
+        _set_attribute(cls, "__new__", checked)
+    for cls, slot in zip(in_c, own, strict=True):
+        _type_word(cls, 39).value = slot
+    return None
+
+
+def _subclasses(cls: type) -> list[type]:
+    """Every class deriving from ``cls``, however deep (each once)."""
+    found: dict[int, type] = {}
+    todo: list[type] = type.__subclasses__(cls)
+    while todo:
+        sub = todo.pop()
+        if id(sub) not in found:
+            found[id(sub)] = sub
+            todo.extend(type.__subclasses__(sub))
+    return list(found.values())
+
+
+def _set_attribute(cls: type, name: str, value: Any) -> None:
+    """``setattr`` on a class, a built-in one too (its immutability flag cleared for the assignment)."""
+    flags = _type_word(cls, 21)
+    immutable = cls.__flags__ & _Py_TPFLAGS_IMMUTABLETYPE
+    flags.value = cls.__flags__ & ~_Py_TPFLAGS_IMMUTABLETYPE
+    try:
+        setattr(cls, name, value)
+    finally:
+        flags.value = cls.__flags__ | immutable
+
+
+_frame_address = ctypes.pythonapi.PyEval_GetFrame
+_frame_address.restype = ctypes.c_void_p  # a borrowed reference: py_object would drop it
+_frame_address.argtypes = []
+
+
+def current_frame() -> Any:
+    """The running Python frame, read through the C API (``PyEval_GetFrame``): ``sys._getframe`` raises the
+    audit event the language layer refuses in a guarded call, whoever reads it."""
+    address = _frame_address()
+    return ctypes.cast(address, ctypes.py_object).value if address else None
 
 
 def die_with_parent() -> None:
