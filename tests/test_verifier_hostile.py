@@ -516,7 +516,7 @@ def test_kernel_layers_are_all_active_here(bare_verifier):
 DISGUISED = [
     "def f(x):\n    return x. __dict__",
     "def f(x):\n    return x.\\\n__dict__",
-    "def f(x):\n    return x._private",
+    "def f(x):\n    return x._private_",
     "def f(x):\n    global __b\n    return x",
     "def f(x):\n    return (lambda: 0).__globals__",
     "def f(x):\n    return f\"{__import__('os')}\"",
@@ -1822,7 +1822,7 @@ def test_common_idioms_a_review_found_refused_now_run(verifier, program, args, o
         ("class P:\n    __slots__ = ('__dict__',)\ndef f(x):\n    return 1\n",
          "line 2: use of dunder name '__slots__' is not allowed"),
         ("__getattr__ = print\ndef f(x):\n    return 1\n", "line 1: use of dunder name '__getattr__' is not allowed"),
-        ("def f(x):\n    return x._private\n", "line 2: access to private attribute '_private' is not allowed"),
+        ("def f(x):\n    return x._value_\n", "line 2: access to private attribute '_value_' is not allowed"),
         ("class E:\n    time = 1\ndef f(x):\n    match E():\n        case E(time=t):\n            return t\n",
          "line 5: a class pattern may not read the attribute 'time'"),
         ("import typing\ndef f(x):\n    return typing.sys\n", "line 3: access to attribute 'sys' is not allowed"),
@@ -1843,6 +1843,67 @@ def test_the_idioms_allowed_since_stay_narrow(verifier, program, detail):
         assert verifier.run(program, "1") == Execution(
             "runtime", None, "while defining the program: ImportError: import of 'datetime' is not allowed"
         )
+
+
+PRIVATE_OWN = (
+    "class Acct:\n    _count = 0\n    def __init__(self, b):\n        self._balance = b\n        self.__secret = b * 2\n"
+    "        Acct._count += 1\n    @property\n    def balance(self):\n        return self._balance\n"
+    "    def _helper(self):\n        return self.__secret\n    def total(self):\n        self._balance += 1\n"
+    "        return self._helper() + self._balance\n    @classmethod\n    def make(cls):\n"
+    "        if not hasattr(cls, '_inst'):\n            cls._inst = cls(1)\n        return cls._inst\n"
+    "class Sub(Acct):\n    def __init__(self, b):\n        super().__init__(b)\n        self.__secret = -1\n"
+    "    def mine(self):\n        return (self.__secret, self._Acct__secret)\n"
+    "def f(b):\n    a = Acct(b)\n    del a._balance\n    a._balance = b\n"
+    "    return [a.balance, a.total(), Acct._count, Acct.make()._balance, Acct.make() is Acct.make(), Sub(2).mine()]\n"
+)
+
+
+def test_programs_use_private_names_on_their_own_objects(verifier):
+    """``self._x``, class-private ``self.__x`` (mangled by the child as CPython does, subclass and base
+    apart), class attributes, reads, writes, augmented writes and deletes: on the program's own classes and
+    instances (the pre-filter lets ``rules.own_private`` names through, the child checks each at run
+    time). LLM-written classes keep their state in such names (a breakage review: the most common false
+    refusal)."""
+    assert prefilter(PRIVATE_OWN).status == "ok"
+    assert verifier.run(PRIVATE_OWN, "150") == Execution("ok", "[150, 451, 1, 1, True, (-1, 4)]", "")
+
+
+@pytest.mark.parametrize(
+    ("program", "detail"),
+    [
+        ("import collections\ndef f(x):\n    return repr(collections._sys)\n",
+         "the program read the private attribute '_sys' of the module 'collections', not one of its own"),
+        ("import fractions\ndef f(x):\n    return fractions.Fraction(1, 3)._numerator\n",
+         "the program read the private attribute '_numerator' of an object of the class 'Fraction', not one of "
+         "its own"),
+        ("import fractions\nclass P(fractions.Fraction):\n    pass\ndef f(x):\n    return P(1, 3)._numerator\n",
+         "the program read the private attribute '_numerator' of an object of the class 'P', not one of its "
+         "own"),
+        ("import collections.abc\nclass S(collections.abc.Sized):\n    def __len__(self):\n        return 0\n"
+         "def f(x):\n    return S._dump_registry\n",
+         "the program read the private attribute '_dump_registry' of the class 'S', not one of its own"),
+        ("import collections\nclass U(collections.UserDict):\n    pass\ndef f(x):\n    return repr(U._abc_impl)\n",
+         "the program read the private attribute '_abc_impl' of the class 'U', not one of its own"),
+        ("def g():\n    pass\ndef f(x):\n    g._cache = 1\n    return 1\n",
+         "the program wrote or deleted the attribute '_cache' of an object of the class 'function', not one of "
+         "its own"),
+        ("import fractions\nclass P(fractions.Fraction):\n    def g(self):\n        self._numerator += 1\n"
+         "        return 1\ndef f(x):\n    return P(1, 3).g()\n",
+         "the program wrote or deleted the attribute '_numerator' of an object of the class 'P', not one of its "
+         "own"),
+        ("def f(x):\n    return x._private\n",
+         "the program read the private attribute '_private' of an object of the class 'int', not one of its own"),
+    ],
+    ids=["module", "standard_object", "standard_base_slot", "metaclass_method", "abc_data", "function",
+         "augmented_standard_slot", "argument"],
+)  # fmt: skip
+def test_private_names_of_the_standard_library_stay_out_of_reach(verifier, program, detail):
+    """A private name is the program's own only where it is found first on a class of the program's or in its
+    instance's own dict: of modules, standard objects, standard bases and metaclasses, functions, and what
+    the standard library wrote into a program's class (``_abc_impl``), reads and writes are refused at run
+    time, whatever the program does with the error."""
+    assert prefilter(program).status == "ok"
+    assert verifier.run(program, "1") == Execution("forbidden", None, detail)
 
 
 def test_module_names_checked_at_run_time_stay_forbidden_names_elsewhere():

@@ -24,6 +24,7 @@ from rules import (
     MODULE_READS,
     RUN_TIME_READS,
     SHADOWING_STORES,
+    own_private,
     plain_super,
 )
 from sandbox import current_frame
@@ -50,7 +51,10 @@ def _guarded_import(
         # `importlib` made `from json import util` give importlib.util (a red-team review's full escape)
         raise ImportError(f"import of {name!r} is not allowed (the module was renamed)")
     module = _real_import(name, globals, locals, fromlist, level)
-    _install_guards()  # for the modules this import brought (`typing`, `collections`, `enum`...)
+    if (
+        len(sys.modules) != _GUARDED[0]
+    ):  # (an import of a loaded module, `import math` in a loop: nothing new)
+        _install_guards()  # for the modules this import brought (`typing`, `collections`, `enum`...)
     for item in fromlist or ():  # and whatever module a from-list hands out is an allowed one, by its name
         value = getattr(module, item, None) if type(item) is str else None
         refused = _off_the_allowlist(value) if isinstance(value, type(sys)) else None
@@ -164,13 +168,18 @@ def install_copy_guard() -> None:
 def _install_guards() -> None:
     """Wraps what the loaded standard modules need wrapped (each guard once per process, a no-op for a module
     not loaded yet) and records their classes as standard: the worker before its first fork, the guarded
-    import after each import."""
+    import after each import that loaded modules (a walk of every module: 7 µs per `import math` in a
+    function called 300 000 times made a program time out, a review's finding)."""
     _guard_copy()
     _guard_typing()
     _guard_collections()
     _guard_enum()
     _guard_functools()
     register_standard()
+    _GUARDED[0] = len(sys.modules)
+
+
+_GUARDED = [0]  # how many modules sys.modules held when the guards were last installed
 
 
 def _guard_copy() -> None:
@@ -552,6 +561,7 @@ _RUN_TIME_REFUSALS = {
     "populora.module_read": "the program read a module it may not import (.{})",
     "populora.foreign_super": "the program read super().{} of an object not its own",
     "populora.unbound_super": "the program read super().{} where super() is not bound to an instance",
+    "populora.private_read": "the program read the private attribute {}, not one of its own",
     "populora.enum_convert": "the program made an enum of the globals of the module {} (EnumType._convert_)",
     "populora.metaclass": "the program made a metaclass at run time (a class deriving from {})",
     "populora.class_namespace": "the program made a class holding the name {} (at run time or through the "
@@ -726,6 +736,7 @@ def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
     table[_READ_CHECK] = _checked_read
     table[_OWN_CHECK] = _owned
     table[_SUPER_CHECK] = _checked_super
+    table[_PRIVATE_CHECK] = _checked_private
     return table
 
 
@@ -904,25 +915,77 @@ def _owned(target: Any, name: str) -> Any:
     one whose class has a method ``name``. A program wrote names into standard modules and classes, and a
     ``property`` it put on ``abc.ABCMeta`` was handed objects it could not reach (a red-team review's full
     escape); a method shadowed on a standard object would be handed what the standard library passes it.
-    Plain attributes of standard instances stay writable (``textwrap.TextWrapper().width``)."""
+    Plain attributes of standard instances stay writable (``textwrap.TextWrapper().width``); private ones
+    (``_x``) only where ``_checked_private`` would read them."""
+    if own_private(name) and not _private_reachable(target, name):
+        _refuse_at_run_time("populora.foreign_store", f"{_describe_name(name)} of {_what(target)}")
     if not _is_own(target) and (
         type(target) is type(sys) or isinstance(target, type) or _shadows_a_method(target, name)
     ):
-        kind = type(target)
-        if kind is type(sys):
-            what = f"the module {_describe_name(target.__name__)}"
-        elif issubclass(kind, type):
-            what = f"the class {_describe_name(target.__qualname__)}"
-        else:
-            what = f"an object of the class {_describe_name(kind.__qualname__)} (a method of the class)"
+        what = _what(target)
+        if not isinstance(target, type | type(sys)):
+            what += " (a method of the class)"
         _refuse_at_run_time("populora.foreign_store", f"{_describe_name(name)} of {what}")
     return target
+
+
+def _what(target: Any) -> str:
+    """``target`` for a verdict detail: a module, a class or an object of a class, by name."""
+    kind = type(target)
+    if kind is type(sys):
+        return f"the module {_describe_name(target.__name__)}"
+    if issubclass(kind, type):
+        return f"the class {_describe_name(target.__qualname__)}"
+    return f"an object of the class {_describe_name(kind.__qualname__)}"
+
+
+def _private_reachable(target: Any, name: str) -> bool:
+    """Whether ``target.<name>``, a private name, is the program's own: ``target`` is a class of the program's
+    or an instance of one (``_is_own``), and the name is found first on a class of the program's or, on no
+    class, in the instance's own dict, with no ``__getattr__`` of the standard library's behind it. Private
+    names of the standard library stay out of reach: of modules (``collections._sys``), of its objects
+    (``Fraction(1)._numerator``), of its classes a program's class derives from (``UserDict``'s), of the
+    metaclass of a program's class (``ABCMeta._dump_registry``)."""
+    if not _is_own(target) or name in _STANDARD_PRIVATE:
+        return False
+    kind = type(target)
+    metaclasses: tuple[Any, ...] = ()
+    if issubclass(kind, type):  # a class: its metaclass's attributes come first
+        metaclasses = _REAL_MRO(kind)
+        if any(name in _REAL_NAMESPACE(meta) for meta in metaclasses):
+            return False
+        classes = _REAL_MRO(target)
+    else:
+        classes = _REAL_MRO(kind)
+    for cls in classes:
+        if name in _REAL_NAMESPACE(cls):
+            return not _is_standard(cls)
+    return not any(
+        ("__getattr__" in _REAL_NAMESPACE(cls) or "__getattribute__" in _REAL_NAMESPACE(cls))
+        and cls is not object
+        and cls is not type
+        for cls in (*classes, *metaclasses)
+    )
+
+
+# private names the standard library writes into a program's classes: ABCMeta's registry data
+_STANDARD_PRIVATE = frozenset({"_abc_impl"})
+
+
+def _checked_private(target: Any, name: str) -> Any:
+    """``target.<name>`` for a guarded program's read of a private name (``_x``, a mangled ``__x``): refused
+    (event ``populora.private_read``, recorded) unless ``_private_reachable``. Enum's names (``_value_``,
+    ``_convert_``) and dunders are refused by the pre-filter (``rules.own_private``)."""
+    if not _private_reachable(target, name):
+        _refuse_at_run_time("populora.private_read", f"{_describe_name(name)} of {_what(target)}")
+    return getattr(target, name)
 
 
 # The names the checks are called by in a guarded program's rewritten code: names no source can spell (an
 # identifier has no dot), looked up in the program's built-ins table. Spelled as identifiers, a program bound
 # them itself, as a class or a parameter name, and its own function replaced the check (red-team round 19).
 _READ_CHECK, _OWN_CHECK, _SUPER_CHECK = "populora.read", "populora.own", "populora.super"
+_PRIVATE_CHECK = "populora.private"
 
 
 def _with_checks(tree: Any) -> Any:
@@ -933,34 +996,44 @@ def _with_checks(tree: Any) -> Any:
     built-ins table that no source can spell. A class body declares those names global: it looks names up
     in the namespace its metaclass's ``__prepare__`` made first, and a metaclass made at run time can put
     any key there (red-team round 19, for ``super``)."""
-    todo = [tree]
+    todo = [(tree, "")]  # each node with the name of the class whose body holds it (name mangling)
     declared = set()  # `obj.x: int`, an annotation alone: no store (its target is walked after it)
     while todo:
-        node = todo.pop()
+        node, owner = todo.pop()
         if type(node) is _ast.AnnAssign and node.value is None:
             declared.add(id(node.target))
         if type(node) is _ast.ClassDef:
-            names = _ast.Global(names=[_READ_CHECK, _OWN_CHECK, _SUPER_CHECK])
+            names = _ast.Global(names=[_READ_CHECK, _OWN_CHECK, _SUPER_CHECK, _PRIVATE_CHECK])
             for position in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
                 setattr(names, position, getattr(node, position, None))
             node.body.insert(1 if _is_docstring(node.body[0]) else 0, names)  # (a class body is never empty)
         if type(node) is _ast.Attribute and type(node.ctx) is not _ast.Load and id(node) not in declared:
-            node.value = _check_call(_OWN_CHECK, node.value, node.attr, node)
+            node.value = _check_call(_OWN_CHECK, node.value, _mangled(node.attr, owner), node)
         # the node that takes a child's place is walked, not the child: a check's call holds the child's own
         # value (`e.obj.obj`, `calendar.datetime.datetime`: walking the replaced outer read left the inner one
         # unchecked, a finding of this file's own review)
         for field in node._fields:
             value = getattr(node, field, None)
+            inside = node.name if type(node) is _ast.ClassDef and field in ("body", "type_params") else owner
             if isinstance(value, list):
                 for i, item in enumerate(value):
                     if isinstance(item, _ast.AST):
-                        value[i] = _format_check_of(item)
-                        todo.append(value[i])
+                        value[i] = _format_check_of(item, inside)
+                        todo.append((value[i], inside))
             elif isinstance(value, _ast.AST):
-                replaced = _format_check_of(value)
+                replaced = _format_check_of(value, inside)
                 setattr(node, field, replaced)
-                todo.append(replaced)
+                todo.append((replaced, inside))
     return tree
+
+
+def _mangled(name: str, owner: str) -> str:
+    """``name`` as CPython compiles it in the body of a class named ``owner`` (private name mangling: ``__x``
+    becomes ``_Owner__x``), for the checks that are handed it as a string."""
+    stripped = owner.lstrip("_")
+    if name[:2] != "__" or name[-2:] == "__" or "." in name or not stripped:
+        return name
+    return f"_{stripped}{name}"
 
 
 def _is_docstring(statement: Any) -> bool:
@@ -971,12 +1044,14 @@ def _is_docstring(statement: Any) -> bool:
     )
 
 
-def _format_check_of(node: Any) -> Any:
+def _format_check_of(node: Any, owner: str) -> Any:
     if type(node) is _ast.Attribute and type(node.ctx) is _ast.Load:
         if node.attr in RUN_TIME_READS:
             return _check_call(_READ_CHECK, node.value, node.attr, node)
         if node.attr[:2] == "__" and plain_super(node.value):  # `super().__init__` (the pre-filter let it)
             return _check_call(_SUPER_CHECK, node.value, node.attr, node)
+        if own_private(node.attr):  # `self._balance` (the pre-filter let it)
+            return _check_call(_PRIVATE_CHECK, node.value, _mangled(node.attr, owner), node)
     return node
 
 
@@ -1015,7 +1090,7 @@ def _check_call(function: str, value: Any, name: str, at: Any) -> Any:
     return call
 
 
-_CHECKED_NAMES = RUN_TIME_READS | {"super"}
+_CHECKED_NAMES = RUN_TIME_READS | {"super"}  # (and private names: `_needs_checks`)
 
 
 def _needs_checks(code: Any) -> bool:
@@ -1025,8 +1100,10 @@ def _needs_checks(code: Any) -> bool:
     todo = [code]
     while todo:
         unit = todo.pop()
-        if not _CHECKED_NAMES.isdisjoint(unit.co_names) or not _ATTRIBUTE_WRITES.isdisjoint(
-            unit.co_code[::2]
+        if (
+            not _CHECKED_NAMES.isdisjoint(unit.co_names)
+            or not _ATTRIBUTE_WRITES.isdisjoint(unit.co_code[::2])
+            or any(own_private(name) for name in unit.co_names)
         ):
             return True
         todo.extend(const for const in unit.co_consts if type(const) is type(code))

@@ -23,6 +23,7 @@ from .rules import (
     FORBIDDEN_MODULES,
     MODULE_READS,
     RUN_TIME_READS,
+    own_private,
     plain_super,
 )
 from .rules import SHADOWING_STORES as _SHADOWING_STORES
@@ -704,6 +705,8 @@ def _forbidden(node: ast.AST, allowed: set[int] = set()) -> str | None:  # noqa:
             node.attr in MODULE_READS
         ):  # `event.time`: the child refuses a module off the allowlist at run time
             return None
+        if own_private(node.attr):  # `self._balance`: the child refuses any object but the program's own
+            return None
         return _attribute_refused(node.attr)
     elif isinstance(node, ast.MatchClass):  # `case C(name=p)` reads the attribute `name` of the subject
         if node.patterns and not (isinstance(node.cls, ast.Name) and node.cls.id in _SELF_MATCHING):
@@ -715,7 +718,8 @@ def _forbidden(node: ast.AST, allowed: set[int] = set()) -> str | None:  # noqa:
             return f"a class pattern may not read the attribute {checked!r}"
         return next(filter(None, map(_attribute_refused, node.kwd_attrs)), None)
     elif isinstance(node, ast.MatchValue) and any(
-        isinstance(part, ast.Attribute) and part.attr in RUN_TIME_READS for part in ast.walk(node.value)
+        isinstance(part, ast.Attribute) and (part.attr in RUN_TIME_READS or own_private(part.attr))
+        for part in ast.walk(node.value)
     ):
         # `case x.obj:` compares the subject with what the read gives, where the child's check of the read
         # cannot go (a value pattern is a dotted name, never a call)

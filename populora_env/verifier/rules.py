@@ -104,6 +104,14 @@ str(format=f)``): the pre-filter refuses these names as its keywords."""
 RUN_TIME_READS = CHECKED_READS | MODULE_READS
 
 
+def own_private(name: str) -> bool:
+    """Whether an attribute name is one a program may use on its own objects, checked at run time
+    (``_child._checked_private``, ``_child._owned``): a private name, ``_x``, or one that class-private name
+    mangling rewrites, ``__x``; never a dunder, nor a name ending in ``_`` (``_value_``, ``_convert_``: the
+    ``enum`` machinery's names)."""
+    return len(name) > 1 and name[:1] == "_" and name[-1:] != "_"
+
+
 def plain_super(node: Any) -> bool:
     """``super()``, the zero-argument form, or ``super(B, x)`` with two names: the forms on which the
     pre-filter lets a program read a special method, and which the child rewrites into a checked read."""
