@@ -243,9 +243,9 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         "MutableMapping.grab = property(lambda m: box.append(m) or 1)\ndef f(x):\n"
         "    '{0.sys.modules[os].environ.grab}'.format(typing)\n    return str(type(box[0]))\n",
         {"forbidden"}, {"ok"}),
-    "format_method_unbound": (_p("m = str.format\nreturn m('{0.' + '_' * 2 + 'class' + '_' * 2 + '}', 1)"),
+    "format_method_unbound": (_p("m = str.format\nreturn m('{0.' + '_' * 2 + 'doc' + '_' * 2 + '}', 1)"),
                               {"forbidden"}, {"ok"}),
-    "format_field_nested_in_a_spec": (_p("s = '{0:{1.' + '_' * 2 + 'class' + '_' * 2 + '}}'\nreturn s.format(1, 2)"),
+    "format_field_nested_in_a_spec": (_p("s = '{0:{1.' + '_' * 2 + 'doc' + '_' * 2 + '}}'\nreturn s.format(1, 2)"),
                                       {"forbidden"}, {"runtime"}),
     # str's own format method reached through super() of a str subclass (a red-team review)
     "format_through_super": (
@@ -996,10 +996,10 @@ def test_a_program_writes_the_attributes_of_its_own_objects(verifier):
 def test_a_format_read_spelled_with_compatibility_characters_is_checked(verifier):
     """Identifiers are NFKC-normalised when compiled: ``.ｆｏｒｍａｔ`` reads ``format`` with no ``format`` in the
     text. The checks are chosen from the compiled names, not the text."""
-    program = "def f(x):\n    return ('{0.' + '_' * 2 + 'class' + '_' * 2 + '}').\uff46\uff4f\uff52\uff4d\uff41\uff54(1)\n"
+    program = "def f(x):\n    return ('{0.' + '_' * 2 + 'doc' + '_' * 2 + '}').\uff46\uff4f\uff52\uff4d\uff41\uff54(1)\n"
     assert "format" not in program
     _refused_at_run_time(
-        verifier, program, "a format string walks to a private or forbidden name at run time (0.__class__)"
+        verifier, program, "a format string walks to a private or forbidden name at run time (0.__doc__)"
     )
 
 
@@ -1223,7 +1223,7 @@ LANGUAGE_ESCAPES = {
     ),
     # a format field spelled with escapes: the fast path saw no brace and passed the source unwalked
     "escaped_format_field": (
-        "def f(x):\n    return '\\x7b0.\\x5f_class\\x5f_}'.format(1)\n",
+        "def f(x):\n    return '\\x7b0.\\x5f_doc\\x5f_}'.format(1)\n",
         "line 2: a format string that reaches private or frame attributes is not allowed",
     ),
     "type_as_a_value": (
@@ -1904,6 +1904,40 @@ def test_private_names_of_the_standard_library_stay_out_of_reach(verifier, progr
     time, whatever the program does with the error."""
     assert prefilter(program).status == "ok"
     assert verifier.run(program, "1") == Execution("forbidden", None, detail)
+
+
+def test_attributes_named_os_and_inspect_are_checked_at_run_time(verifier):
+    """``device.os``, ``car.inspect()``: names of modules and, as often, of a program's attributes (a breakage
+    review), read through the run-time check of ``MODULE_READS`` like ``event.time``; a module they name is
+    refused where an allowed module holds it (none holds these two today)."""
+    program = (
+        "class Device:\n    def __init__(self, s):\n        self.os = s\n    def inspect(self):\n"
+        "        return self.os.upper()\ndef f(x):\n    d = Device(x)\n    return [d.os, d.inspect()]\n"
+    )
+    assert verifier.run(program, "'linux'") == Execution("ok", "['linux', 'LINUX']", "")
+    assert {"os", "inspect"} <= MODULE_READS
+
+
+def test_format_fields_may_walk_to_the_readable_dunders(verifier):
+    """``'{0.__class__.__name__}({0.v})'.format(self)`` in a ``__repr__`` (a breakage review): a format field
+    may walk to what the program's own code may read (``__class__``, ``__name__``, ``__qualname__``), in a
+    constant (the pre-filter) and in a string built at run time (the child); any other dunder stays refused
+    both ways."""
+    constant = (
+        "class P:\n    def __init__(self, v):\n        self.v = v\n    def __repr__(self):\n"
+        "        return '{0.__class__.__name__}({0.v})'.format(self)\ndef f(x):\n    return repr(P(x))\n"
+    )
+    assert verifier.run(constant, "3") == Execution("ok", "'P(3)'", "")
+    built = "def f(x):\n    u = '_' * 2\n    return ('{0.' + u + 'class' + u + '.' + u + '%s' + u + '}').format(x)\n"
+    assert verifier.run(built % "qualname", "3") == Execution("ok", "'int'", "")
+    assert verifier.run(built % "base", "3") == Execution(
+        "forbidden",
+        None,
+        "a format string walks to a private or forbidden name at run time (0.__class__.__base__)",
+    )
+    assert prefilter(constant.replace("__name__", "__base__")) == Prefiltered(
+        "forbidden", "line 5: a format string that reaches private or frame attributes is not allowed"
+    )
 
 
 def test_module_names_checked_at_run_time_stay_forbidden_names_elsewhere():

@@ -22,6 +22,7 @@ from rules import (
     FORBIDDEN_ATTRIBUTES,
     FORBIDDEN_MODULES,
     MODULE_READS,
+    READABLE_DUNDERS,
     RUN_TIME_READS,
     SHADOWING_STORES,
     own_private,
@@ -779,7 +780,7 @@ def _format_walk_refused(text: str, depth: int = 0) -> str:
                 if type(key) is not str:
                     continue
                 if (
-                    (key[:1] == "_" or key in FORBIDDEN_ATTRIBUTES)
+                    ((key[:1] == "_" and key not in READABLE_DUNDERS) or key in FORBIDDEN_ATTRIBUTES)
                     if is_attribute
                     else key[:2] == key[-2:] == "__"
                 ):

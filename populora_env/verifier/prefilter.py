@@ -22,6 +22,7 @@ from .rules import (
     FORBIDDEN_ATTRIBUTES,
     FORBIDDEN_MODULES,
     MODULE_READS,
+    READABLE_DUNDERS,
     RUN_TIME_READS,
     own_private,
     plain_super,
@@ -469,9 +470,11 @@ def _binding(node: ast.AST) -> str | None:
 
 
 _FORMAT_REACH = re.compile(
-    r"\{[^{}]*\.\s*(?:_|gi_|cr_|ag_|tb_|f_(?:back|globals|locals|builtins|code|lasti|lineno|trace)\b)"
+    r"\{[^{}]*\.\s*(?:_(?!_(?:class|name|qualname)__\b)|gi_|cr_|ag_|tb_|"
+    r"f_(?:back|globals|locals|builtins|code|lasti|lineno|trace)\b)"
 )
-"""A ``str.format`` field walking to a private, dunder or frame attribute: ``"{0.__globals__}"``."""
+"""A ``str.format`` field walking to a private, dunder or frame attribute: ``"{0.__globals__}"``; not to the
+``READABLE_DUNDERS`` (``"{0.__class__.__name__}({0.v})"`` in a ``__repr__``, a breakage review's finding)."""
 
 
 def _type_as_value(tree: ast.AST) -> int | None:
@@ -592,11 +595,6 @@ def _module_refused(name: str) -> bool:
 #: read like public ones: in the allowed modules only namedtuple classes define them, and what they give is
 #: a new tuple, a dict, or field names and defaults.
 NAMEDTUPLE_API = frozenset({"_replace", "_asdict", "_make", "_fields", "_field_defaults"})
-
-#: Dunder attributes a program may read (not write): the name of a class, function or module, a string
-#: (``type(x).__name__`` in a ``__repr__``), and an object's class (``self.__class__(...)``), what ``type(x)``
-#: gives (a class statement may not define ``__class__``; the class of an object is changed by no program).
-READABLE_DUNDERS = frozenset({"__name__", "__qualname__", "__class__"})
 
 
 def _allowed_in_context(tree: ast.AST) -> set[int]:

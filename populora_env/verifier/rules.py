@@ -37,12 +37,13 @@ FORBIDDEN_ATTRIBUTES = frozenset(
 )  # fmt: skip
 
 #: Names among ``FORBIDDEN_ATTRIBUTES`` that are names of modules and, as often, of a program's own attributes
-#: (``event.time``, ``self.types``, ``collections.abc``): the pre-filter lets attributes of these names
+#: (``event.time``, ``self.types``, ``collections.abc``, ``device.os``, ``car.inspect()``): the pre-filter lets
+#: attributes of these names
 #: through, and the child checks what each read gives at run time (``_child._checked_read``): a module off the
 #: allowlist is refused, whatever object held it. In ``from x import <name>``, a format field and a class
 #: pattern they stay refused (no read a check could see).
 MODULE_READS = frozenset(
-    {"types", "contextlib", "warnings", "random", "datetime", "keyword", "abc", "io", "time"}
+    {"types", "contextlib", "warnings", "random", "datetime", "keyword", "abc", "io", "time", "os", "inspect"}
 )
 
 #: The special methods a program may define (any other dunder-named ``def`` is refused): construction,
@@ -102,6 +103,12 @@ str(format=f)``): the pre-filter refuses these names as its keywords."""
 #: Every attribute name whose reads the child checks at run time (``CHECKED_READS`` and ``MODULE_READS``):
 #: where no check can run (a class pattern's keyword, a value pattern), the pre-filter refuses them.
 RUN_TIME_READS = CHECKED_READS | MODULE_READS
+
+
+#: Dunder attributes a program may read (not write): the name of a class, function or module, a string
+#: (``type(x).__name__`` in a ``__repr__``), and an object's class (``self.__class__(...)``), what ``type(x)``
+#: gives (a class statement may not define ``__class__``; the class of an object is changed by no program).
+READABLE_DUNDERS = frozenset({"__name__", "__qualname__", "__class__"})
 
 
 def own_private(name: str) -> bool:
