@@ -1688,6 +1688,21 @@ def test_classes_programs_make_the_ordinary_ways_still_work(verifier):
     )
 
 
+def test_a_program_s_namedtuple_names_the_program_s_module():
+    """``namedtuple`` reads its caller's module with ``sys._getframe``, refused in guarded calls: a program's
+    class came out as ``collections.Pt`` (a breakage review); as in plain Python now, an explicit ``module``
+    kept, ``typing.NamedTuple`` alike."""
+    program = (
+        "import collections, typing\nfrom collections import namedtuple\nPt = collections.namedtuple('Pt', 'x y')\n"
+        "Q = namedtuple('Q', ['a'], defaults=[3])\nclass N(typing.NamedTuple):\n    z: int\ndef f(x):\n"
+        "    return [str(type(Pt(1, 2))), repr(Pt(1, 2)), Q().a, str(N), str(collections.namedtuple('R', 'k', module='m'))]\n"
+    )
+    namespace = {"__name__": "__program__"}
+    exec(program, namespace)  # our own program: plain Python's answer
+    with Verifier(workers=1) as v:
+        assert v.run(program, "0") == Execution("ok", repr(namespace["f"](0)), "")
+
+
 def test_class_creation_routes_through_the_check_and_stays_plain_python():
     """``sandbox.route_class_creation`` (in a fresh interpreter): the check sees every class made after it is
     installed (``type()``, class statements, a metaclass's call, ctypes' metaclasses written in C, whose own

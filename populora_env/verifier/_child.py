@@ -303,6 +303,19 @@ def _guard_collections() -> None:
         _INSTALLED.append(__copy__)
         cls.__copy__ = __copy__
 
+    # namedtuple names the module of its class after its caller's globals, read with sys._getframe, which is
+    # refused in guarded calls: a program's class came out as collections' (a breakage review); named here
+    namedtuple = collections.namedtuple
+
+    def named(typename: Any, field_names: Any, *, module: Any = None, **kwargs: Any) -> Any:
+        if module is None and _called_by_the_program():
+            module = "__program__"
+        return namedtuple(typename, field_names, module=module, **kwargs)
+
+    named.__name__, named.__qualname__, named.__doc__ = "namedtuple", "namedtuple", namedtuple.__doc__
+    _INSTALLED.append(named)
+    collections.namedtuple = named  # type: ignore[attr-defined]
+
     # UserString.format and format_map call str's on `self.data`, past the check of format reads (a red-team
     # review's full escape): they go through it here, the string read once
     def format(self: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -583,6 +596,13 @@ _RUN_TIME_REFUSALS = {
 _PROGRAM_FILES = frozenset({"<program>", "<args>"})
 _IMPORT_FILES = frozenset({"<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>"})
 _CLASS_DUNDERS = ALLOWED_SPECIAL_METHODS | CLASS_NAMESPACE_DUNDERS
+
+
+def _called_by_the_program() -> bool:
+    """Whether the function running this is called by a program's code (its caller's frame is one)."""
+    frame = current_frame()  # current_frame's own, then the function's that runs this, then its caller's
+    caller = frame.f_back.f_back.f_back if frame is not None else None
+    return caller is not None and caller.f_code.co_filename in _PROGRAM_FILES
 
 
 def _made_by_the_program() -> bool:
