@@ -1664,6 +1664,83 @@ def test_the_guards_behind_the_class_check_refuse_round_23_too():
     )
 
 
+# Red-team round 24, against the check of the classes programs make (no full escape; two crashed the child).
+ROUND_24_NAMED_TUPLE_META = (
+    "import typing\nclass Fake:\n    def __init__(self):\n        self.n = 0\n    def __contains__(self, x):\n"
+    "        return True\n    def __iter__(self):\n        self.n += 1\n        return iter(() if self.n == 1 else (tuple,))\n"
+    "def g(self, name):\n    return 'hooked:' + name\ndef f(x):\n    M = typing.NamedTupleMeta\n"
+    "    return [M('K', Fake(), {'__module__': 'm', '_' + '_getattr__': g})().anything]\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("program", "detail"),
+    [
+        (  # type's __new__ through super() of a metaclass: no check of the metatype, a class written over an int
+            "import enum\nclass E(enum.Enum):\n    A = 1\ndef f(x):\n    M = type(E)\n    n = super(M, E).__new__\n"
+            "    return n(int, 'X', (), {})\n",
+            "the program made a class of a metaclass by __new__ (super() of a metaclass)",
+        ),
+        (  # object.__new__(type): an uninitialised class (CPython's own check passed since type's __new__ is ours)
+            "class C:\n    def __new__(cls, t):\n        return super().__new__(t)\ndef f(x):\n    z = C(type(int))\n"
+            "    z.a = 1\n    return 1\n",
+            "the program made a class of a metaclass by __new__ ('type')",
+        ),
+        (
+            "import typing, json\ndef f(x):\n    typing.dataclass_transform(evil=x)(json)\n    return 1\n",
+            "the program wrote or deleted the attribute set by typing.dataclass_transform on a module, not one of "
+            "its own",
+        ),
+        (  # slots named as special methods: descriptors in their place
+            "class K:\n    pass\ndef f(x):\n    return type(K)('X', (), {'_' + '_slots__': ('_' + '_getattr__', 'a')}).a\n",
+            "the program made a class holding the name '__getattr__' (a slot) (at run time or through the standard "
+            "library)",
+        ),
+        (  # iterated by the check and again by CPython: an iterable of the program's could give other names
+            "class K:\n    pass\nclass It:\n    def __iter__(self):\n        return iter(['a'])\ndef f(x):\n"
+            "    return type(K)('X', (), {'_' + '_slots__': It()}).a\n",
+            "the program made a class holding the name __slots__ given as a It (at run time or through the "
+            "standard library)",
+        ),
+    ],
+    ids=[
+        "super_of_a_metaclass",
+        "object_new_of_type",
+        "dataclass_transform",
+        "dunder_slots",
+        "slots_iterable",
+    ],
+)
+def test_round_24_findings_are_refused(verifier, program, detail):
+    assert prefilter(program).status == "ok"
+    assert verifier.run(program, "1") == Execution("forbidden", None, detail)
+
+
+def test_named_tuple_meta_checks_the_namespace_it_sets_on_its_class(verifier):
+    """``typing.NamedTupleMeta`` made its class from a namespace of its own and then set every name of the one
+    it was given (``__getattr__``...) on it, past the check of the classes programs make (round 24): refused by
+    name in the pre-filter, and, behind it, its ``__new__`` checks the namespace and wants a real tuple of
+    bases."""
+    assert prefilter(ROUND_24_NAMED_TUPLE_META) == Prefiltered(
+        "forbidden", "line 13: access to attribute 'NamedTupleMeta' is not allowed"
+    )
+    assert _below_the_class_check(ROUND_24_NAMED_TUPLE_META) == Execution(
+        "forbidden",
+        None,
+        "the program made a class holding the name a Fake of bases (at run time or through the standard library)",
+    )
+    real_bases = ROUND_24_NAMED_TUPLE_META.replace("Fake()", "(typing.NamedTuple,)").replace(
+        "_' + '_getattr__", "_' + '_getattr__"
+    )
+    assert _below_the_class_check(real_bases) == Execution(
+        "forbidden",
+        None,
+        "the program made a class holding the name '__getattr__' (at run time or through the standard library)",
+    )
+    ordinary = "import typing\nclass N(typing.NamedTuple):\n    x: int\n    y: int = 2\ndef f(x):\n    return N(x).y\n"
+    assert verifier.run(ordinary, "1") == Execution("ok", "2", "")
+
+
 def test_classes_programs_make_the_ordinary_ways_still_work(verifier):
     """Class statements (special methods, ``__slots__``, bases with metaclasses), the standard library's class
     factories (``namedtuple``, ``typing.NamedTuple``, ``TypedDict``, ``Protocol``, ``Generic``, enum classes and
@@ -1723,6 +1800,7 @@ def test_class_creation_routes_through_the_check_and_stays_plain_python():
         "class Base:\n    def __init_subclass__(cls, **kw):\n        raise LookupError(kw)\n"
         "try:\n    class Sub(Base, flag=1):\n        pass\nexcept LookupError as e:\n    print('LookupError', e)\n"
         "try:\n    type('Y', (), {'refuse': 1})\nexcept PermissionError as e:\n    print('PermissionError', e)\n"
+        "try:\n    type.__new__(int, 'Z', (), {})\nexcept TypeError as e:\n    print('TypeError', e)\n"
         "print(seen)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -1732,6 +1810,7 @@ def test_class_creation_routes_through_the_check_and_stays_plain_python():
         "metaclasses of all its bases",
         "LookupError {'flag': 1}",
         "PermissionError refused",
+        "TypeError type.__new__(X): X is not a subtype of type (a type)",
         "[('type', 'A'), ('type', 'B'), ('EnumType', 'E'), ('PyCStructType', 'S'), ('PyCArrayType', "
         "'c_char_Array_3'), ('type', 'X'), ('type', 'Base'), ('type', 'Sub'), ('type', 'Y')]",
     ]
@@ -1843,7 +1922,7 @@ def test_common_idioms_a_review_found_refused_now_run(verifier, program, args, o
         ("import typing\ndef f(x):\n    return typing.sys\n", "line 3: access to attribute 'sys' is not allowed"),
         ("from calendar import datetime\ndef f(x):\n    return 1\n", None),
         ("import collections.abc\ndef f(x):\n    match x:\n        case collections.abc:\n            return 1\n",
-         "line 4: a value pattern may not read the attributes the child checks at run time"),
+         "line 4: a pattern may not read the attributes the child checks at run time"),
     ],
     ids=["super_rebound", "name_written", "qualname_deleted", "class_written", "type_as_a_default",
          "type_in_a_class_body", "type_declared_global", "type_as_the_first_iterable",
@@ -1881,6 +1960,51 @@ def test_programs_use_private_names_on_their_own_objects(verifier):
     refusal)."""
     assert prefilter(PRIVATE_OWN).status == "ok"
     assert verifier.run(PRIVATE_OWN, "150") == Execution("ok", "[150, 451, 1, 1, True, (-1, 4)]", "")
+
+
+def test_private_names_on_subclasses_of_built_ins_and_through_super(verifier):
+    """Private names where a built-in base's lookup is CPython's generic one (``list``, ``int``, ``Exception``
+    carry a ``__getattribute__`` in their namespace) and on ``super()``, ``__x`` mangled (a red-team review of
+    the rule: all refused or wrong at first); patterns that would read them stay refused, with a reason."""
+    program = (
+        "class L(list):\n    def __init__(self, *a):\n        super().__init__(*a)\n        self._n = 3\n"
+        "class E(Exception):\n    def __init__(self, c):\n        super().__init__(c)\n        self._code = c\n"
+        "class Money(int):\n    def __new__(cls, v, cur):\n        m = super().__new__(cls, v)\n        m._cur = cur\n"
+        "        return m\nclass A:\n    def _h(self):\n        return 1\n    def __h(self):\n        return 2\n"
+        "class B(A):\n    def g(self):\n        return super()._h() + super()._A__h()\n    def k(self):\n"
+        "        return self._h()\nclass C(A):\n    def __h(self):\n        return 5\n    def m(self):\n"
+        "        return self.__h() + self._A__h()\n"
+        "def f(x):\n    try:\n        raise E(x)\n    except E as e:\n        code = e._code\n"
+        "    return [L([1])._n, code, Money(5, 'EUR')._cur, B().g(), B().k(), C().m()]\n"
+    )
+    namespace: dict = {}
+    exec(program, namespace)  # our own program: plain Python's answer
+    assert verifier.run(program, "7") == Execution("ok", repr(namespace["f"](7)), "")
+    for pattern in ("{A._x: v}", "A._B()", "A._x"):
+        source = f"class A:\n    _x = 1\ndef f(x):\n    match x:\n        case {pattern}:\n            return 1\n    return 0\n"
+        assert prefilter(source) == Prefiltered(
+            "forbidden", "line 5: a pattern may not read the attributes the child checks at run time"
+        )
+
+
+def test_no_program_code_runs_between_a_private_name_check_and_its_read(verifier):
+    """``_is_standard`` compared a class's ``__module__`` with ``==``: a program's object there ran its ``__eq__``
+    inside the check of a private read and deleted the class's own attribute, so that the read found
+    ``string.Template._invalid`` (red-team round 24, partial). A class made with such a ``__module__`` is
+    refused where it is made; behind that check, the comparison runs no program code."""
+    program = (
+        "import string\nclass M:\n    n = 0\n    def __eq__(self, other):\n        M.n += 1\n        if M.n == 2:\n"
+        "            del M.k._invalid\n        return False\n    def __hash__(self):\n        return 0\nclass B:\n"
+        "    pass\ndef f(x):\n    M.k = type(B)('K', (string.Template,), {'_' + '_module__': M(), '_invalid': 0})\n"
+        "    return [type(M.k('$')._invalid).__name__, M.n]\n"
+    )
+    assert verifier.run(program, "1") == Execution(
+        "forbidden",
+        None,
+        "the program made a class holding the name __module__ given as a M (at run time or through the "
+        "standard library)",
+    )
+    assert _below_the_class_check(program) == Execution("ok", "['int', 0]", "")
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from rules import (
     own_private,
     plain_super,
 )
-from sandbox import current_frame
+from sandbox import current_frame, generic_lookup
 from verdicts import line as _line
 
 TYPE_CHECKING = False  # `typing` stays out of the worker (see literals.py)
@@ -532,6 +532,31 @@ def _guard_typing() -> None:
         original = getattr(typing, decorator, None)
         if original is not None:
             setattr(typing, decorator, _own_objects_only(original))
+    # and `dataclass_transform(**kwargs)`'s decorator sets `__dataclass_transform__` (red-team round 24)
+    transform = getattr(typing, "dataclass_transform", None)
+    if transform is not None:
+
+        def dataclass_transform(**kwargs: Any) -> Any:
+            decorator = transform(**kwargs)
+            decorator.__name__ = "dataclass_transform"
+            return _own_objects_only(decorator)
+
+        typing.dataclass_transform = dataclass_transform
+
+    # NamedTupleMeta makes its class with namedtuple, from a namespace of its own, then sets every name of the
+    # namespace it was given on it: called by a program with a namespace of any names (and bases that only
+    # pretend to hold NamedTuple), past the check of the classes programs make (red-team round 24)
+    meta = typing.NamedTupleMeta
+    make_named = vars(meta)["__new__"]
+
+    def named_tuple_new(cls: Any, typename: Any, bases: Any, ns: Any) -> Any:
+        if type(bases) is not tuple or type(ns) is not dict:
+            _refuse_at_run_time("populora.class_namespace", f"a {type(bases).__name__} of bases")
+        check_class(cls, (typename, bases, ns))
+        return make_named(cls, typename, bases, ns)
+
+    _INSTALLED.append(named_tuple_new)
+    meta.__new__ = named_tuple_new
 
 
 def _fresh_future() -> Any:
@@ -577,6 +602,7 @@ _RUN_TIME_REFUSALS = {
     "populora.unbound_super": "the program read super().{} where super() is not bound to an instance",
     "populora.private_read": "the program read the private attribute {}, not one of its own",
     "populora.enum_convert": "the program made an enum of the globals of the module {} (EnumType._convert_)",
+    "populora.metaclass_new": "the program made a class of a metaclass by __new__ ({})",
     "populora.metaclass": "the program made a metaclass at run time (a class deriving from {})",
     "populora.class_namespace": "the program made a class holding the name {} (at run time or through the "
     "standard library)",
@@ -635,6 +661,20 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> None:
         if any(cls is type for cls in classes):
             _refuse_at_run_time("populora.metaclass", _describe_name(getattr(base, "__qualname__", "?")))
     if isinstance(namespace, dict):
+        module = dict.get(namespace, "__module__", "")
+        if type(module) is not str:  # (compared by the checks of private names)
+            _refuse_at_run_time("populora.class_namespace", f"__module__ given as a {type(module).__name__}")
+        slots = dict.get(namespace, "__slots__", ())
+        names = (slots,) if type(slots) is str else slots if type(slots) in (tuple, list) else None
+        if names is None:  # iterated here and again by CPython: a program's iterable gave each other names
+            _refuse_at_run_time("populora.class_namespace", f"__slots__ given as a {type(slots).__name__}")
+        for name in names or ():  # a slot is a descriptor in the class: no special method of any name
+            if (
+                type(name) is str
+                and name[:2] == name[-2:] == "__"
+                and name not in ("__dict__", "__weakref__")
+            ):
+                _refuse_at_run_time("populora.class_namespace", f"{_describe_name(name)} (a slot)")
         for key in dict.keys(namespace):
             if type(key) is not str:
                 _refuse_at_run_time("populora.class_namespace", f"a key of the class {type(key).__name__}")
@@ -896,9 +936,11 @@ def _is_standard(cls: Any) -> bool:
     (``collections.namedtuple``, the ``enum`` and ``typing`` functional forms)."""
     if id(cls) in _STANDARD_CLASSES:
         return True
-    if cls.__module__ == "__program__":  # (the program's module is in sys.modules too, by that name)
+    module = cls.__module__  # (any object a class's namespace held: compared only as an exact str, so that
+    # no program code runs inside a check, between its answer and the read it allows: round 24)
+    if type(module) is not str or module == "__program__":  # (the program's module is in sys.modules too)
         return False
-    found: Any = sys.modules.get(cls.__module__) if type(cls.__module__) is str else None
+    found: Any = sys.modules.get(module)
     for part in str(cls.__qualname__).split(".") if type(cls.__qualname__) is str else ("<?>",):
         namespace = vars(found) if isinstance(found, type | type(sys)) else {}
         found = namespace.get(part)
@@ -967,7 +1009,17 @@ def _private_reachable(target: Any, name: str) -> bool:
     names of the standard library stay out of reach: of modules (``collections._sys``), of its objects
     (``Fraction(1)._numerator``), of its classes a program's class derives from (``UserDict``'s), of the
     metaclass of a program's class (``ABCMeta._dump_registry``)."""
-    if not _is_own(target) or name in _STANDARD_PRIVATE:
+    if name in _STANDARD_PRIVATE:
+        return False
+    if type(target) is super:  # `super()._helper()`: the classes after the proxy's, in its object's MRO
+        bound = _SUPER_SELF(target)
+        if bound is None or not _is_own(bound):
+            return False
+        order, this = _REAL_MRO(_SUPER_SELF_CLASS(target)), _SUPER_THIS_CLASS(target)
+        after = next((order[i + 1 :] for i, cls in enumerate(order) if cls is this), ())
+        found = next((cls for cls in after if name in _REAL_NAMESPACE(cls)), None)
+        return found is not None and not _is_standard(found)
+    if not _is_own(target):
         return False
     kind = type(target)
     metaclasses: tuple[Any, ...] = ()
@@ -981,12 +1033,10 @@ def _private_reachable(target: Any, name: str) -> bool:
     for cls in classes:
         if name in _REAL_NAMESPACE(cls):
             return not _is_standard(cls)
-    return not any(
-        ("__getattr__" in _REAL_NAMESPACE(cls) or "__getattribute__" in _REAL_NAMESPACE(cls))
-        and cls is not object
-        and cls is not type
-        for cls in (*classes, *metaclasses)
-    )
+    # found nowhere: the instance's own dict, unless a class's attribute lookup is not CPython's generic one
+    # (a `__getattr__` of the standard library's, `super`'s own lookup for a subclass of super); `list`, `int`,
+    # `Exception` have a `__getattribute__` in their namespace, the generic one
+    return all(generic_lookup(cls) for cls in (*classes, *metaclasses) if cls is not type)
 
 
 # private names the standard library writes into a program's classes: ABCMeta's registry data
@@ -1069,7 +1119,7 @@ def _format_check_of(node: Any, owner: str) -> Any:
     if type(node) is _ast.Attribute and type(node.ctx) is _ast.Load:
         if node.attr in RUN_TIME_READS:
             return _check_call(_READ_CHECK, node.value, node.attr, node)
-        if node.attr[:2] == "__" and plain_super(node.value):  # `super().__init__` (the pre-filter let it)
+        if node.attr[:2] == node.attr[-2:] == "__" and plain_super(node.value):  # `super().__init__`
             return _check_call(_SUPER_CHECK, node.value, node.attr, node)
         if own_private(node.attr):  # `self._balance` (the pre-filter let it)
             return _check_call(_PRIVATE_CHECK, node.value, _mangled(node.attr, owner), node)
@@ -1080,6 +1130,7 @@ def _format_check_of(node: Any, owner: str) -> Any:
 # where a program's class made at run time can put anything under that name
 _SUPER_SELF = vars(super)["__self__"].__get__
 _SUPER_SELF_CLASS = vars(super)["__self_class__"].__get__
+_SUPER_THIS_CLASS = vars(super)["__thisclass__"].__get__
 
 
 def _checked_super(proxy: Any, name: str) -> Any:
@@ -1097,6 +1148,20 @@ def _checked_super(proxy: Any, name: str) -> Any:
     # body was `super(type(typing.List), typing.List)`, which re-initialised typing.List (red-team round 19)
     if not _is_own(_SUPER_SELF(proxy)):
         _refuse_at_run_time("populora.foreign_super", name)
+    if name == "__new__":
+        # a program's classes are never metaclasses (`check_class`): `super(type(E), E).__new__` is type's
+        # own, and `object.__new__(type)` makes an uninitialised class (CPython's own check of it is passed
+        # now that type's __new__ is the language layer's): both crashed the child (red-team round 24)
+        if any(cls is type for cls in _REAL_MRO(_SUPER_THIS_CLASS(proxy))):
+            _refuse_at_run_time("populora.metaclass_new", "super() of a metaclass")
+        new = getattr(proxy, name)
+
+        def checked_new(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(cls, type) and any(base is type for base in _REAL_MRO(cls)):
+                _refuse_at_run_time("populora.metaclass_new", _describe_name(cls.__qualname__))
+            return new(cls, *args, **kwargs)
+
+        return checked_new
     return getattr(proxy, name)
 
 

@@ -646,6 +646,22 @@ def _is_dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
 
+def _reads_checked(pattern: ast.MatchClass | ast.MatchMapping | ast.MatchValue) -> bool:
+    """Whether a pattern's own expressions (a value, mapping keys, a class) read an attribute whose reads the
+    child checks at run time (``RUN_TIME_READS``, ``own_private`` names)."""
+    if isinstance(pattern, ast.MatchValue):
+        parts: list[ast.expr] = [pattern.value]
+    elif isinstance(pattern, ast.MatchMapping):
+        parts = list(pattern.keys)
+    else:
+        parts = [pattern.cls]
+    return any(
+        isinstance(node, ast.Attribute) and (node.attr in RUN_TIME_READS or own_private(node.attr))
+        for part in parts
+        for node in ast.walk(part)
+    )
+
+
 def _attribute_refused(name: str) -> str | None:
     if name in FORBIDDEN_ATTRIBUTES or name.startswith("__"):
         return f"access to attribute {name!r} is not allowed"
@@ -706,6 +722,10 @@ def _forbidden(node: ast.AST, allowed: set[int] = set()) -> str | None:  # noqa:
         if own_private(node.attr):  # `self._balance`: the child refuses any object but the program's own
             return None
         return _attribute_refused(node.attr)
+    elif isinstance(node, ast.MatchClass | ast.MatchMapping | ast.MatchValue) and _reads_checked(node):
+        # `case x.obj:`, `case {A._x: v}`, `case A._B():` read an attribute where the child's check cannot go
+        # (a pattern is dotted names, never a call: the rewritten read made valid code a syntax error)
+        return "a pattern may not read the attributes the child checks at run time"
     elif isinstance(node, ast.MatchClass):  # `case C(name=p)` reads the attribute `name` of the subject
         if node.patterns and not (isinstance(node.cls, ast.Name) and node.cls.id in _SELF_MATCHING):
             # `case C(p)` reads the attribute C.__match_args__[0] names, which a program can set to anything
@@ -715,13 +735,6 @@ def _forbidden(node: ast.AST, allowed: set[int] = set()) -> str | None:  # noqa:
         if checked is not None:  # the run-time check of these reads sees attribute reads only
             return f"a class pattern may not read the attribute {checked!r}"
         return next(filter(None, map(_attribute_refused, node.kwd_attrs)), None)
-    elif isinstance(node, ast.MatchValue) and any(
-        isinstance(part, ast.Attribute) and (part.attr in RUN_TIME_READS or own_private(part.attr))
-        for part in ast.walk(node.value)
-    ):
-        # `case x.obj:` compares the subject with what the read gives, where the child's check of the read
-        # cannot go (a value pattern is a dotted name, never a call)
-        return "a value pattern may not read the attributes the child checks at run time"
     elif isinstance(node, ast.Call):
         if isinstance(node.func, ast.Name) and node.func.id == "type" and not _plain_type_call(node):
             return "type() with more than one argument (a class from a dict of any names) is not allowed"

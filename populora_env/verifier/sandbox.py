@@ -37,6 +37,7 @@ __all__ = [
     "close_to_subclasses",
     "current_frame",
     "die_with_parent",
+    "generic_lookup",
     "isolate_worker",
     "load_seccomp_program",
     "route_class_creation",
@@ -489,6 +490,7 @@ def route_class_creation(check: Callable[[type, tuple[Any, ...]], None]) -> str 
     laid_out = (
         _type_word(type, 4).value == type.__basicsize__
         and _type_word(type, 21).value == type.__flags__
+        and _type_word(object, 18).value == _type_word(list, 18).value != _type_word(type, 18).value
         and _type_word(type, 32).value == id(object)
         and _type_word(type, 36).value == type.__dictoffset__
         and _type_word(type, 39).value == _type_word(probe, 39).value != _type_word(object, 39).value
@@ -498,6 +500,13 @@ def route_class_creation(check: Callable[[type, tuple[Any, ...]], None]) -> str 
     type_new = _TYPE_NEW(_type_word(type, 39).value)
 
     def __new__(metatype: type, *args: Any, **kwargs: Any) -> Any:
+        # (the check CPython's own type.__new__ wrapper makes: type_new writes a class into what it is given)
+        try:
+            classes = _mro(metatype)
+        except TypeError:  # not a class
+            classes = ()
+        if not any(cls is type for cls in classes):
+            raise TypeError(f"type.__new__(X): X is not a subtype of type (a {type(metatype).__name__})")
         check(metatype, args)
         if len(args) == 3 and type(args[2]) is dict and "__module__" not in args[2]:
             # type_new names the module from the running frame's globals, which would be this function's
@@ -524,6 +533,16 @@ def route_class_creation(check: Callable[[type, tuple[Any, ...]], None]) -> str 
     for cls, slot in zip(in_c, own, strict=True):
         _type_word(cls, 39).value = slot
     return None
+
+
+_mro = vars(type)["__mro__"].__get__  # type's own descriptor: no class can override what it gives
+
+
+def generic_lookup(cls: type) -> bool:
+    """Whether ``cls`` looks attributes of its instances up with CPython's generic function (no
+    ``__getattr__`` or ``__getattribute__`` of its own or inherited, no lookup of its own written in C such as
+    ``super``'s): its ``tp_getattro`` is ``object``'s."""
+    return _type_word(cls, 18).value == _type_word(object, 18).value
 
 
 def _subclasses(cls: type) -> list[type]:
