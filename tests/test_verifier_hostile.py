@@ -818,17 +818,28 @@ def test_without_the_language_guards_a_program_may_read_frames():
         assert trusting.run(program, "1").output == "'frame'"
 
 
+def _in_a_fresh_interpreter(script: str, stdin: str | None = None) -> list[str]:
+    """The output lines of ``script`` run by a fresh interpreter whose path starts with the verifier's own folder
+    (``import _child, sandbox, verdicts`` as the worker imports them): for the child's guards one by one, in a
+    process of their own (an audit hook cannot be removed, class creation stays routed). It must exit 0."""
+    import subprocess
+
+    folder = Path(prefilter_module.__file__).parent
+    prelude = f"import sys\nsys.path.insert(0, {str(folder)!r})\n"
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + script], input=stdin, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
 def test_the_audit_hook_refuses_getframe_and_class_changes_and_the_standard_library_falls_back():
     """The hook itself, armed in a fresh interpreter (it cannot be removed, so not in this one), for what no
     program is known to reach past the pre-filter: ``sys._getframe`` fails with the ValueError that
     ``namedtuple``, ``typing`` and ``enum`` catch (they then name no module) and is not recorded; a class
     change (the gadget a red-team review used: ``copy`` setting ``__class__`` of a module) fails and is."""
-    import subprocess
-
-    folder = Path(prefilter_module.__file__).parent
     script = (
-        "import sys, collections, enum, typing\n"
-        f"sys.path.insert(0, {str(folder)!r})\n"
+        "import collections, enum, typing\n"
         "import _child\n"
         "_child.install_frame_guard()\n"
         "_child.arm_frame_guard(True)\n"
@@ -852,11 +863,8 @@ def test_the_audit_hook_refuses_getframe_and_class_changes_and_the_standard_libr
         "A().__class__ = B\nsys._getframe()\n"
         "print(sorted(_child._NOT_SET))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     # the child's copy of the pre-filter's shadowing names (the worker cannot import the package) agrees
-    assert done.returncode == 0 and done.stdout == f"{sorted(prefilter_module._SHADOWING_STORES)}\n", (
-        done.stderr
-    )
+    assert _in_a_fresh_interpreter(script) == [str(sorted(prefilter_module._SHADOWING_STORES))]
 
 
 def test_the_run_time_checks_are_called_by_names_no_program_can_bind():
@@ -864,9 +872,6 @@ def test_the_run_time_checks_are_called_by_names_no_program_can_bind():
     identifiers, a class or a parameter of that name replaced them: red-team round 19), and a class body
     declares them global, so that a namespace a run-time metaclass's ``__prepare__`` made cannot supply them
     either. Run in a fresh interpreter (the hook cannot be removed), past the pre-filter."""
-    import subprocess
-
-    folder = Path(prefilter_module.__file__).parent
     source = (
         "import json\nclass __populora_own__:\n    def __new__(cls, t, n):\n        return t\n"
         "def prep(name, bases, **kw):\n"
@@ -875,7 +880,7 @@ def test_the_run_time_checks_are_called_by_names_no_program_can_bind():
         "class C(metaclass=M):\n    'doc'\n    json.loads = len\n"
     )
     script = (
-        f"import sys\nsys.path.insert(0, {str(folder)!r})\nimport _child\n"
+        "import _child\n"
         f"code = _child._compile({source!r}, '<p>', 'exec', True)\n"
         "names = set()\ntodo = [code]\nwhile todo:\n    unit = todo.pop()\n    names.update(unit.co_names)\n"
         "    todo.extend(c for c in unit.co_consts if type(c) is type(code))\n"
@@ -886,9 +891,7 @@ def test_the_run_time_checks_are_called_by_names_no_program_can_bind():
         "except RuntimeError:\n    pass\nelse:\n    raise SystemExit('written')\n"
         "print(_child.frame_guard_refusal())\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert _in_a_fresh_interpreter(script) == [
         "['populora.own']",
         "the program wrote or deleted the attribute 'loads' of the module 'json', not one of its own",
     ]
@@ -1105,11 +1108,8 @@ def test_enum_mixins_and_typing_decorators_on_a_program_s_own_still_work(verifie
 def test_the_guarded_import_refuses_forbidden_submodules_however_named():
     """The child's import refuses ``json.tool`` whether named whole or in a ``from`` list (the pre-filter's
     second layer, for a program that reaches ``__import__`` at run time), and still imports other names."""
-    import subprocess
-
-    folder = Path(prefilter_module.__file__).parent
     script = (
-        f"import sys\nsys.path.insert(0, {str(folder)!r})\nimport _child\n"
+        "import _child\n"
         "imp = _child.safe_builtins(frozenset({'json'}))['__import__']\n"
         "for name, fromlist in [('json.tool', ()), ('json', ('tool',)), ('json', ('decoder', 'tool'))]:\n"
         "    try:\n        imp(name, None, None, fromlist)\n    except ImportError:\n        pass\n"
@@ -1120,10 +1120,8 @@ def test_the_guarded_import_refuses_forbidden_submodules_however_named():
         "else:\n    raise SystemExit('renamed')\n"
         "import opcode\nprint(_child._ATTRIBUTE_WRITES == {opcode.opmap['STORE_ATTR'], opcode.opmap['DELETE_ATTR']})\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     # and the run-time check of attribute writes knows this Python's opcodes for them
-    expected = "json.decoder False\nTrue\n"
-    assert done.returncode == 0 and done.stdout == expected, done.stderr
+    assert _in_a_fresh_interpreter(script) == ["json.decoder False", "True"]
 
 
 def test_the_copy_gadget_that_switched_a_module_s_class_reads_nothing(monkeypatch):
@@ -1309,11 +1307,8 @@ def _below_the_class_check(program: str) -> Execution:
     the check of the classes programs make (``sandbox.route_class_creation``): in a fresh interpreter, the
     program prepared and run by ``_child`` in a forked child, no pre-filter and no OS sandbox. The guards
     behind that check, for programs that reach them only through a class made at run time."""
-    import subprocess
-
-    folder = Path(prefilter_module.__file__).parent
     script = (
-        f"import json, os, sys\nsys.path.insert(0, {str(folder)!r})\nimport _child, sandbox, verdicts\n"
+        "import json, os\nimport _child, sandbox, verdicts\n"
         "sandbox.close_to_subclasses(type(list[int]))\n_child.install_frame_guard()\n"
         "_child.install_copy_guard()\nallowed, program = json.loads(sys.stdin.read())\n"
         "prepared = _child.prepare(program, [(1,)], mode='literal', allowed=frozenset(allowed))\n"
@@ -1322,11 +1317,8 @@ def _below_the_class_check(program: str) -> Execution:
         "os.wait()\nprint(json.dumps(verdicts.parse_line(os.read(read, 200000).rstrip(b'\\n'))))\n"
     )
     request = json.dumps([sorted(prefilter_module.ALLOWED_MODULES), program])
-    done = subprocess.run(
-        [sys.executable, "-c", script], input=request, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return Execution(*json.loads(done.stdout))
+    (line,) = _in_a_fresh_interpreter(script, stdin=request)
+    return Execution(*json.loads(line))
 
 
 def _past_the_class_check(verifier, program: str) -> Execution:
@@ -1647,21 +1639,15 @@ def test_the_guards_behind_the_class_check_refuse_round_23_too():
     assert _below_the_class_check(ROUND_23) == Execution(
         "forbidden", None, "the program made copy set an attribute it may not set ('_convert_')"
     )
-    import subprocess
-
-    folder = Path(prefilter_module.__file__).parent
     script = (
-        f"import sys\nsys.path.insert(0, {str(folder)!r})\nimport _child\n_child.install_frame_guard()\n"
+        "import _child\n_child.install_frame_guard()\n"
         "import enum\n_child._install_guards()\n_child.arm_frame_guard(True)\ntry:\n"
         "    enum.IntEnum._convert_('Z', 'enum', lambda name: False)\nexcept RuntimeError:\n    pass\n"
         "print(_child.frame_guard_refusal())\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert (
-        done.stdout.strip()
-        == "the program made an enum of the globals of the module 'enum' (EnumType._convert_)"
-    )
+    assert _in_a_fresh_interpreter(script) == [
+        "the program made an enum of the globals of the module 'enum' (EnumType._convert_)"
+    ]
 
 
 # Red-team round 24, against the check of the classes programs make (no full escape; two crashed the child).
@@ -1785,11 +1771,8 @@ def test_class_creation_routes_through_the_check_and_stays_plain_python():
     installed (``type()``, class statements, a metaclass's call, ctypes' metaclasses written in C, whose own
     ``tp_new`` calls type's slot and must not loop) with its arguments; CPython's errors pass through as
     themselves; the check's own exception refuses the class."""
-    import subprocess
-
-    folder = Path(prefilter_module.__file__).parent
     script = (
-        f"import sys\nsys.path.insert(0, {str(folder)!r})\nimport ctypes, enum, sandbox\nseen = []\n"
+        "import ctypes, enum, sandbox\nseen = []\n"
         "def check(metatype, args):\n    seen.append((metatype.__name__, args[0] if args else None))\n"
         "    if len(args) == 3 and 'refuse' in args[2]:\n        raise PermissionError('refused')\n"
         "assert sandbox.route_class_creation(check) is None\n"
@@ -1803,9 +1786,7 @@ def test_class_creation_routes_through_the_check_and_stays_plain_python():
         "try:\n    type.__new__(int, 'Z', (), {})\nexcept TypeError as e:\n    print('TypeError', e)\n"
         "print(seen)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert _in_a_fresh_interpreter(script) == [
         "TypeError metaclass conflict: the metaclass of a derived class must be a (non-strict) subclass of the "
         "metaclasses of all its bases",
         "LookupError {'flag': 1}",
@@ -2090,11 +2071,8 @@ def test_a_program_that_rebinds_its_builtins_is_refused_past_the_pre_filter():
     ``__builtins__`` global is not its table once its module has run is ``forbidden`` before ``f`` is
     called (``import typing as __builtins__`` gave the functions defined after it typing's globals, ``sys``
     among them). Run in a fresh interpreter, the program compiled by the child itself, no pre-filter."""
-    import subprocess
-
-    folder = Path(prefilter_module.__file__).parent
     script = (
-        f"import os, sys\nsys.path.insert(0, {str(folder)!r})\nimport _child, verdicts\n"
+        "import os\nimport _child, verdicts\n"
         "src = 'import typing as __builtins__\\ndef f():\\n    return sys.platform\\n'\n"
         "for guards in (frozenset({'typing'}), None):\n"
         "    prepared = _child.prepare(src, [()], mode='literal', allowed=guards)\n"
@@ -2102,9 +2080,7 @@ def test_a_program_that_rebinds_its_builtins_is_refused_past_the_pre_filter():
         "    _child.run_program(prepared, write, max_output=1000, max_depth=50)\n"
         "    print(verdicts.parse_line(os.read(read, 1000).rstrip(b'\\n')))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert _in_a_fresh_interpreter(script) == [
         "['forbidden', None, 'the program rebound __builtins__']",
         str(["ok", repr(sys.platform), ""]),  # unguarded: plain Python (typing's globals hold `sys`)
     ]
