@@ -102,6 +102,7 @@ def test_legal_but_tricky_programs_give_exact_outputs(verifier, program, args, e
 # One use of every allowed module, imported by the program itself (from the installation, through the
 # worker's directory descriptors) or taken from the worker's preloaded modules.
 MODULE_USES = {
+    "abc": "type(abc.ABC).__name__",
     "array": "array.array('i', [1, 2]).tolist()",
     "bisect": "bisect.bisect([1, 3, 5], 4)",
     "calendar": "calendar.monthrange(2024, 2)",

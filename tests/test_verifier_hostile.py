@@ -1968,6 +1968,33 @@ def test_private_names_on_subclasses_of_built_ins_and_through_super(verifier):
         )
 
 
+def test_abstract_base_classes_work_as_in_plain_python(verifier):
+    """``from abc import ABC, abstractmethod`` (LLM-written class hierarchies, a breakage review): abstract
+    methods refuse instances of incomplete subclasses, ``isinstance``/``issubclass`` hold; ``ABCMeta`` still
+    makes no class holding names a class statement may not write, and ``update_abstractmethods`` (it sets
+    ``__abstractmethods__`` on any class) stays a forbidden name."""
+    program = (
+        "from abc import ABC, abstractmethod\nimport abc\nclass Shape(ABC):\n    @abstractmethod\n"
+        "    def area(self):\n        ...\n    def describe(self):\n"
+        "        return f'{type(self).__name__} with area {self.area()}'\nclass Sq(Shape):\n"
+        "    def __init__(self, s):\n        self._s = s\n    def area(self):\n        return self._s ** 2\n"
+        "class Bad(Shape):\n    pass\ndef f(x):\n    try:\n        Bad()\n        made = True\n    except TypeError:\n"
+        "        made = False\n    return [Sq(x).describe(), made, isinstance(Sq(1), Shape), issubclass(Sq, abc.ABC)]\n"
+    )
+    namespace: dict = {}
+    exec(program, namespace)  # our own program: plain Python's answer
+    assert verifier.run(program, "3") == Execution("ok", repr(namespace["f"](3)), "")
+    made = "import abc\ndef f(x):\n    M = abc.ABCMeta\n    return M('X', (), {'_' + '_getattr__': len}).y\n"
+    assert verifier.run(made, "1") == Execution(
+        "forbidden",
+        None,
+        "the program made a class holding the name '__getattr__' (at run time or through the standard library)",
+    )
+    assert prefilter("import abc\ndef f(x):\n    return abc.update_abstractmethods(x)\n") == Prefiltered(
+        "forbidden", "line 3: access to attribute 'update_abstractmethods' is not allowed"
+    )
+
+
 def test_no_program_code_runs_between_a_private_name_check_and_its_read(verifier):
     """``_is_standard`` compared a class's ``__module__`` with ``==``: a program's object there ran its ``__eq__``
     inside the check of a private read and deleted the class's own attribute, so that the read found

@@ -47,12 +47,15 @@ __all__ = [
 #: escapes red-team reviews found on 2026-12-02 (``replace`` as a getattr by name, ``make_dataclass``,
 #: ``dataclasses.exec`` shadowed, field names injected into its generated code by eight routes, the last one
 #: program code run inside its class processing changing ``Field.name`` after any check); no CRUXEval program
-#: uses it.
+#: uses it. ``abc`` since 2026-12-02 (``from abc import ABC, abstractmethod`` in LLM-written classes, a breakage
+#: review): ``numbers`` handed out its ``ABCMeta`` and ``abstractmethod`` already, classes made with ``ABCMeta``
+#: are checked as they are made, and ``update_abstractmethods``, which sets ``__abstractmethods__`` on any class
+#: it is given, is a forbidden name.
 ALLOWED_MODULES = frozenset(
     {
         "math", "cmath", "itertools", "functools", "collections", "string", "re", "heapq", "bisect",
         "operator", "copy", "fractions", "decimal", "statistics", "typing", "enum",
-        "numbers", "textwrap", "unicodedata", "array", "json", "difflib", "calendar",
+        "numbers", "textwrap", "unicodedata", "array", "json", "difflib", "calendar", "abc",
     }
 )  # fmt: skip
 

@@ -34,6 +34,7 @@ FORBIDDEN_ATTRIBUTES = frozenset(
         "sys", "os", "builtins", "bltns", "inspect", "types", "importlib", "contextlib", "warnings", "codecs",
         "copyreg", "random", "datetime", "keyword", "abc", "gc", "io", "time",
         "make_dataclass", "global_enum", "dispatch_table", "pickle_by_enum_name", "NamedTupleMeta",
+        "update_abstractmethods",
     }
 )  # fmt: skip
 
