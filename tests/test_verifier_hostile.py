@@ -1727,6 +1727,78 @@ def test_named_tuple_meta_checks_the_namespace_it_sets_on_its_class(verifier):
     assert verifier.run(ordinary, "1") == Execution("ok", "2", "")
 
 
+# Red-team round 25 (a full escape): CPython's own read in an augmented assignment went unchecked, and a
+# `__radd__` was handed `str.format` unchecked, then `AttributeError.obj`: the real `sys`.
+ROUND_25 = (
+    "import collections\ngot = []\nclass G:\n    def __radd__(self, other):\n        got.append(other)\n"
+    "        return 0\nclass S(str):\n    pass\ndef f(x):\n    u = '_' * 2\n"
+    "    s = S('{0.' + u + 'globals' + u + '[sys].nope}')\n    s.format += G()\n    raw = got.pop()\n"
+    "    try:\n        raw(collections.namedtuple)\n    except AttributeError as e:\n        e.obj += G()\n"
+    "    sysmod = got.pop()\n    return [str(sysmod), sysmod.getrecursionlimit()]\n"
+)
+AUGMENTED = (
+    "class A:\n    _n = 0\n    def __init__(self):\n        self._count = 1\n        self.__secret = 2\n"
+    "        self.time = 3.5\n        self.items = [1]\n    def bump(self):\n        self._count += 10\n"
+    "        self.__secret *= 3\n        self.time += 0.5\n        self.items += [2]\n        A._n += 1\n"
+    "        return (self._count, self.__secret, self.time, self.items, A._n)\n"
+    "def f(x):\n    a = A()\n    alias = a.items\n    r = a.bump()\n    return [r, alias is a.items]\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("program", "detail"),
+    [
+        (
+            ROUND_25,
+            "a format string walks to a private or forbidden name at run time (0.__globals__[sys].nope)",
+        ),
+        (
+            "class G:\n    def __radd__(self, other):\n        return 0\ndef f(x):\n    try:\n        x.nope\n"
+            "    except AttributeError as e:\n        e.obj += G()\n    return 1\n",
+            "the program read the object a failed lookup kept in an exception (AttributeError.obj)",
+        ),
+        (  # a slot named by a str subclass equal to a dunder name
+            "class K:\n    pass\nclass S(str):\n    pass\ndef f(x):\n"
+            "    return type(K)('C', (), {'_' + '_slots__': [S('_' + '_deepcopy__')]}).__name__\n",
+            "the program made a class holding the name a slot named by a S (at run time or through the standard "
+            "library)",
+        ),
+        (  # a cached_property writes its value into the instance's __dict__ under its attrname
+            "import functools\nclass K:\n    pass\ndef f(x):\n    cp = functools.cached_property(lambda self: 1)\n"
+            "    cp.attrname = '_' + '_deepcopy__'\n    K.h = cp\n    return K().h\n",
+            "the program wrote or deleted the attribute '__deepcopy__' by a cached_property, not one of its own",
+        ),
+    ],
+    ids=["round_25", "exception_object_augmented", "slot_str_subclass", "cached_property_attrname"],
+)
+def test_round_25_findings_are_refused(verifier, program, detail):
+    assert prefilter(program).status == "ok"
+    assert verifier.run(program, "1") == Execution("forbidden", None, detail)
+
+
+def test_augmented_assignments_to_checked_names_work_as_in_plain_python(verifier):
+    """``self._count += 10``, a class-private ``self.__secret *= 3``, ``self.time += 0.5``, a list's in-place
+    ``+=`` (the same list after), a class attribute: read through the proxy of ``_augmented``, in CPython's
+    order and with its in-place operators."""
+    namespace: dict = {}
+    exec(AUGMENTED, namespace)  # our own program: plain Python's answer
+    assert verifier.run(AUGMENTED, "1") == Execution("ok", repr(namespace["f"](1)), "")
+
+
+def test_deepcopy_refuses_a_hook_in_an_instance_dict():
+    """``copy.deepcopy`` looks its hook up on the instance: one planted in an instance's ``__dict__`` (round 25,
+    by a ``cached_property``) is refused like a class's, armed here by hand."""
+    script = (
+        "import _child\n_child.install_frame_guard()\n_child.install_copy_guard()\nimport copy\n"
+        "class K:\n    pass\nk = K()\nk.__dict__['_' + '_deepcopy__'] = lambda memo: memo\n"
+        "_child.arm_frame_guard(True)\ntry:\n    copy.deepcopy([k])\nexcept RuntimeError:\n    pass\n"
+        "print(_child.frame_guard_refusal())\n"
+    )
+    assert _in_a_fresh_interpreter(script) == [
+        "a __deepcopy__ of the program's (class K) would be handed copy's memo, the originals in it"
+    ]
+
+
 def test_classes_programs_make_the_ordinary_ways_still_work(verifier):
     """Class statements (special methods, ``__slots__``, bases with metaclasses), the standard library's class
     factories (``namedtuple``, ``typing.NamedTuple``, ``TypedDict``, ``Protocol``, ``Generic``, enum classes and

@@ -143,6 +143,16 @@ def _program_hook(cls: Any, name: str) -> bool:
     return any(not _REAL_NAMESPACE(k).keys().isdisjoint(names) for k in _REAL_MRO(cls) if not _is_standard(k))
 
 
+def _instance_hook(obj: Any, name: str) -> bool:
+    """Whether ``obj``'s own ``__dict__`` holds ``name`` (``copy.deepcopy`` looks its hook up on the instance: a
+    ``cached_property`` whose ``attrname`` was set to ``__deepcopy__`` planted one there, round 25)."""
+    try:
+        own = object.__getattribute__(obj, "__dict__")
+    except (AttributeError, TypeError):
+        return False
+    return type(own) is dict and name in own
+
+
 def _plain_getattr(func: Any, args: Any) -> bool:
     """Whether a reconstruction is ``getattr(obj, name)`` with a name a program's source may read: what a
     method reduces to (``str.lower``, a bound method of the program's), unlike the callable named
@@ -253,7 +263,7 @@ def _guard_copy() -> None:
         # of each instance), so a program read and wrote private attributes through it (a red-team review).
         # copy's own recursion passes the memo made below.
         if memo is None:
-            if _program_hook(type(x), "__deepcopy__"):
+            if _program_hook(type(x), "__deepcopy__") or _instance_hook(x, "__deepcopy__"):
                 _refuse_at_run_time("populora.copy_hook", type(x).__name__)
             memo = {}
             made.append(memo)
@@ -264,7 +274,7 @@ def _guard_copy() -> None:
         if not any(memo is mine for mine in made):
             _refuse_at_run_time("populora.copy_memo", type(memo).__name__)
         # a __deepcopy__ of the program's (a run-time class's) is handed copy's own memo, the originals in it
-        if _program_hook(type(x), "__deepcopy__"):
+        if _program_hook(type(x), "__deepcopy__") or _instance_hook(x, "__deepcopy__"):
             _refuse_at_run_time("populora.copy_hook", type(x).__name__)
         return deepcopy(x, memo, _nil)
 
@@ -345,6 +355,20 @@ def _guard_functools() -> None:
 
     _INSTALLED.append(guarded_total_ordering)
     functools.total_ordering = guarded_total_ordering
+
+    # cached_property writes the value it computes into the instance's __dict__ under its `attrname`, a plain
+    # attribute a program can set to any name: `__deepcopy__` planted a hook copy hands its memo (round 25)
+    cached = functools.cached_property
+    get = vars(cached)["__get__"]
+
+    def guarded_get(self: Any, instance: Any, owner: Any = None) -> Any:
+        name = self.attrname
+        if type(name) is str and name[:2] == name[-2:] == "__":
+            _refuse_at_run_time("populora.foreign_store", f"{_describe_name(name)} by a cached_property")
+        return get(self, instance, owner)
+
+    _INSTALLED.append(guarded_get)
+    cached.__get__ = guarded_get
 
 
 def _not_the_program_s(obj: Any) -> bool:
@@ -669,11 +693,9 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> None:
         if names is None:  # iterated here and again by CPython: a program's iterable gave each other names
             _refuse_at_run_time("populora.class_namespace", f"__slots__ given as a {type(slots).__name__}")
         for name in names or ():  # a slot is a descriptor in the class: no special method of any name
-            if (
-                type(name) is str
-                and name[:2] == name[-2:] == "__"
-                and name not in ("__dict__", "__weakref__")
-            ):
+            if type(name) is not str:  # (a str subclass equal to a dunder name is that name: round 25)
+                _refuse_at_run_time("populora.class_namespace", f"a slot named by a {type(name).__name__}")
+            elif name[:2] == name[-2:] == "__" and name not in ("__dict__", "__weakref__"):
                 _refuse_at_run_time("populora.class_namespace", f"{_describe_name(name)} (a slot)")
         for key in dict.keys(namespace):
             if type(key) is not str:
@@ -798,6 +820,7 @@ def safe_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
     table[_OWN_CHECK] = _owned
     table[_SUPER_CHECK] = _checked_super
     table[_PRIVATE_CHECK] = _checked_private
+    table[_AUG_CHECK] = _augmented
     return table
 
 
@@ -1056,7 +1079,38 @@ def _checked_private(target: Any, name: str) -> Any:
 # identifier has no dot), looked up in the program's built-ins table. Spelled as identifiers, a program bound
 # them itself, as a class or a parameter name, and its own function replaced the check (red-team round 19).
 _READ_CHECK, _OWN_CHECK, _SUPER_CHECK = "populora.read", "populora.own", "populora.super"
-_PRIVATE_CHECK = "populora.private"
+_PRIVATE_CHECK, _AUG_CHECK = "populora.private", "populora.augmented"
+
+
+class _Augmented:
+    """What an augmented assignment to a checked attribute (``a.format += v``, ``self._n += 1``) reads and writes
+    through (``_augmented``): CPython reads and writes the attribute it names on this proxy, in its own order,
+    and the proxy reads the object's through the read check of that name and writes it on the object. No
+    program ever holds one (it lives on CPython's stack for one statement)."""
+
+    __slots__ = ("name", "read", "target")
+
+    def __getattribute__(self, _name: str) -> Any:
+        get = object.__getattribute__
+        return get(self, "read")(get(self, "target"), get(self, "name"))
+
+    def __setattr__(self, _name: str, value: Any) -> None:
+        get = object.__getattribute__
+        setattr(get(self, "target"), get(self, "name"), value)
+
+
+def _augmented(target: Any, name: str) -> Any:
+    """The proxy of an augmented assignment to ``target.<name>`` (see ``_Augmented``), the write checked first
+    (``_owned``)."""
+    _owned(target, name)
+    proxy = object.__new__(_Augmented)
+    for slot, value in (
+        ("target", target),
+        ("name", name),
+        ("read", _checked_read if name in RUN_TIME_READS else _checked_private),
+    ):
+        object.__setattr__(proxy, slot, value)
+    return proxy
 
 
 def _with_checks(tree: Any) -> Any:
@@ -1074,10 +1128,17 @@ def _with_checks(tree: Any) -> Any:
         if type(node) is _ast.AnnAssign and node.value is None:
             declared.add(id(node.target))
         if type(node) is _ast.ClassDef:
-            names = _ast.Global(names=[_READ_CHECK, _OWN_CHECK, _SUPER_CHECK, _PRIVATE_CHECK])
+            names = _ast.Global(names=[_READ_CHECK, _OWN_CHECK, _SUPER_CHECK, _PRIVATE_CHECK, _AUG_CHECK])
             for position in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
                 setattr(names, position, getattr(node, position, None))
             node.body.insert(1 if _is_docstring(node.body[0]) else 0, names)  # (a class body is never empty)
+        target = node.target if type(node) is _ast.AugAssign else None
+        if type(target) is _ast.Attribute and (target.attr in RUN_TIME_READS or own_private(target.attr)):
+            # `a.format += v`: the read an augmented assignment makes goes through the proxy `_augmented`
+            # returns, checked as any read of the name (CPython's own read of it went unchecked, and a
+            # `__radd__` was handed `str.format` and `AttributeError.obj`: red-team round 25, a full escape)
+            declared.add(id(target))  # (its write is checked by `_augmented` itself)
+            target.value = _check_call(_AUG_CHECK, target.value, _mangled(target.attr, owner), target)
         if type(node) is _ast.Attribute and type(node.ctx) is not _ast.Load and id(node) not in declared:
             node.value = _check_call(_OWN_CHECK, node.value, _mangled(node.attr, owner), node)
         # the node that takes a child's place is walked, not the child: a check's call holds the child's own
