@@ -625,6 +625,7 @@ _RUN_TIME_REFUSALS = {
     "populora.foreign_super": "the program read super().{} of an object not its own",
     "populora.unbound_super": "the program read super().{} where super() is not bound to an instance",
     "populora.private_read": "the program read the private attribute {}, not one of its own",
+    "populora.special_read": "the program read the special method {}, not one of its own",
     "populora.enum_convert": "the program made an enum of the globals of the module {} (EnumType._convert_)",
     "populora.metaclass_new": "the program made a class of a metaclass by __new__ ({})",
     "populora.metaclass": "the program made a metaclass at run time (a class deriving from {})",
@@ -1046,20 +1047,35 @@ def _private_reachable(target: Any, name: str) -> bool:
         return False
     kind = type(target)
     metaclasses: tuple[Any, ...] = ()
-    if issubclass(kind, type):  # a class: its metaclass's attributes come first
+    on_the_metaclass = False
+    if issubclass(kind, type):  # a class: its metaclass's data descriptors come first, its other names last
         metaclasses = _REAL_MRO(kind)
-        if any(name in _REAL_NAMESPACE(meta) for meta in metaclasses):
-            return False
+        meta = next((m for m in metaclasses if name in _REAL_NAMESPACE(m)), None)
+        if meta is not None:
+            if _data_descriptor(_REAL_NAMESPACE(meta)[name]):
+                return False
+            on_the_metaclass = True
         classes = _REAL_MRO(target)
     else:
         classes = _REAL_MRO(kind)
     for cls in classes:
         if name in _REAL_NAMESPACE(cls):
             return not _is_standard(cls)
+    if on_the_metaclass:  # (`ABCMeta._dump_registry`, `type.__call__`)
+        return False
     # found nowhere: the instance's own dict, unless a class's attribute lookup is not CPython's generic one
     # (a `__getattr__` of the standard library's, `super`'s own lookup for a subclass of super); `list`, `int`,
     # `Exception` have a `__getattribute__` in their namespace, the generic one
     return all(generic_lookup(cls) for cls in (*classes, *metaclasses) if cls is not type)
+
+
+def _data_descriptor(value: Any) -> bool:
+    """Whether ``value`` (found in a standard class's namespace) is a data descriptor, read from its class's
+    namespaces (no ``hasattr``: no code of anyone's runs)."""
+    return any(
+        "__set__" in _REAL_NAMESPACE(cls) or "__delete__" in _REAL_NAMESPACE(cls)
+        for cls in _REAL_MRO(type(value))
+    )
 
 
 # private names the standard library writes into a program's classes: ABCMeta's registry data
@@ -1071,7 +1087,8 @@ def _checked_private(target: Any, name: str) -> Any:
     (event ``populora.private_read``, recorded) unless ``_private_reachable``. Enum's names (``_value_``,
     ``_convert_``) and dunders are refused by the pre-filter (``rules.own_private``)."""
     if not _private_reachable(target, name):
-        _refuse_at_run_time("populora.private_read", f"{_describe_name(name)} of {_what(target)}")
+        event = "populora.special_read" if name[:2] == name[-2:] == "__" else "populora.private_read"
+        _refuse_at_run_time(event, f"{_describe_name(name)} of {_what(target)}")
     return getattr(target, name)
 
 
@@ -1182,7 +1199,7 @@ def _format_check_of(node: Any, owner: str) -> Any:
             return _check_call(_READ_CHECK, node.value, node.attr, node)
         if node.attr[:2] == node.attr[-2:] == "__" and plain_super(node.value):  # `super().__init__`
             return _check_call(_SUPER_CHECK, node.value, node.attr, node)
-        if own_private(node.attr):  # `self._balance` (the pre-filter let it)
+        if own_private(node.attr) or node.attr in ALLOWED_SPECIAL_METHODS:  # `self._n`, `A.__init__(self)`
             return _check_call(_PRIVATE_CHECK, node.value, _mangled(node.attr, owner), node)
     return node
 
@@ -1251,6 +1268,7 @@ def _needs_checks(code: Any) -> bool:
             not _CHECKED_NAMES.isdisjoint(unit.co_names)
             or not _ATTRIBUTE_WRITES.isdisjoint(unit.co_code[::2])
             or any(own_private(name) for name in unit.co_names)
+            or not ALLOWED_SPECIAL_METHODS.isdisjoint(unit.co_names)
         ):
             return True
         todo.extend(const for const in unit.co_consts if type(const) is type(code))

@@ -724,6 +724,8 @@ def _forbidden(node: ast.AST, allowed: set[int] = set()) -> str | None:  # noqa:
             return None
         if own_private(node.attr):  # `self._balance`: the child refuses any object but the program's own
             return None
+        if isinstance(node.ctx, ast.Load) and node.attr in ALLOWED_SPECIAL_METHODS:
+            return None  # `A.__init__(self, x)`, `self.__eq__(o)`: the child checks whose it is, as `self._n`
         return _attribute_refused(node.attr)
     elif isinstance(node, ast.MatchClass | ast.MatchMapping | ast.MatchValue) and _reads_checked(node):
         # `case x.obj:`, `case {A._x: v}`, `case A._B():` read an attribute where the child's check cannot go
