@@ -2107,6 +2107,23 @@ def test_programs_read_special_methods_of_their_own_classes(verifier):
     )
 
 
+def test_type_may_be_tested_against_with_isinstance_and_issubclass(verifier):
+    """``isinstance(x, type)`` and ``issubclass(c, (type, int))`` hand ``type`` to the built-ins, which answer with
+    a bool (a breakage review); where the program binds ``isinstance`` itself, its function would be handed
+    ``type``, and ``type`` stays refused as a value."""
+    program = (
+        "def f(x):\n    return [isinstance(x, type), isinstance(int, type), issubclass(bool, (type, int))]\n"
+    )
+    assert verifier.run(program, "1") == Execution("ok", "[False, True, True]", "")
+    refused = (
+        "line 3: `type` other than called as type(x) is not allowed (`T = type` made T(name, bases, namespace): "
+        "a class from a dict of any names)"
+    )
+    assert prefilter(
+        "isinstance = lambda a, b: b\ndef f(x):\n    return isinstance(x, type)\n"
+    ) == Prefiltered("forbidden", refused)
+
+
 def test_no_program_code_runs_between_a_private_name_check_and_its_read(verifier):
     """``_is_standard`` compared a class's ``__module__`` with ``==``: a program's object there ran its ``__eq__``
     inside the check of a private read and deleted the class's own attribute, so that the read found

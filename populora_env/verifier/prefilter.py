@@ -480,6 +480,30 @@ _FORMAT_REACH = re.compile(
 ``READABLE_DUNDERS`` (``"{0.__class__.__name__}({0.v})"`` in a ``__repr__``, a breakage review's finding)."""
 
 
+_CLASS_CHECKS = frozenset({"isinstance", "issubclass"})
+
+
+def _type_checked_against(tree: ast.AST) -> set[int]:
+    """The ``type`` names ``isinstance(x, type)`` and ``issubclass(c, (type, int))`` hand the built-ins, which
+    answer with a bool (a breakage review: LLM-written programs test for classes so), where the program binds
+    neither name itself (a function of its own there would be handed ``type``)."""
+    bound = {_binding(node) for node in ast.walk(tree)}
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _CLASS_CHECKS - bound
+            and len(node.args) == 2
+            and not node.keywords
+        ):
+            second = node.args[1]
+            for item in second.elts if isinstance(second, ast.Tuple) else [second]:
+                if isinstance(item, ast.Name) and item.id == "type":
+                    found.add(id(item))
+    return found
+
+
 def _type_as_value(tree: ast.AST) -> int | None:
     """The line of the first read of the built-in ``type`` that is not the function of a call, else None.
 
@@ -487,6 +511,7 @@ def _type_as_value(tree: ast.AST) -> int | None:
     function that assigns it: such a read never reaches the built-in), and an annotation (``cls: type``,
     kept only where no program can read it, ``__annotations__``)."""
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    called |= _type_checked_against(tree)
     found: list[int] = []
 
     def visit(node: ast.AST, local: bool) -> None:
