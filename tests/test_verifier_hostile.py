@@ -1776,6 +1776,64 @@ def test_round_25_findings_are_refused(verifier, program, detail):
     assert verifier.run(program, "1") == Execution("forbidden", None, detail)
 
 
+# Red-team round 26 (no full escape): copy's memo reached a program's hook again, past both of round 25's
+# fixes: a str subclass equal to '__deepcopy__' as a cached_property's attrname, its __eq__ answering each check
+# otherwise; the memo's keep-alive list held a standard object's live __dict__.
+ROUND_26 = (
+    "import functools, copy, calendar\ncalls = [0]\nclass S(str):\n    def __eq__(self, other):\n"
+    "        calls[0] += 1\n        return calls[0] > 1\n    def __hash__(self):\n        return hash(str(self))\n"
+    "got = []\nclass K:\n    pass\ndef hook(self):\n    def grab(memo):\n        got.append(memo)\n        return 5\n"
+    "    return grab\ndef f(x):\n    cp = functools.cached_property(hook)\n    cp.attrname = S('_' + '_deepcopy__')\n"
+    "    K.h = cp\n    k = K()\n    k.h\n    cal = calendar.TextCalendar(3)\n    calls[0] = 0\n"
+    "    copy.deepcopy([k, cal])\n    return type(got[0]).__name__\n"
+)
+RENAMED_WHILE_RUNNING = (  # the name read again after the function ran, which renamed it
+    "import functools, copy\nclass K:\n    pass\nmade = []\ndef rebuild():\n    made.append(1)\n    return K()\n"
+    "def hook(self):\n    cp.attrname = '_' + '_reduce_ex__'\n    return lambda proto: (rebuild, ())\n"
+    "cp = functools.cached_property(hook)\ncp.attrname = 'h'\ndef f(x):\n    K.h = cp\n    k = K()\n    k.h\n"
+    "    copy.copy(k)\n    return made\n"
+)
+
+
+def test_round_26_findings_are_refused(verifier):
+    """A cached_property reads its name once, as an exact non-dunder str, and writes under it what its function
+    returns (a name changed while the function ran is not the one written); a plain cached property still
+    works, deep copies included."""
+    assert verifier.run(ROUND_26, "0") == Execution(
+        "forbidden",
+        None,
+        "the program wrote or deleted the attribute a S by a cached_property, not one of its own",
+    )
+    assert verifier.run(RENAMED_WHILE_RUNNING, "0") == Execution("ok", "[]", "")
+    ordinary = (
+        "import functools, copy, collections\nclass K:\n    def __init__(self, v):\n        self.v = v\n"
+        "    @functools.cached_property\n    def sq(self):\n        return self.v * self.v\ndef f(x):\n"
+        "    k = K(x)\n    a = k.sq\n    k.v = 100\n    d = copy.deepcopy([k, collections.OrderedDict(a=[1])])\n"
+        "    return [a, k.sq, d[0].sq, d[0].v, dict(d[1])]\n"
+    )
+    assert verifier.run(ordinary, "3") == Execution("ok", "[9, 9, 9, 100, {'a': [1]}]", "")
+
+
+def test_deep_copies_inside_a_rebuild_are_guarded_and_instance_keys_compared_exactly():
+    """``copy._reconstruct`` deep-copies the state of what it rebuilds with its keyword default ``deepcopy``,
+    which was copy's own, past every check (round 26): a hook in that state is refused now; and an instance
+    ``__dict__`` key that is not an exact str counts as a hook (a str subclass's ``__eq__`` answered the
+    check and copy's own lookup differently). Armed here by hand, in a fresh interpreter."""
+    script = (
+        "import _child\n_child.install_frame_guard()\n_child.install_copy_guard()\nimport copy\n"
+        "class Hooked:\n    pass\nh = Hooked()\nh.__dict__['_' + '_deepcopy__'] = lambda memo: memo\n"
+        "class Outer:\n    def __reduce_ex__(self, proto):\n        return (Outer, (), h)\n"
+        "class S(str):\n    pass\nodd = Hooked()\nodd.__dict__[S('x')] = 1\n"
+        "for case in (Outer(), odd):\n    _child.arm_frame_guard(True)\n    try:\n        copy.deepcopy([case])\n"
+        "    except RuntimeError:\n        pass\n    print(_child.frame_guard_refusal())\n"
+    )
+    assert (
+        _in_a_fresh_interpreter(script)
+        == ["a __deepcopy__ of the program's (class Hooked) would be handed copy's memo, the originals in it"]
+        * 2
+    )
+
+
 def test_augmented_assignments_to_checked_names_work_as_in_plain_python(verifier):
     """``self._count += 10``, a class-private ``self.__secret *= 3``, ``self.time += 0.5``, a list's in-place
     ``+=`` (the same list after), a class attribute: read through the proxy of ``_augmented``, in CPython's

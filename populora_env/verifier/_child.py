@@ -144,13 +144,19 @@ def _program_hook(cls: Any, name: str) -> bool:
 
 
 def _instance_hook(obj: Any, name: str) -> bool:
-    """Whether ``obj``'s own ``__dict__`` holds ``name`` (``copy.deepcopy`` looks its hook up on the instance: a
-    ``cached_property`` whose ``attrname`` was set to ``__deepcopy__`` planted one there, round 25)."""
+    """Whether ``obj``'s own ``__dict__`` holds ``name`` or a key that is not an exact ``str`` (``copy.deepcopy``
+    looks its hook up on the instance: a ``cached_property`` whose ``attrname`` was set to ``__deepcopy__``
+    planted one there, round 25; a ``str`` subclass key's ``__eq__`` answered this check and copy's lookup
+    differently, round 26). Compared as exact strings: no program code runs."""
+    if isinstance(obj, type):  # (copied as they are: copy never looks a hook up on a class)
+        return False
     try:
         own = object.__getattribute__(obj, "__dict__")
     except (AttributeError, TypeError):
         return False
-    return type(own) is dict and name in own
+    if type(own) is not dict:
+        return True
+    return any(type(key) is not str or key == name for key in list(dict.keys(own)))
 
 
 def _plain_getattr(func: Any, args: Any) -> bool:
@@ -284,6 +290,10 @@ def _guard_copy() -> None:
         function = getattr(copy, name, None)
         if function is not None and function.__defaults__ == (deepcopy,):
             function.__defaults__ = (guarded_deepcopy,)
+    # and _reconstruct deep-copies the arguments and state of what it rebuilds with its keyword default
+    # (round 26: those copies went past every check of guarded_deepcopy)
+    if (reconstruct.__kwdefaults__ or {}).get("deepcopy") is deepcopy:
+        reconstruct.__kwdefaults__ = {**reconstruct.__kwdefaults__, "deepcopy": guarded_deepcopy}
 
 
 def _guard_collections() -> None:
@@ -357,15 +367,30 @@ def _guard_functools() -> None:
     functools.total_ordering = guarded_total_ordering
 
     # cached_property writes the value it computes into the instance's __dict__ under its `attrname`, a plain
-    # attribute a program can set to any name: `__deepcopy__` planted a hook copy hands its memo (round 25)
+    # attribute a program can set to any name: `__deepcopy__` planted a hook copy hands its memo (round 25), and
+    # a str subclass equal to it, or a name changed by the function while it ran, passed a check made first
+    # (round 26): its __get__ is replaced by one that reads the name once, as an exact non-dunder str
     cached = functools.cached_property
     get = vars(cached)["__get__"]
+    missing = object()
 
     def guarded_get(self: Any, instance: Any, owner: Any = None) -> Any:
         name = self.attrname
-        if type(name) is str and name[:2] == name[-2:] == "__":
+        if instance is None or name is None:
+            return get(self, instance, owner)  # (itself, or its TypeError)
+        if type(name) is not str or name[:2] == name[-2:] == "__":
             _refuse_at_run_time("populora.foreign_store", f"{_describe_name(name)} by a cached_property")
-        return get(self, instance, owner)
+        try:
+            cache = instance.__dict__
+        except AttributeError:
+            return get(self, instance, owner)  # (its TypeError: no __dict__)
+        if type(cache) is not dict:
+            return get(self, instance, owner)
+        value = cache.get(name, missing)
+        if value is missing:  # (no lock: a child runs one thread, and Python 3.12's has none)
+            value = self.func(instance)
+            cache[name] = value
+        return value
 
     _INSTALLED.append(guarded_get)
     cached.__get__ = guarded_get
