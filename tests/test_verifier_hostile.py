@@ -1834,6 +1834,35 @@ def test_deep_copies_inside_a_rebuild_are_guarded_and_instance_keys_compared_exa
     )
 
 
+# Red-team round 27 (no full escape; a child crash): a program's subclass of super passed the checks of
+# private names and special methods with names it held itself, and super's own lookup handed out the
+# standard library's (Fraction._numerator, object.__new__ -> an uninitialised class, typing.List's __init__).
+ROUND_27 = {
+    "private": (
+        "import fractions\nclass X:\n    pass\nclass P(X, fractions.Fraction):\n    pass\nclass S(super):\n"
+        "    _numerator = 0\ndef f(n):\n    return [S(X, P(3, 4))._numerator]\n",
+        "the program read the private attribute '_numerator' of an object of the class 'S', not one of its own",
+    ),
+    "object_new": (
+        "class A:\n    pass\nclass S(super):\n    def __new__(cls, a, b):\n        return super().__new__(cls)\n"
+        "def f(n):\n    t = S(A, A()).__new__(type(A))\n    return [t.__name__]\n",
+        "the program read the special method '__new__' of an object of the class 'S', not one of its own",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_27))
+def test_super_is_closed_to_subclasses_and_checked_as_super_behind_that(verifier, name):
+    """The worker closes ``super`` to subclasses (as ``types.GenericAlias``); behind that, the check of private
+    names and special methods treats any ``super`` instance as a proxy (the classes after its own in its
+    object's MRO), and an object whose class looks attributes up its own way as not the program's."""
+    program, detail = ROUND_27[name]
+    assert verifier.run(program, "1") == Execution(
+        "runtime", None, "while defining the program: TypeError: type 'super' is not an acceptable base type"
+    )
+    assert _below_the_class_check(program) == Execution("forbidden", None, detail)
+
+
 def test_augmented_assignments_to_checked_names_work_as_in_plain_python(verifier):
     """``self._count += 10``, a class-private ``self.__secret *= 3``, ``self.time += 0.5``, a list's in-place
     ``+=`` (the same list after), a class attribute: read through the proxy of ``_augmented``, in CPython's

@@ -1060,7 +1060,7 @@ def _private_reachable(target: Any, name: str) -> bool:
     metaclass of a program's class (``ABCMeta._dump_registry``)."""
     if name in _STANDARD_PRIVATE:
         return False
-    if type(target) is super:  # `super()._helper()`: the classes after the proxy's, in its object's MRO
+    if isinstance(target, super):  # `super()._helper()`: the classes after the proxy's, in its object's MRO
         bound = _SUPER_SELF(target)
         if bound is None or not _is_own(bound):
             return False
@@ -1083,6 +1083,9 @@ def _private_reachable(target: Any, name: str) -> bool:
         classes = _REAL_MRO(target)
     else:
         classes = _REAL_MRO(kind)
+        # a class that looks attributes up its own way (a subclass of a C type's): its namespaces say nothing
+        if not generic_lookup(kind):
+            return False
     for cls in classes:
         if name in _REAL_NAMESPACE(cls):
             return not _is_standard(cls)

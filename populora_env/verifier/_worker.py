@@ -118,10 +118,14 @@ class Worker:
         sizes = (*_SHIFT_SIZES, 600, 1100, 2100, 4200)
         self._held = [v for _ in range(shift) for v in (object(), 0.5 + shift, *(bytes(n) for n in sizes))]
         # no program class derives from types.GenericAlias (see there; after the preloaded modules' own
-        # subclass of it, collections.abc's)
-        closed = sandbox.close_to_subclasses(type(list[int]))
-        if closed:
-            self.report["errors"].append(closed)
+        # subclass of it, collections.abc's),
+        # nor from super: its own attribute lookup ignores a subclass's namespace, so a program's subclass
+        # passed the checks of private names and special methods with names it held itself and handed out
+        # the standard library's (red-team round 27: object.__new__, typing.List's __init__)
+        for builtin in (type(list[int]), super):
+            closed = sandbox.close_to_subclasses(builtin)
+            if closed:
+                self.report["errors"].append(closed)
         routed = sandbox.route_class_creation(_child.check_class)  # every class a program makes, checked
         if routed:
             self.report["errors"].append(routed)
