@@ -985,8 +985,9 @@ def _is_standard(cls: Any) -> bool:
     (``collections.namedtuple``, the ``enum`` and ``typing`` functional forms)."""
     if id(cls) in _STANDARD_CLASSES:
         return True
-    module = cls.__module__  # (any object a class's namespace held: compared only as an exact str, so that
-    # no program code runs inside a check, between its answer and the read it allows: round 24)
+    # `__module__` is any object a class's namespace held: compared only as an exact str, so that no program
+    # code runs inside a check, between its answer and the read it allows (round 24)
+    module = cls.__module__
     if type(module) is not str or module == "__program__":  # (the program's module is in sys.modules too)
         return False
     found: Any = sys.modules.get(module)
@@ -1052,12 +1053,14 @@ def _what(target: Any) -> str:
 
 
 def _private_reachable(target: Any, name: str) -> bool:
-    """Whether ``target.<name>``, a private name, is the program's own: ``target`` is a class of the program's
-    or an instance of one (``_is_own``), and the name is found first on a class of the program's or, on no
-    class, in the instance's own dict, with no ``__getattr__`` of the standard library's behind it. Private
-    names of the standard library stay out of reach: of modules (``collections._sys``), of its objects
-    (``Fraction(1)._numerator``), of its classes a program's class derives from (``UserDict``'s), of the
-    metaclass of a program's class (``ABCMeta._dump_registry``)."""
+    """Whether ``target.<name>``, a private name or a special method of the allowlist, is the program's own:
+    ``target`` is a class of the program's or an instance of one (``_is_own``; a ``super()`` bound to one: the
+    classes after its own), and the name is found first on a class of the program's or, on no class, in the
+    instance's own dict, with no attribute lookup of the standard library's behind it. The standard
+    library's stay out of reach: of modules (``collections._sys``), of its objects
+    (``Fraction(1)._numerator``, ``int.__add__``), of its classes a program's class derives from
+    (``UserDict.__init__``, an inherited ``object.__new__``), of the metaclass of a program's class
+    (``ABCMeta._dump_registry``, ``type.__call__``)."""
     if name in _STANDARD_PRIVATE:
         return False
     if isinstance(target, super):  # `super()._helper()`: the classes after the proxy's, in its object's MRO
@@ -1111,9 +1114,10 @@ _STANDARD_PRIVATE = frozenset({"_abc_impl"})
 
 
 def _checked_private(target: Any, name: str) -> Any:
-    """``target.<name>`` for a guarded program's read of a private name (``_x``, a mangled ``__x``): refused
-    (event ``populora.private_read``, recorded) unless ``_private_reachable``. Enum's names (``_value_``,
-    ``_convert_``) and dunders are refused by the pre-filter (``rules.own_private``)."""
+    """``target.<name>`` for a guarded program's read of a private name (``_x``, a mangled ``__x``) or of a special
+    method of the allowlist (``A.__init__``): refused (events ``populora.private_read``,
+    ``populora.special_read``, recorded) unless ``_private_reachable``. Enum's names (``_value_``,
+    ``_convert_``) and other dunders are refused by the pre-filter (``rules.own_private``)."""
     if not _private_reachable(target, name):
         event = "populora.special_read" if name[:2] == name[-2:] == "__" else "populora.private_read"
         _refuse_at_run_time(event, f"{_describe_name(name)} of {_what(target)}")
@@ -1162,7 +1166,9 @@ def _with_checks(tree: Any) -> Any:
     """``tree`` (a module's syntax tree) with the run-time checks of a guarded program, at the same source
     positions: every read of an attribute ``format``/``format_map``/``obj`` or of ``MODULE_READS`` becomes
     ``_checked_read(value, name)``, every read of a dunder of ``super()`` ``_checked_super(super(), name)``,
-    and the object of every attribute write or delete ``_owned(value, name)``, each called by a name of the
+    every read of a private name or a special method ``_checked_private(value, mangled name)``, the target of
+    an augmented assignment to any of those the proxy ``_augmented(value, name)``, and the object of every
+    other attribute write or delete ``_owned(value, name)``, each called by a name of the
     built-ins table that no source can spell. A class body declares those names global: it looks names up
     in the namespace its metaclass's ``__prepare__`` made first, and a metaclass made at run time can put
     any key there (red-team round 19, for ``super``)."""
@@ -1282,7 +1288,7 @@ def _check_call(function: str, value: Any, name: str, at: Any) -> Any:
     return call
 
 
-_CHECKED_NAMES = RUN_TIME_READS | {"super"}  # (and private names: `_needs_checks`)
+_CHECKED_NAMES = RUN_TIME_READS | {"super"}  # (and private names and special methods: `_needs_checks`)
 
 
 def _needs_checks(code: Any) -> bool:
