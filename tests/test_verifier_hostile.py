@@ -1863,6 +1863,61 @@ def test_super_is_closed_to_subclasses_and_checked_as_super_behind_that(verifier
     assert _below_the_class_check(program) == Execution("forbidden", None, detail)
 
 
+# Red-team round 28 (a full escape: the wall clock): `datetime.date.today()` imports `time` by the `__import__`
+# of the innermost Python frame, the real one when the standard library's frame runs it for the program.
+ROUND_28 = {
+    "subclass_fromtimestamp": (
+        "import calendar, collections, itertools\ndef f(x):\n"
+        "    d = next(iter(calendar.Calendar().itermonthdates(2024, 1)))\n    class D(type(d)):\n"
+        "        @classmethod\n        def fromtimestamp(cls, t):\n            return t\n"
+        "    t = list(collections.Counter(itertools.islice(iter(D.today, 0), 1)))[0]\n    return int(t) // 60\n"
+    ),
+    "template_default": (
+        "import calendar, collections, string\ndef f(x):\n"
+        "    d = next(iter(calendar.Calendar().itermonthdates(2024, 1)))\n"
+        "    return string.Template('$a').substitute(collections.defaultdict(d.today))\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_28))
+def test_the_clocks_refuse_whoever_calls_them(verifier, name):
+    """``time``'s clocks and ``datetime``'s ``today``/``now``/``utcnow`` refuse in guarded calls, whatever frame
+    calls them; dates that do not come from the clock still work."""
+    assert verifier.run(ROUND_28[name], "0") == Execution(
+        "forbidden", None, "the program read the clock (date.today)"
+    )
+    dates = (
+        "import calendar\ndef f(x):\n    d = next(iter(calendar.Calendar().itermonthdates(2024, 1)))\n"
+        "    return [d.isoformat(), calendar.monthrange(2024, 2), str(type(d).fromordinal(738000))]\n"
+    )
+    assert verifier.run(dates, "0") == Execution("ok", "['2024-01-01', (3, 29), '2021-07-29']", "")
+
+
+def test_time_s_clocks_refuse_only_in_guarded_calls_and_only_the_clock():
+    """The worker's own ``time.monotonic()`` (its deadlines) and unguarded calls read the clocks as before; in a
+    guarded call each clock refuses, and ``localtime``/``gmtime``/``strftime`` refuse only without a time to
+    convert. Armed here by hand, in a fresh interpreter."""
+    script = (
+        "import time\nimport _child\n_child.install_frame_guard()\n_child.install_copy_guard()\n"
+        "assert time.monotonic() > 0 and time.time() > 0\n"
+        "for call in (lambda: time.time(), lambda: time.perf_counter_ns(), lambda: time.localtime(),\n"
+        "             lambda: time.strftime('%Y'), lambda: time.gmtime(None)):\n"
+        "    _child.arm_frame_guard(True)\n    try:\n        call()\n    except RuntimeError:\n        pass\n"
+        "    print(_child.frame_guard_refusal())\n"
+        "_child.arm_frame_guard(True)\n"
+        "print(time.strftime('%Y', time.gmtime(0)), time.localtime(0).tm_year > 1960, repr(_child.frame_guard_refusal()))\n"
+    )
+    assert _in_a_fresh_interpreter(script) == [
+        "the program read the clock (time)",
+        "the program read the clock (perf_counter_ns)",
+        "the program read the clock (localtime)",
+        "the program read the clock (strftime)",
+        "the program read the clock (gmtime)",
+        "1970 True ''",
+    ]
+
+
 def test_augmented_assignments_to_checked_names_work_as_in_plain_python(verifier):
     """``self._count += 10``, a class-private ``self.__secret *= 3``, ``self.time += 0.5``, a list's in-place
     ``+=`` (the same list after), a class attribute: read through the proxy of ``_augmented``, in CPython's

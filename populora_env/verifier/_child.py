@@ -28,7 +28,7 @@ from rules import (
     own_private,
     plain_super,
 )
-from sandbox import current_frame, generic_lookup
+from sandbox import current_frame, generic_lookup, set_class_attribute
 from verdicts import line as _line
 
 TYPE_CHECKING = False  # `typing` stays out of the worker (see literals.py)
@@ -192,6 +192,7 @@ def _install_guards() -> None:
     _guard_collections()
     _guard_enum()
     _guard_functools()
+    _guard_clocks()
     register_standard()
     _GUARDED[0] = len(sys.modules)
 
@@ -394,6 +395,66 @@ def _guard_functools() -> None:
 
     _INSTALLED.append(guarded_get)
     cached.__get__ = guarded_get
+
+
+# The clocks a program could read through C code of the standard library: `datetime.date.today()` imports
+# `time` by the `__import__` of the innermost Python frame, the real one when a frame of the standard library
+# runs it (a program's `iter(D.today, 0)` consumed by `collections.Counter`), and calls `time.time()` (red-team
+# round 28, a full escape: the wall clock); `datetime.now()` reads the clock in C without it.
+_CLOCKS = (
+    "time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns", "process_time",
+    "process_time_ns", "thread_time", "thread_time_ns", "clock_gettime", "clock_gettime_ns",
+)  # fmt: skip
+_CLOCKS_WITHOUT = {"localtime": 0, "gmtime": 0, "ctime": 0, "asctime": 0, "strftime": 1}
+"""Functions of ``time`` that read the clock when the argument at this position is missing or None."""
+
+
+def _clock(name: str, real: Any, position: int | None) -> Any:
+    """``real``, refusing (event ``populora.clock``, recorded in a guarded call) to read the clock: always, or
+    where its time argument at ``position`` is missing or None."""
+
+    def read(*args: Any, **kwargs: Any) -> Any:
+        if position is None or len(args) <= position or args[position] is None:
+            _refuse_at_run_time("populora.clock", name)
+        return real(*args, **kwargs)
+
+    read.__name__ = read.__qualname__ = name
+    _INSTALLED.append(read)
+    return read
+
+
+def _guard_clocks() -> None:
+    """Makes the clocks of ``time`` and of ``datetime``'s classes refuse in guarded calls (once per process):
+    the worker imports ``time``, and unguarded calls and the worker itself read them as before."""
+    time: Any = sys.modules.get("time")
+    if time is not None and not _installed(time.time):
+        for name in _CLOCKS:
+            if hasattr(time, name):
+                setattr(time, name, _clock(name, getattr(time, name), None))
+        for name, position in _CLOCKS_WITHOUT.items():
+            setattr(time, name, _clock(name, getattr(time, name), position))
+    datetime: Any = sys.modules.get("datetime")
+    if datetime is not None and not _installed(vars(datetime.datetime)["now"]):
+        for cls, name in (
+            (datetime.datetime, "now"),
+            (datetime.datetime, "utcnow"),
+            (datetime.date, "today"),
+        ):
+            refusing: Any = classmethod(_clock_method(f"{cls.__name__}.{name}", vars(cls)[name]))
+            _INSTALLED.append(refusing)
+            set_class_attribute(cls, name, refusing)
+
+
+def _clock_method(name: str, original: Any) -> Any:
+    """A class method of ``datetime``'s that refuses like ``_clock``, then runs ``original`` (its C class
+    method) for the class it is called on (a subclass's ``today()`` gives the subclass)."""
+
+    def method(klass: Any, *args: Any, **kwargs: Any) -> Any:
+        _refuse_at_run_time("populora.clock", name)
+        return original.__get__(None, klass)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name.rpartition(".")[2]
+    return method
 
 
 def _not_the_program_s(obj: Any) -> bool:
@@ -652,6 +713,7 @@ _RUN_TIME_REFUSALS = {
     "populora.private_read": "the program read the private attribute {}, not one of its own",
     "populora.special_read": "the program read the special method {}, not one of its own",
     "populora.enum_convert": "the program made an enum of the globals of the module {} (EnumType._convert_)",
+    "populora.clock": "the program read the clock ({})",
     "populora.metaclass_new": "the program made a class of a metaclass by __new__ ({})",
     "populora.metaclass": "the program made a metaclass at run time (a class deriving from {})",
     "populora.class_namespace": "the program made a class holding the name {} (at run time or through the "

@@ -41,6 +41,7 @@ __all__ = [
     "isolate_worker",
     "load_seccomp_program",
     "route_class_creation",
+    "set_class_attribute",
 ]
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -529,7 +530,7 @@ def route_class_creation(check: Callable[[type, tuple[Any, ...]], None]) -> str 
     own = [_type_word(cls, 39).value for cls in in_c]
     checked = staticmethod(__new__)
     for cls in (type, *in_c):
-        _set_attribute(cls, "__new__", checked)
+        set_class_attribute(cls, "__new__", checked)
     for cls, slot in zip(in_c, own, strict=True):
         _type_word(cls, 39).value = slot
     return None
@@ -557,7 +558,7 @@ def _subclasses(cls: type) -> list[type]:
     return list(found.values())
 
 
-def _set_attribute(cls: type, name: str, value: Any) -> None:
+def set_class_attribute(cls: type, name: str, value: Any) -> None:
     """``setattr`` on a class, a built-in one too (its immutability flag cleared for the assignment)."""
     flags = _type_word(cls, 21)
     immutable = cls.__flags__ & _Py_TPFLAGS_IMMUTABLETYPE
