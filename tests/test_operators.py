@@ -273,6 +273,8 @@ def test_children_that_overflow_their_dtype_are_refused_naming_the_key():
     second = {k: -t if "lora_B" in k else t for k, t in first.items()}
     with pytest.raises(ValueError, match=r"extrapolate's child .* at key 'm\.x\.lora_(A|B)\.weight'"):
         cross("extrapolate", [first, second], max_step=1e6)
+    with pytest.raises(ValueError, match=r"gaussian's child .* at key 'm\.x\.lora_(A|B)\.weight'"):
+        mutate("gaussian", lora(1.0), strength=1e39)
     half = {k: t.half() for k, t in lora(1.0).items()}
     with pytest.raises(ValueError, match=r"dare's child .* at key"):  # the rescale passes fp16's 65504
         cross("dare", [{k: t * 3e4 for k, t in half.items()}, half], drop=0.9)
