@@ -1887,11 +1887,16 @@ def test_the_clocks_refuse_whoever_calls_them(verifier, name):
     assert verifier.run(ROUND_28[name], "0") == Execution(
         "forbidden", None, "the program read the clock (date.today)"
     )
-    dates = (
+    dates = (  # strftime and timetuple import time in C, from the program's frame too (round 29); the
+        # worker's time zone is UTC whatever the host's ('%s' converts through it)
         "import calendar\ndef f(x):\n    d = next(iter(calendar.Calendar().itermonthdates(2024, 1)))\n"
-        "    return [d.isoformat(), calendar.monthrange(2024, 2), str(type(d).fromordinal(738000))]\n"
+        "    return [d.isoformat(), calendar.monthrange(2024, 2), str(type(d).fromordinal(738000)),\n"
+        "            d.strftime('%Y/%m/%d %a'), d.timetuple().tm_yday, d.strftime('%s')]\n"
     )
-    assert verifier.run(dates, "0") == Execution("ok", "['2024-01-01', (3, 29), '2021-07-29']", "")
+    assert verifier.run(dates, "0") == Execution(
+        "ok", "['2024-01-01', (3, 29), '2021-07-29', '2024/01/01 Mon', 1, '1704067200']", ""
+    )
+    assert verifier.run("def f(x):\n    import time\n    return 1\n", "0").status == "forbidden"
 
 
 def test_time_s_clocks_refuse_only_in_guarded_calls_and_only_the_clock():

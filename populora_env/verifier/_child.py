@@ -44,6 +44,12 @@ def _guarded_import(
 ) -> Any:
     if name == "__future__" and not level and tuple(fromlist or ()) == ("annotations",):  # the pre-filter's
         return _fresh_future()  # one allowed __future__ import
+    if name == "time" and not level and type(fromlist) is list and not fromlist:
+        # C code's import (PyImport_Import passes an empty list, an import statement None or a tuple; no
+        # program can call this function itself):
+        # `date.strftime` and `timetuple` take `time` so, whose clocks refuse in guarded calls (`_guard_clocks`);
+        # from a program's frame they failed where a frame of the standard library's succeeded (round 29)
+        return _real_import(name, globals, locals, fromlist, level)
     if level or name.split(".")[0] not in _ALLOWED_MODULES or _forbidden_module(name, fromlist):
         raise ImportError(f"import of {name!r} is not allowed")
     loaded = sys.modules.get(name)

@@ -51,6 +51,7 @@ class WorkerHandle:
             "PYTHONHASHSEED": str(hash_seed),
             "PATH": "/usr/bin:/bin",
             "LANG": "C.UTF-8",
+            "TZ": "UTC",  # the host's time zone showed through C date conversions (red-team round 29)
             "LD_BIND_NOW": "1",
         }  # children then never write the GOT (lazy binding): ~7 fewer copied pages each
         if "LD_LIBRARY_PATH" in os.environ:  # some Python builds need it to find libpython
