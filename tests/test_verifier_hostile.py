@@ -1303,10 +1303,11 @@ _CLASS_CHECK = ("the program made a metaclass at run time", "the program made a 
 
 
 def _below_the_class_check(program: str) -> Execution:
-    """The verdict of ``program``'s call by the child's language layer with every guard the worker installs but
-    the check of the classes programs make (``sandbox.route_class_creation``): in a fresh interpreter, the
-    program prepared and run by ``_child`` in a forked child, no pre-filter and no OS sandbox. The guards
-    behind that check, for programs that reach them only through a class made at run time."""
+    """The verdict of ``program``'s call by the child's language layer with the guards the worker installs but
+    the check of the classes programs make (``sandbox.route_class_creation``) and the closing of
+    ``types.GenericAlias``'s subclasses and of ``super`` to subclasses (``GenericAlias`` itself is closed):
+    in a fresh interpreter, the program prepared and run by ``_child`` in a forked child, no pre-filter and
+    no OS sandbox. The guards behind those, for programs that reach them only through such classes."""
     script = (
         "import json, os\nimport _child, sandbox, verdicts\n"
         "sandbox.close_to_subclasses(type(list[int]))\n_child.install_frame_guard()\n"
@@ -1921,6 +1922,49 @@ def test_time_s_clocks_refuse_only_in_guarded_calls_and_only_the_clock():
         "the program read the clock (gmtime)",
         "1970 True ''",
     ]
+
+
+# Red-team round 30 (a full escape: sys and os): a program's class mixing UserDict with collections.abc's
+# _CallableGenericAlias, a subclass of types.GenericAlias made before the worker closed GenericAlias, relayed
+# `__dict__` to any origin, and the guarded UserDict copy updated a program object's dict with collections'.
+ROUND_30 = (
+    "import collections, collections.abc, copy\nclass Sink:\n    pass\nSRC = [collections]\n"
+    "class Y(collections.UserDict, type(collections.abc.Callable[[int], int])):\n    def __new__(cls, *a):\n"
+    "        return super().__new__(cls, SRC[0], ([], int))\ndef f(x):\n    y = Y()\n    sink = Sink()\n"
+    "    SRC[0] = sink\n    try:\n        copy.copy(y)\n    except KeyError:\n        pass\n    return repr(sink._sys)\n"
+)
+
+
+def test_round_30_findings_are_refused(verifier):
+    """The worker closes the subclasses of ``types.GenericAlias`` (and of ``super``) to subclasses too; behind
+    that, the guarded ``UserDict``/``UserList`` copy reads and writes the real instance dicts; and a class
+    made with a tuple subclass as its bases (which skipped the metaclass check: a run-time metaclass with an
+    ``mro`` leaving ``type`` out, then an uninitialised class and a crash) is refused."""
+    assert verifier.run(ROUND_30, "1") == Execution(
+        "runtime",
+        None,
+        "while defining the program: TypeError: type '_CallableGenericAlias' is not an acceptable base type",
+    )
+    assert _below_the_class_check(ROUND_30) == Execution(
+        "runtime", None, "AttributeError: 'Sink' object has no attribute '_sys'"
+    )
+    crash = (
+        "class K:\n    pass\nclass T(tuple):\n    pass\nclass Z:\n    def __new__(cls, *a):\n"
+        "        return super().__new__(*a)\ndef f(x):\n"
+        "    M = type(K)('M', T((type(K),)), {'mro': lambda cls: (cls, object)})\n"
+        "    X = M('X', T((type(K),)), {})\n    u = Z.__new__(Z, X)\n    return repr(super(u, u))\n"
+    )
+    assert verifier.run(crash, "1") == Execution(
+        "forbidden",
+        None,
+        "the program made a class holding the name bases given as a T (at run time or through the standard "
+        "library)",
+    )
+    copies = (
+        "import collections, copy\nclass D(collections.UserDict):\n    pass\ndef f(x):\n    d = D(a=1)\n"
+        "    d.tag = 't'\n    c = copy.copy(d)\n    return [dict(c), c.tag]\n"
+    )
+    assert verifier.run(copies, "1") == Execution("ok", "[{'a': 1}, 't']", "")
 
 
 def test_augmented_assignments_to_checked_names_work_as_in_plain_python(verifier):

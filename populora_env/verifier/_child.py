@@ -323,8 +323,11 @@ def _guard_collections() -> None:
             inst = kind.__new__(kind)
             if not issubclass(type(inst), kind) or inst is self:
                 _refuse_at_run_time("populora.copy_into", type(inst).__name__)
-            inst.__dict__.update(self.__dict__)
-            inst.__dict__["data"] = _copy_data(self.__dict__["data"])
+            # the real instance dicts: a class that relays `__dict__` (a GenericAlias mixed in) gave a
+            # module's globals here (red-team round 30, a full escape)
+            own, theirs = object.__getattribute__(self, "__dict__"), object.__getattribute__(inst, "__dict__")
+            theirs.update(own)
+            theirs["data"] = _copy_data(own["data"])
             return inst
 
         _INSTALLED.append(__copy__)
@@ -771,6 +774,8 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> None:
     if len(args) != 3 or not _made_by_the_program():
         return
     _name, bases, namespace = args
+    if type(bases) is not tuple:  # (a tuple subclass passed type_new and skipped the loop below: round 30)
+        _refuse_at_run_time("populora.class_namespace", f"bases given as a {type(bases).__name__}")
     for base in bases if type(bases) is tuple else ():
         try:
             classes = _REAL_MRO(base)

@@ -122,7 +122,10 @@ class Worker:
         # nor from super: its own attribute lookup ignores a subclass's namespace, so a program's subclass
         # passed the checks of private names and special methods with names it held itself and handed out
         # the standard library's (red-team round 27: object.__new__, typing.List's __init__)
-        for builtin in (type(list[int]), super):
+        # (and the subclasses of them made before: collections.abc's _CallableGenericAlias, a program's subclass
+        # of which relayed __dict__ to a module for the UserDict copy, red-team round 30, a full escape)
+        generic_alias = type(list[int])
+        for builtin in (generic_alias, *sandbox.subclasses(generic_alias), super, *sandbox.subclasses(super)):
             closed = sandbox.close_to_subclasses(builtin)
             if closed:
                 self.report["errors"].append(closed)

@@ -42,6 +42,7 @@ __all__ = [
     "load_seccomp_program",
     "route_class_creation",
     "set_class_attribute",
+    "subclasses",
 ]
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -523,7 +524,7 @@ def route_class_creation(check: Callable[[type, tuple[Any, ...]], None]) -> str 
     wrapper = type(vars(type)["__new__"])
     in_c = [
         cls
-        for cls in _subclasses(type)
+        for cls in subclasses(type)
         if type(vars(cls).get("__new__")) is wrapper
         and getattr(vars(cls)["__new__"], "__self__", None) is cls
     ]
@@ -546,7 +547,7 @@ def generic_lookup(cls: type) -> bool:
     return _type_word(cls, 18).value == _type_word(object, 18).value
 
 
-def _subclasses(cls: type) -> list[type]:
+def subclasses(cls: type) -> list[type]:
     """Every class deriving from ``cls``, however deep (each once)."""
     found: dict[int, type] = {}
     todo: list[type] = type.__subclasses__(cls)
