@@ -1967,6 +1967,30 @@ def test_round_30_findings_are_refused(verifier):
     assert verifier.run(copies, "1") == Execution("ok", "[{'a': 1}, 't']", "")
 
 
+def test_classes_the_standard_library_makes_at_import_are_standard(verifier):
+    """``decimal``'s ``SignalDict`` is made with ``type()`` by its C part while ``decimal`` is imported and held by
+    no module under that name: it counted as a program's class, which programs wrote (a method replaced, a
+    private attribute set; red-team round 31). Classes made while no program frame is on the stack are
+    recorded as standard now; a program's own classes, ``namedtuple``'s included, stay writable."""
+    refused = {
+        "type(fl).hello = 5": "'hello' of the class 'SignalDict'",
+        "fl._secret = 7": "'_secret' of an object of the class 'SignalDict'",
+    }
+    for write, what in refused.items():
+        program = (
+            f"import decimal\ndef f(x):\n    fl = decimal.getcontext().flags\n    {write}\n    return 1\n"
+        )
+        assert verifier.run(program, "0") == Execution(
+            "forbidden", None, f"the program wrote or deleted the attribute {what}, not one of its own"
+        )
+    own = (
+        "import decimal, collections\nP = collections.namedtuple('P', 'a')\nclass C:\n    pass\ndef f(x):\n"
+        "    P.extra = 1\n    C.y = 2\n    c = decimal.Context(prec=5)\n"
+        "    return [str(c.divide(decimal.Decimal(1), decimal.Decimal(3))), P.extra, C.y]\n"
+    )
+    assert verifier.run(own, "0") == Execution("ok", "['0.33333', 1, 2]", "")
+
+
 def test_augmented_assignments_to_checked_names_work_as_in_plain_python(verifier):
     """``self._count += 10``, a class-private ``self.__secret *= 3``, ``self.time += 0.5``, a list's in-place
     ``+=`` (the same list after), a class attribute: read through the proxy of ``_augmented``, in CPython's

@@ -766,13 +766,14 @@ def _made_by_the_program() -> bool:
     return False
 
 
-def check_class(metatype: Any, args: tuple[Any, ...]) -> None:
+def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
     """The check of every class made in a child (``sandbox.route_class_creation``): in a guarded call, refuses
     (events ``populora.metaclass``, ``populora.class_namespace``: recorded) a class a program makes that
     derives from ``type`` or holds a dunder name outside ``ALLOWED_SPECIAL_METHODS`` and
-    ``CLASS_NAMESPACE_DUNDERS`` (or a key that is not a plain ``str``: a ``str`` subclass equal to one)."""
+    ``CLASS_NAMESPACE_DUNDERS`` (or a key that is not a plain ``str``: a ``str`` subclass equal to one).
+    Returns whether a program makes it (``made_by_the_standard_library`` records the others)."""
     if len(args) != 3 or not _made_by_the_program():
-        return
+        return False
     _name, bases, namespace = args
     if type(bases) is not tuple:  # (a tuple subclass passed type_new and skipped the loop below: round 30)
         _refuse_at_run_time("populora.class_namespace", f"bases given as a {type(bases).__name__}")
@@ -806,6 +807,20 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> None:
                 and not _unpicklable_enum(key, dict.__getitem__(namespace, key))
             ):
                 _refuse_at_run_time("populora.class_namespace", _describe_name(key))
+    return True
+
+
+def made_by_the_standard_library(cls: Any) -> None:
+    """Records a class no program made as standard (``route_class_creation``'s ``made``): one a module makes
+    while it is imported and holds under no name, such as ``decimal``'s ``SignalDict`` (made with ``type()``
+    by its C part), counted as a program's by ``_is_standard`` and written by programs (red-team round 31).
+    Each is kept alive: a class freed later would leave its id to a class of the program's (an enum class
+    was taken for the standard library's that way, found by this change's tests)."""
+    _KEPT.append(cls)
+    _STANDARD_CLASSES.add(id(cls))
+
+
+_KEPT: list[Any] = []  # the classes made_by_the_standard_library recorded (their ids stay theirs)
 
 
 def _unpicklable_enum(key: str, value: Any) -> bool:

@@ -129,7 +129,7 @@ class Worker:
             closed = sandbox.close_to_subclasses(builtin)
             if closed:
                 self.report["errors"].append(closed)
-        routed = sandbox.route_class_creation(_child.check_class)  # every class a program makes, checked
+        routed = sandbox.route_class_creation(_child.check_class, _child.made_by_the_standard_library)
         if routed:
             self.report["errors"].append(routed)
         _child.install_frame_guard()  # the language layer's run-time half: no frames for guarded programs

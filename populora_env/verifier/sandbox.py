@@ -471,10 +471,13 @@ def _type_word(cls: type, index: int) -> ctypes.c_ulong:
     return ctypes.c_ulong.from_address(id(cls) + index * ctypes.sizeof(ctypes.c_void_p))
 
 
-def route_class_creation(check: Callable[[type, tuple[Any, ...]], None]) -> str | None:
+def route_class_creation(
+    check: Callable[[type, tuple[Any, ...]], bool], made: Callable[[type], None] | None = None
+) -> str | None:
     """Makes every class creation call ``check(metatype, args)`` first: ``type(name, bases, namespace)``, a
     metaclass's call (``typing.Type(...)``, ``enum.EnumType`` and ``abc.ABCMeta`` reach ``type.__new__``), a
     class statement. ``check`` raises to refuse; what it lets through goes to CPython's own ``type_new``.
+    ``check`` says whether a program made the class; ``made(cls)`` is called for each class it did not make.
 
     A class made at run time takes any names in its namespace (``__slotnames__``, ``__setstate__``, a
     metaclass's ``mro``), where a class statement takes only what the pre-filter lets a program write: a
@@ -509,14 +512,17 @@ def route_class_creation(check: Callable[[type, tuple[Any, ...]], None]) -> str 
             classes = ()
         if not any(cls is type for cls in classes):
             raise TypeError(f"type.__new__(X): X is not a subtype of type (a {type(metatype).__name__})")
-        check(metatype, args)
+        by_a_program = check(metatype, args)
         if len(args) == 3 and type(args[2]) is dict and "__module__" not in args[2]:
             # type_new names the module from the running frame's globals, which would be this function's
             # now: the caller's, as before (namedtuple's classes are `collections`')
             caller = current_frame().f_back.f_back  # (current_frame's own frame, then this one's)
             if caller is not None and "__name__" in caller.f_globals:
                 args = (args[0], args[1], {**args[2], "__module__": caller.f_globals["__name__"]})
-        return type_new(metatype, args, kwargs)
+        cls = type_new(metatype, args, kwargs)
+        if made is not None and len(args) == 3 and not by_a_program:
+            made(cls)
+        return cls
 
     # Metaclasses written in C (ctypes') have a tp_new of their own that calls type's slot, which from now on
     # looks __new__ up on the metaclass: their own __new__ there would call them again, without end. They get
