@@ -25,10 +25,11 @@ from rules import (
     READABLE_DUNDERS,
     RUN_TIME_READS,
     SHADOWING_STORES,
+    dunder_shaped,
     own_private,
     plain_super,
 )
-from sandbox import current_frame, generic_lookup, set_class_attribute
+from sandbox import current_frame, generic_lookup, real_mro, set_class_attribute
 from verdicts import line as _line
 
 TYPE_CHECKING = False  # `typing` stays out of the worker (see literals.py)
@@ -137,7 +138,7 @@ def _is_typing(obj: Any) -> bool:
 # ``type``'s own descriptors of a class's MRO and namespace: ``cls.__mro__`` and ``vars(cls)`` go through the
 # metaclass, whose property of that name (a run-time metaclass's) showed a check another MRO than the one
 # the interpreter looks methods up in (a red-team review)
-_REAL_MRO = type.__dict__["__mro__"].__get__
+_REAL_MRO = real_mro
 _REAL_NAMESPACE = type.__dict__["__dict__"].__get__
 
 
@@ -234,7 +235,7 @@ def _guard_copy() -> None:
                 _refuse_at_run_time("populora.copy_state", f"a {type(part).__name__}")
         for part in parts:
             for key in part if type(part) is dict else ():
-                if type(key) is not str or key in _NOT_SET or key[:2] == key[-2:] == "__":
+                if type(key) is not str or key in _NOT_SET or dunder_shaped(key):
                     _refuse_at_run_time("populora.copy_state", _describe_name(key))
         # the slot state of a program's object: copy read each attribute its class's `__slotnames__` names, and
         # a class made at run time named private ones of the standard library's there (`EnumType._convert_`,
@@ -388,7 +389,7 @@ def _guard_functools() -> None:
         name = self.attrname
         if instance is None or name is None:
             return get(self, instance, owner)  # (itself, or its TypeError)
-        if type(name) is not str or name[:2] == name[-2:] == "__":
+        if type(name) is not str or dunder_shaped(name):
             _refuse_at_run_time("populora.foreign_store", f"{_describe_name(name)} by a cached_property")
         try:
             cache = instance.__dict__
@@ -601,7 +602,7 @@ def _guard_typing() -> None:
     def get(self: Any, attr: str) -> Any:
         # typing's relay (no dunder names), from the checked origin itself: typing's own code read
         # `self.__origin__` again, which a subclass could make another object
-        if "__origin__" in namespace(self) and type(attr) is str and not attr[:2] == attr[-2:] == "__":
+        if "__origin__" in namespace(self) and type(attr) is str and not dunder_shaped(attr):
             return getattr(checked_origin(self), attr)
         raise AttributeError(attr)
 
@@ -622,7 +623,7 @@ def _guard_typing() -> None:
     def set_(self: Any, attr: str, value: Any) -> None:
         if not _is_standard(type(self)):
             _refuse_at_run_time("populora.typing_subclass", _describe_name(type(self).__qualname__))
-        if not (type(attr) is str and (attr[:2] == attr[-2:] == "__" or attr in own)):
+        if not (type(attr) is str and (dunder_shaped(attr) or attr in own)):
             # a write relayed to the origin: nothing in the standard library sets attributes through an
             # alias, and a program's alias of a standard class (copy setting a run-time name) wrote any name
             # on that class (a red-team review's finding)
@@ -795,14 +796,14 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
         for name in names or ():  # a slot is a descriptor in the class: no special method of any name
             if type(name) is not str:  # (a str subclass equal to a dunder name is that name: round 25)
                 _refuse_at_run_time("populora.class_namespace", f"a slot named by a {type(name).__name__}")
-            elif name[:2] == name[-2:] == "__" and name not in ("__dict__", "__weakref__"):
+            elif dunder_shaped(name) and name not in ("__dict__", "__weakref__"):
                 _refuse_at_run_time("populora.class_namespace", f"{_describe_name(name)} (a slot)")
         for key in dict.keys(namespace):
             if type(key) is not str:
                 _refuse_at_run_time("populora.class_namespace", f"a key of the class {type(key).__name__}")
             elif (
                 len(key) > 4
-                and key[:2] == key[-2:] == "__"
+                and dunder_shaped(key)
                 and key not in _CLASS_DUNDERS
                 and not _unpicklable_enum(key, dict.__getitem__(namespace, key))
             ):
@@ -979,7 +980,7 @@ def _format_walk_refused(text: str, depth: int = 0) -> str:
                 if (
                     ((key[:1] == "_" and key not in READABLE_DUNDERS) or key in FORBIDDEN_ATTRIBUTES)
                     if is_attribute
-                    else key[:2] == key[-2:] == "__"
+                    else dunder_shaped(key)
                 ):
                     return field
             if spec and "{" in spec:
@@ -1207,7 +1208,7 @@ def _checked_private(target: Any, name: str) -> Any:
     ``populora.special_read``, recorded) unless ``_private_reachable``. Enum's names (``_value_``,
     ``_convert_``) and other dunders are refused by the pre-filter (``rules.own_private``)."""
     if not _private_reachable(target, name):
-        event = "populora.special_read" if name[:2] == name[-2:] == "__" else "populora.private_read"
+        event = "populora.special_read" if dunder_shaped(name) else "populora.private_read"
         _refuse_at_run_time(event, f"{_describe_name(name)} of {_what(target)}")
     return getattr(target, name)
 
@@ -1319,7 +1320,7 @@ def _format_check_of(node: Any, owner: str) -> Any:
     if type(node) is _ast.Attribute and type(node.ctx) is _ast.Load:
         if node.attr in RUN_TIME_READS:
             return _check_call(_READ_CHECK, node.value, node.attr, node)
-        if node.attr[:2] == node.attr[-2:] == "__" and plain_super(node.value):  # `super().__init__`
+        if dunder_shaped(node.attr) and plain_super(node.value):  # `super().__init__`
             return _check_call(_SUPER_CHECK, node.value, node.attr, node)
         if own_private(node.attr) or node.attr in ALLOWED_SPECIAL_METHODS:  # `self._n`, `A.__init__(self)`
             return _check_call(_PRIVATE_CHECK, node.value, _mangled(node.attr, owner), node)

@@ -113,6 +113,12 @@ RUN_TIME_READS = CHECKED_READS | MODULE_READS
 READABLE_DUNDERS = frozenset({"__name__", "__qualname__", "__class__"})
 
 
+def dunder_shaped(name: str) -> bool:
+    """Whether a name starts and ends with two underscores (``__x__``; ``"__"`` too): the test the child applies
+    to names a program hands it at run time (slots, namespace keys, copy state, alias relays, format fields)."""
+    return name[:2] == name[-2:] == "__"
+
+
 def own_private(name: str) -> bool:
     """Whether an attribute name is one a program may use on its own objects, checked at run time
     (``_child._checked_private``, ``_child._owned``): a private name, ``_x``, or one that class-private name
