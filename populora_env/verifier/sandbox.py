@@ -40,6 +40,7 @@ __all__ = [
     "generic_lookup",
     "isolate_worker",
     "load_seccomp_program",
+    "real_mro",
     "route_class_creation",
     "set_class_attribute",
     "subclasses",
@@ -440,6 +441,11 @@ def load_seccomp_program(bpf: bytes) -> None:
 _Py_TPFLAGS_BASETYPE = 1 << 10
 
 
+def _type_word(cls: type, index: int) -> ctypes.c_ulong:
+    """The ``index``-th pointer-sized field of a type object (PyTypeObject, 64-bit CPython 3.8 to 3.13)."""
+    return ctypes.c_ulong.from_address(id(cls) + index * ctypes.sizeof(ctypes.c_void_p))
+
+
 def close_to_subclasses(cls: type) -> str | None:
     """Clears ``Py_TPFLAGS_BASETYPE`` of a built-in class, so that no class made from now on derives from it
     (``TypeError: type '...' is not an acceptable base type``); classes deriving from it already keep
@@ -454,7 +460,7 @@ def close_to_subclasses(cls: type) -> str | None:
     """
     # PyTypeObject: the variable-size header (3 words), then 18 pointer-sized fields before tp_flags (tp_name
     # ... tp_as_buffer), the same from CPython 3.8 to 3.13; written only where the word reads __flags__
-    word = ctypes.c_ulong.from_address(id(cls) + 21 * ctypes.sizeof(ctypes.c_void_p))
+    word = _type_word(cls, 21)
     if word.value != cls.__flags__:
         return f"cannot close {cls.__qualname__} to subclasses (tp_flags not where expected)"
     word.value = cls.__flags__ & ~_Py_TPFLAGS_BASETYPE
@@ -464,11 +470,6 @@ def close_to_subclasses(cls: type) -> str | None:
 _Py_TPFLAGS_IMMUTABLETYPE = 1 << 8
 # type's own tp_new (CPython's type_new), called with the GIL held and its exception raised as Python's
 _TYPE_NEW = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.py_object)
-
-
-def _type_word(cls: type, index: int) -> ctypes.c_ulong:
-    """The ``index``-th pointer-sized field of a type object (PyTypeObject, 64-bit CPython 3.8 to 3.13)."""
-    return ctypes.c_ulong.from_address(id(cls) + index * ctypes.sizeof(ctypes.c_void_p))
 
 
 def route_class_creation(
@@ -507,7 +508,7 @@ def route_class_creation(
     def __new__(metatype: type, *args: Any, **kwargs: Any) -> Any:
         # (the check CPython's own type.__new__ wrapper makes: type_new writes a class into what it is given)
         try:
-            classes = _mro(metatype)
+            classes = real_mro(metatype)
         except TypeError:  # not a class
             classes = ()
         if not any(cls is type for cls in classes):
@@ -543,7 +544,7 @@ def route_class_creation(
     return None
 
 
-_mro = vars(type)["__mro__"].__get__  # type's own descriptor: no class can override what it gives
+real_mro = vars(type)["__mro__"].__get__  # type's own descriptor: no class can override what it gives
 
 
 def generic_lookup(cls: type) -> bool:
