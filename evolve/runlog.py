@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,8 @@ class GenerationMetrics:
         learner_failures: learners that raised.
         operator_use: operators used by this generation's children.
         lineage: the children born at the end of this generation (``LineageRecord.to_json``).
+        rejections: why this generation's proposals were turned away, summed over its episodes: counts by
+            ``"<verdict>/<status>"`` (``EpisodeMetrics.rejections``; empty in records written before it).
     """
 
     generation: int
@@ -72,6 +75,7 @@ class GenerationMetrics:
     operator_use: dict[str, int]
     lineage: list[dict[str, Any]]
     op_coverage: float = 0.0
+    rejections: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -87,6 +91,9 @@ def summarize_episodes(metrics: Sequence[EpisodeMetrics]) -> dict[str, Any]:
     solve = [m.solve_rate for m in metrics if m.solve_rate is not None]
     # an episode without a valid proposal has no difficulty to average (its metrics say 0.0)
     valid = [m for m in metrics if m.n_proposals and m.invalid_rate < 1.0]
+    rejections: Counter[str] = Counter()
+    for m in metrics:
+        rejections.update(m.rejections)
     return {
         "solve_rate": _mean(solve),
         "invalid_rate": _mean([m.invalid_rate for m in metrics]),
@@ -97,6 +104,7 @@ def summarize_episodes(metrics: Sequence[EpisodeMetrics]) -> dict[str, Any]:
         },
         "coverage": _mean([float(m.coverage) for m in metrics]),
         "op_coverage": _mean([float(m.op_coverage) for m in metrics]),
+        "rejections": dict(sorted(rejections.items())),
     }
 
 
@@ -161,6 +169,7 @@ class RunLog:
             **{f"rating_mu/{m}": r["mu"] for m, r in record.ratings.items()},
             **{f"rating_sigma/{m}": r["sigma"] for m, r in record.ratings.items()},
             **{f"operators/{k}": float(v) for k, v in record.operator_use.items()},
+            **{f"rejections/{k}": float(v) for k, v in record.rejections.items()},
             "lineage/children": float(len(record.lineage)),
             "learner/failures": float(len(record.learner_failures)),
         }

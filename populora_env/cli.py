@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -273,6 +274,13 @@ def _summary_table(run_dir: Path) -> str:
             f"{r['generation']:>3}  {r['solve_rate']:5.2f}  {teacher}  {student}  {r['invalid_rate']:7.2f}  "
             f"{r['difficulty']['depth']:5.2f}  {r['difficulty']['lines']:5.2f}  {len(r['lineage']):>8}"
         )
+    rejections: Counter[str] = Counter()
+    for r in rows:
+        rejections.update(r.get("rejections", {}))  # (absent from records written before it existed)
+    if rejections:
+        total = sum(rejections.values())
+        common = ", ".join(f"{reason} {count / total:.0%}" for reason, count in rejections.most_common(6))
+        lines.append(f"\nwhy proposals were rejected ({total} in all): {common}")
     return "\n".join(lines)
 
 

@@ -424,7 +424,8 @@ class Game:
             (r.teacher, r.verdict, r.task.program if r.task else "", r.solve_rate) for r in self.history
         ]
         attempts = [(student, ok) for student, _, ok in self.attempt_log[: self._resolved_attempts]]
-        return summarize_episode(proposals, attempts, self.teachers, self.students)
+        statuses = [r.status for r in self.history]
+        return summarize_episode(proposals, attempts, self.teachers, self.students, statuses)
 
     @property
     def current(self) -> Turn | None:

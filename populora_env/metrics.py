@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import ast
 import hashlib
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_SOURCE_CHARS = 20_000
 # Decision points counted by McCabe's cyclomatic complexity (McCabe 1976, "A Complexity Measure",
@@ -148,6 +149,9 @@ class EpisodeMetrics:
         teacher_solve_rate: per teacher, mean solve rate of its matched valid tasks.
         student_solve_rate: per student, fraction of its attempts that were correct.
         op_coverage: distinct op sets (``op_set``) among valid proposals.
+        rejections: why proposals were turned away: counts by ``"<verdict>/<status>"``, e.g.
+            ``"invalid/runtime"`` (the verifier's status, or the game's reason such as ``too_few_inputs``) or
+            ``"format_error/missing_python"`` (the parser's reason); empty when every proposal was valid.
     """
 
     n_proposals: int
@@ -161,6 +165,7 @@ class EpisodeMetrics:
     teacher_solve_rate: dict[str, float | None]
     student_solve_rate: dict[str, float | None]
     op_coverage: int = 0
+    rejections: dict[str, int] = field(default_factory=dict)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -172,6 +177,7 @@ def summarize_episode(
     attempts: Sequence[tuple[str, bool]],
     teachers: Sequence[str],
     students: Sequence[str],
+    statuses: Sequence[str] = (),
 ) -> EpisodeMetrics:
     """Computes episode metrics from plain records.
 
@@ -180,7 +186,14 @@ def summarize_episode(
         attempts: ``(student, correct)`` per attempt.
         teachers: all teacher names (so idle teachers appear with ``None``).
         students: all student names.
+        statuses: the status of each proposal (``ResolvedProposal.status``), in the same order, for
+            ``rejections``; empty to leave that empty.
     """
+    if statuses and len(statuses) != len(proposals):
+        raise ValueError(f"statuses: {len(statuses)} given for {len(proposals)} proposals")
+    rejections = Counter(
+        f"{verdict}/{status}" for (_, verdict, _, _), status in zip(proposals, statuses) if verdict != "valid"
+    )
     stats = [program_stats(program) for _, verdict, program, _ in proposals if verdict == "valid"]
     n = len(proposals)
     teacher_rates = {
@@ -200,4 +213,5 @@ def summarize_episode(
         teacher_solve_rate=teacher_rates,
         student_solve_rate=student_rates,
         op_coverage=len({s.ops for s in stats if s.shape}),
+        rejections=dict(sorted(rejections.items())),
     )

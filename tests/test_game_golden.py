@@ -82,6 +82,7 @@ def test_golden_returns_infos_and_metrics(verifier):
     assert m.teacher_solve_rate == {"teacher_0": 0.5, "teacher_1": 0.5}
     assert m.student_solve_rate == {"student_0": 1.0, "student_1": 0.0}
     assert m.solve_rate == 0.5 and m.coverage == 3 and m.mean_lines == 2.0
+    assert m.rejections == {"invalid/runtime": 1}  # why the one invalid proposal was turned away
 
 
 def test_golden_infos_carry_gold_and_solve_rates(verifier):

@@ -314,6 +314,9 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
     assert config["self_play"] and config["teachers"] == config["students"] == "lora"
     assert config["member_options"]["lora"]["base"] == str(tiny_base_dir)
     metrics = (run_dir / "metrics.jsonl").read_bytes()
+    # four new tokens make no program: every proposal is turned away, and the summary says why
+    rejected = sum(sum(json.loads(line)["rejections"].values()) for line in metrics.splitlines())
+    assert rejected > 0 and f"why proposals were rejected ({rejected} in all): format_error/" in out
     assert main(argv) == 0  # the same command again: resumed from the last checkpoint, nothing to redo
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics
     assert [

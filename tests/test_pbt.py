@@ -906,3 +906,28 @@ def test_generation_difficulty_averages_the_episodes_that_had_valid_proposals() 
     }  # fmt: skip
     assert valid.mean_cyclomatic == 2.0 and summary["invalid_rate"] == 0.5
     assert summarize_episodes([none_valid])["difficulty"] == {"depth": 0.0, "cyclomatic": 0.0, "lines": 0.0}
+
+
+def test_rejections_count_why_proposals_were_turned_away_per_episode_and_generation() -> None:
+    from evolve.runlog import GenerationMetrics, summarize_episodes
+    from populora_env.metrics import summarize_episode
+
+    proposals = [("teacher_0", "invalid", "", None), ("teacher_0", "format_error", "", None),
+                 ("teacher_1", "valid", "def f(x):\n    return x", 1.0), ("teacher_1", "invalid", "", None)]  # fmt: skip
+    statuses = ["runtime", "missing_python", "ok", "runtime"]
+    first = summarize_episode(proposals, [], ["teacher_0", "teacher_1"], [], statuses)
+    assert first.rejections == {"format_error/missing_python": 1, "invalid/runtime": 2}
+    second = summarize_episode(proposals[:1], [], ["teacher_0"], [], ["timeout"])
+    assert summarize_episodes([first, second])["rejections"] == {
+        "format_error/missing_python": 1, "invalid/runtime": 2, "invalid/timeout": 1
+    }  # fmt: skip
+    no_statuses = summarize_episode(proposals, [], ["teacher_0", "teacher_1"], [])
+    assert no_statuses.rejections == {}
+    with pytest.raises(ValueError, match="statuses: 1 given for 4 proposals"):
+        summarize_episode(proposals, [], ["teacher_0", "teacher_1"], [], ["runtime"])
+    # a metrics record written before the field existed still loads (resuming an older run)
+    record = GenerationMetrics(**summarize_episodes([first]), generation=0, fitness={}, role_fitness={},
+                               ratings={}, mean_reward={}, losses={}, learner_failures=[], operator_use={},
+                               lineage=[]).to_json()  # fmt: skip
+    del record["rejections"]
+    assert GenerationMetrics(**record).rejections == {}
