@@ -68,6 +68,12 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
     "deep_recursion_raised_limit": (
         _p("sys.setrecursionlimit(10 ** 8)\ndef g(n):\n    return g(n + 1) + 1\nreturn g(0)", "import sys\n"),
         {"forbidden"}, {"runtime", "memory", "timeout"}),
+    # CPython 3.11 recurses in C with no depth check here: the child dies of SIGSEGV (runtime, red-team round 32)
+    "recursion_in_c_hashing_a_nested_tuple": (
+        _p("t = ()\nfor i in range(300000):\n    t = (t,)\nreturn hash(t)"), {"runtime"}, {"runtime"}),
+    "recursion_in_c_through_chained_iterators": (
+        _p("it = iter([1])\nfor i in range(300000):\n    it = map(abs, it)\nreturn next(it)"), {"runtime"},
+        {"runtime"}),
     "memory_list": (_p("return len([0] * (10 ** 10))"), {"memory"}, {"memory"}),
     # Touching memory costs ~1 s per GiB here: a slow grower may meet the clock before the limit.
     "memory_growth": (_p("a = []\nwhile True:\n    a.append(' ' * 10 ** 7)"), {"memory", "timeout"}, {"memory", "timeout"}),
@@ -406,7 +412,7 @@ FAMILIES: dict[str, tuple[str, set[str], set[str]]] = {
         "    M = T('M', (), {'_' + '_init_subclass__': classmethod(isub)})\n"
         "    K = T('K', (M, type(typing.List[int]).mro()[1]), {})\n"
         "    return K(type(list[int])(collections, ())).OrderedDict.__name__\n",
-        {"forbidden"}, {"ok"}),
+        {"forbidden"}, {"runtime"}),  # unguarded: the alias refuses a module as its origin (round 32)
     "enum_comparison_handing_out_object_methods": (
         "import enum\nT = type(int)\nbox = []\ndef eq(self, other):\n    box.append(other)\n    return False\n"
         "def f(x):\n    O = T('O', (), {'_' + '_eq__': eq, '_' + '_hash__': None})()\n"
@@ -1965,6 +1971,32 @@ def test_round_30_findings_are_refused(verifier):
         "    d.tag = 't'\n    c = copy.copy(d)\n    return [dict(c), c.tag]\n"
     )
     assert verifier.run(copies, "1") == Execution("ok", "[{'a': 1}, 't']", "")
+
+
+def test_a_generic_alias_takes_only_a_class_as_its_origin(verifier):
+    """Red-team round 32 (no read path found): ``types.GenericAlias`` relays ``__dict__`` to its origin, and one
+    made over a module had ``functools.update_wrapper`` (``lru_cache``) copy the module's globals, ``sys`` and
+    the real ``__builtins__`` among them, into a standard object's ``__dict__``. Called from Python, the alias
+    class refuses an origin that is not a class (``sandbox.require_class_origins``); aliases over classes, from
+    ``list[int]``, the standard library's ``__class_getitem__`` or the class itself, are as before."""
+    gadget = (
+        "import functools, typing\ndef f(x):\n    w = functools.lru_cache(type(list[int])(typing, (int,)))\n"
+        "    return [n for n in ['sys', 'types', 'collections'] if hasattr(w, n)]\n"
+    )
+    assert verifier.run(gadget, "1") == Execution(
+        "runtime", None, "TypeError: GenericAlias: the origin must be a class, not a module"
+    )
+    aliases = (
+        "import collections, collections.abc, functools\ndef f(x):\n    a = list[int]\n"
+        "    b = type(a)(dict, (str, int))\n    return [repr(b), b == dict[str, int], repr(a),"
+        " repr(collections.abc.Callable[[int], str]), repr(collections.deque[int]), repr(functools.partial[int])]\n"
+    )
+    assert verifier.run(aliases, "1") == Execution(
+        "ok",
+        "['dict[str, int]', True, 'list[int]', 'collections.abc.Callable[[int], str]', 'collections.deque[int]', "
+        "'functools.partial[int]']",
+        "",
+    )
 
 
 def test_classes_the_standard_library_makes_at_import_are_standard(verifier):

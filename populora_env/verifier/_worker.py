@@ -129,6 +129,11 @@ class Worker:
             closed = sandbox.close_to_subclasses(builtin)
             if closed:
                 self.report["errors"].append(closed)
+        # nor, called from Python, over an origin that is not a class (a module's globals copied into a
+        # standard object's __dict__ by functools.update_wrapper, red-team round 32)
+        origins = sandbox.require_class_origins(generic_alias)
+        if origins:
+            self.report["errors"].append(origins)
         routed = sandbox.route_class_creation(_child.check_class, _child.made_by_the_standard_library)
         if routed:
             self.report["errors"].append(routed)

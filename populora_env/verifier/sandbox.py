@@ -41,6 +41,7 @@ __all__ = [
     "isolate_worker",
     "load_seccomp_program",
     "real_mro",
+    "require_class_origins",
     "route_class_creation",
     "set_class_attribute",
     "subclasses",
@@ -545,6 +546,39 @@ def route_class_creation(
 
 
 real_mro = vars(type)["__mro__"].__get__  # type's own descriptor: no class can override what it gives
+
+
+def require_class_origins(alias: type) -> str | None:
+    """Makes a call of ``alias`` (``types.GenericAlias``) from Python refuse an origin that is not a class.
+
+    A ``GenericAlias`` hands every attribute read, ``__dict__`` included, to its origin, and a program could
+    make one over a module: ``functools.lru_cache(type(list[int])(json, (int,)))`` copied ``json``'s globals,
+    the real ``__builtins__`` among them, into the wrapper's ``__dict__`` (``update_wrapper``), one dynamic
+    read from a full escape (red-team round 32; no read path was found). ``list[int]`` and the other
+    ``__class_getitem__``s written in C make their aliases without the type's ``tp_new`` and are not
+    affected; the standard library's ``classmethod(GenericAlias)`` passes its class. The original ``tp_new``
+    is called through its slot's address, saved first (as ``route_class_creation`` does for ``type``).
+
+    Returns:
+        ``None``, or why origins stay unchecked (another layout of the type object).
+    """
+    if _type_word(alias, 21).value != alias.__flags__:
+        return f"cannot check the origins of {alias.__qualname__} (tp_flags not where expected)"
+    alias_new = _TYPE_NEW(_type_word(alias, 39).value)
+
+    def __new__(subtype: type, *args: Any, **kwargs: Any) -> Any:
+        try:
+            classes = real_mro(subtype)
+        except TypeError:  # not a class
+            classes = ()
+        if not any(cls is alias for cls in classes):  # (the check CPython's own __new__ wrapper makes)
+            raise TypeError(f"{alias.__name__}.__new__(X): X is not a subtype of {alias.__name__}")
+        if args and not any(cls is type for cls in real_mro(type(args[0]))):
+            raise TypeError(f"{alias.__name__}: the origin must be a class, not a {type(args[0]).__name__}")
+        return alias_new(subtype, args, kwargs)
+
+    set_class_attribute(alias, "__new__", staticmethod(__new__))
+    return None
 
 
 def generic_lookup(cls: type) -> bool:
