@@ -133,9 +133,9 @@ def _print_verdict(v: Any, *, as_json: bool) -> None:
     e = v.execution
     if as_json:
         print(json.dumps({"id": v.record.id, "verdict": v.verdict, "status": e.status, "output": e.output,
-                          "detail": e.detail}, ensure_ascii=False))  # fmt: skip
+                          "detail": e.detail, "reason": v.reason}, ensure_ascii=False))  # fmt: skip
         return
-    shown = e.output if e.ok else e.detail
+    shown = v.reason or (e.output if e.ok else e.detail)
     shown = (shown or "").replace("\n", " ")
     shown = shown if len(shown) <= 70 else shown[:67] + "..."
     print(f"{v.verdict:<8} {e.status:<16} {v.record.id:<24} {shown}")

@@ -156,8 +156,9 @@ def decode(action: np.ndarray, n_slots: int) -> DslProgram:
             f"structured action must be an integer vector of shape {(len(nvec),)}, got a "
             f"{type(action).__name__} numpy cannot read ({type(error).__name__}: {str(error)[:120]})"
         ) from None
-    # issubclass on the scalar type is what np.issubdtype(vec.dtype, np.integer) checks, minus its overhead
-    if vec.shape != (len(nvec),) or not issubclass(vec.dtype.type, np.integer):
+    # signed or unsigned integers by the dtype's kind: np.issubdtype(..., np.integer) also takes timedelta64,
+    # whose tolist() gives datetime.timedelta objects (a TypeError past this check, red-team round 33)
+    if vec.shape != (len(nvec),) or vec.dtype.kind not in "iu":
         raise ValueError(
             f"structured action must be an integer vector of shape {(len(nvec),)}, got {vec!r:.200}"
         )

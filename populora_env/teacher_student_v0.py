@@ -341,14 +341,24 @@ class raw_env(AECEnv):
 
     def step(self, action: Any) -> None:
         """Plays ``action`` for ``agent_selection`` (``None`` for an agent that is done)."""
+        game = self._game
+        if game is None:
+            raise RuntimeError("call reset() before step()")
+        if not self.agents:
+            raise RuntimeError("step() after the episode ended (every agent is done): call reset() first")
         agent = self.agent_selection
+        if agent not in self.terminations:
+            raise RuntimeError(f"agent_selection is {agent!r}, not an agent of this episode {self.agents}")
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
             return
-        game = self._game
-        assert game is not None
         turn = game.current
-        assert turn is not None and turn.agent == agent
+        if turn is None or turn.agent != agent:  # (not an assert: under python -O another agent was charged)
+            expected = turn.agent if turn is not None else "no agent"
+            raise RuntimeError(
+                f"agent_selection is {agent!r}, but it is {expected}'s turn: agent_selection is the env's to "
+                "set (step the agent it names)"
+            )
         parsed = self._parse(turn, action)
         outcome = game.step(parsed)
         self._cumulative_rewards[agent] = 0.0
@@ -401,7 +411,7 @@ class raw_env(AECEnv):
             return action  # the common case, decided without numpy's conversions
         if action is None:
             raise ValueError(f"{turn.agent} has a turn: None is the action of an agent that is done")
-        if isinstance(action, (int, np.integer)) and not isinstance(action, bool):
+        if isinstance(action, (int, np.integer)) and not isinstance(action, (bool, np.timedelta64)):
             index = int(action)
         else:
             try:
@@ -411,7 +421,7 @@ class raw_env(AECEnv):
                     f"a student's structured action must be an integer, got a {type(action).__name__} numpy "
                     f"cannot read ({type(error).__name__}: {str(error)[:120]})"
                 ) from None
-            if arr.shape != () or not np.issubdtype(arr.dtype, np.integer):
+            if arr.shape != () or arr.dtype.kind not in "iu":  # (np.integer takes timedelta64 too)
                 raise ValueError(f"a student's structured action must be an integer, got {action!r:.100}")
             index = int(arr)
         if not 0 <= index < count:
@@ -423,6 +433,12 @@ class raw_env(AECEnv):
         return index
 
     # ----- observations -----------------------------------------------------------------------
+    def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """``AECEnv.last``, with a clear error once the episode has ended (PettingZoo's is a ``KeyError``)."""
+        if self._game is not None and not self.agents:
+            raise RuntimeError("last() after the episode ended (every agent is done): call reset() first")
+        return super().last(observe)
+
     def observe(self, agent: str) -> dict[str, Any]:
         """The agent's view of its next pending turn (an idle view if it has none this round)."""
         game = self._game

@@ -57,7 +57,7 @@ def test_verify_text_output_has_verdicts_and_summary(tmp_path):
     expr = populora("verify", str(data), "--expression-inputs", "--json")
     rows = [json.loads(line) for line in expr.stdout.splitlines()[:-1]]
     assert rows[1] == {"id": "expr", "verdict": "error", "status": "runtime", "output": None,
-                       "detail": rows[1]["detail"]}  # fmt: skip
+                       "detail": rows[1]["detail"], "reason": ""}  # fmt: skip
     assert "unsupported operand" in rows[1]["detail"]
 
 
@@ -101,6 +101,21 @@ def test_a_deeply_nested_line_is_skipped_and_the_others_checked(tmp_path):
     assert done.returncode == 0 and "pass 2" in done.stdout and "Traceback" not in done.stderr
 
 
+def test_a_claimed_output_over_the_literal_cap_says_so(tmp_path):
+    """A claimed output equal in value but longer than ``max_literal_chars`` cannot match: the mismatch says
+    why (it was reported with the output alone; red-team round 33)."""
+    padded = tmp_path / "padded.jsonl"
+    claim = "1" + " " * 20_000
+    padded.write_text(
+        json.dumps({"id": "pad", "code": "def f(x):\n    return x", "input": "1", "output": claim})
+    )
+    done = populora("verify", str(padded), "--json")
+    row = json.loads(done.stdout.splitlines()[0])
+    assert (row["verdict"], row["status"], row["output"]) == ("mismatch", "ok", "1")
+    assert row["reason"].startswith("the claimed output is longer than max_literal_chars (20001 > ")
+    assert "the claimed output is longer than max_literal_chars" in populora("verify", str(padded)).stdout
+
+
 def test_strict_fails_a_file_with_no_records(tmp_path):
     """A truncated or empty dataset passed ``--strict`` (0 records, nothing failed)."""
     for text in ("", "\n\n"):
@@ -129,6 +144,16 @@ def test_verify_refuses_bytes_that_are_not_utf8_and_prints_any_text(tmp_path):
         b'{"code": "def f(x):\\n    return x", "input": "1"}\r{"code": "def f(x):\\n    return x", "input": "2"}\r\n'
     )
     assert [r.input for r in load_records(old_mac)[0]] == ["1", "2"]
+    # a lone CR inside one record is JSON whitespace, not a line break; a field given twice is refused
+    # rather than resolved to the last (red-team round 33)
+    inner = tmp_path / "inner_cr.jsonl"
+    inner.write_bytes(b'{"code": "def f(x):\\n    return x",\r "input": "1"}\n')
+    assert [(r.input, r.id) for r in load_records(inner)[0]] == [("1", "line 1")]
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text('{"code": "def f(x):\\n    return x", "input": "1", "output": "1", "output": "2"}\n')
+    assert [(e.line, e.reason) for e in load_records(twice)[1]] == [
+        (1, "field 'output' is given more than once")
+    ]
     bom = tmp_path / "bom.jsonl"  # a byte-order mark (Windows editors) is not a malformed line
     bom.write_bytes(b"\xef\xbb\xbf" + b'{"code": "def f(x):\\n    return x", "input": "1", "output": "1"}\n')
     assert len(load_records(bom)[0]) == 1

@@ -175,6 +175,27 @@ def test_wrong_agent_and_after_end_errors(verifier, caplog):
     raw.step("junk")  # teacher's malformed proposal ends the 1-round game
     with pytest.raises(ValueError, match="only valid action is None"):
         raw.step("more junk")
+    # the raw env says what is wrong where it raised a bare KeyError or AssertionError (red-team round 33);
+    # under python -O the assert let the student's action be played, and charged, as the teacher's
+    with pytest.raises(RuntimeError, match="call reset"):
+        teacher_student_v0.raw_env(verifier=verifier, n_teachers=1, n_students=1).step("x")
+    for _agent in raw.agent_iter():
+        raw.step(None)
+    assert raw.agents == []
+    with pytest.raises(RuntimeError, match=r"step\(\) after the episode ended .* call reset"):
+        raw.step(None)
+    with pytest.raises(RuntimeError, match=r"last\(\) after the episode ended .* call reset"):
+        raw.last()
+    raw.reset(seed=0)
+    raw.agent_selection = "student_0"
+    with pytest.raises(RuntimeError, match="agent_selection is 'student_0', but it is teacher_0's turn"):
+        raw.step("an answer")
+    raw.agent_selection = "nobody"
+    with pytest.raises(RuntimeError, match="agent_selection is 'nobody', not an agent of this episode"):
+        raw.step("an answer")
+    raw.agent_selection = "teacher_0"
+    raw.step("junk")  # the game was left as it was
+    assert raw.infos["teacher_0"]["verdict"] == "format_error"
 
 
 def test_structured_illegal_actions(verifier):
@@ -220,6 +241,23 @@ def test_structured_illegal_actions(verifier):
     pen.reset(seed=0)
     pen.step(torch.zeros(shape, requires_grad=True))  # penalised, as promised, not a RuntimeError
     assert pen.infos["teacher_0"]["status"] == "illegal_action"
+    # numpy counts timedelta64 as an integer type; its tolist() gives datetime.timedelta (a TypeError, and
+    # generic units were taken as programs: red-team round 33)
+    for unit in ("m8[s]", "m8", "m8[ns]"):
+        pen.reset(seed=0)
+        pen.step(np.ones(shape, dtype=unit))
+        assert pen.infos["teacher_0"]["status"] == "illegal_action", unit
+    pen.reset(seed=0)
+    pen.step(np.zeros(shape, dtype=np.int64))
+    assert pen.agent_selection == "student_0"
+    pen.step(np.timedelta64(1, "D"))
+    assert (pen.infos["student_0"]["verdict"], pen.infos["student_0"]["status"]) == (
+        "format_error",
+        "illegal_action",
+    )
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="integer vector"):
+        env.step(np.ones(shape, dtype="m8[s]"))
 
 
 def test_bad_config_kwargs_name_the_field(verifier):

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 from .literals import outputs_equal
 from .records import Execution
@@ -53,11 +53,14 @@ class RecordVerdict:
         execution: What running ``f(input)`` gave.
         verdict: ``"pass"`` (ran, and matched the claimed output if any), ``"mismatch"`` (ran, other
             output), or ``"error"`` (did not run to a plain value).
+        reason: Why a ``"mismatch"`` could not be a match whatever the output ("" otherwise): a claimed
+            output longer than the verifier's ``max_literal_chars``.
     """
 
     record: Record
     execution: Execution
     verdict: Literal["pass", "mismatch", "error"]
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,10 +95,35 @@ def load_records(path: str | os.PathLike[str]) -> tuple[list[Record], list[LoadE
 
 
 def _lines(f: BinaryIO) -> Iterator[bytes]:
-    """The lines of a binary file as text mode splits them (universal newlines: ``\n``, ``\r\n``, ``\r``)."""
+    """The lines of a binary file as text mode splits them (universal newlines: ``\n``, ``\r\n``, ``\r``),
+    except that a line holding a lone ``\r`` that parses as JSON whole stays one line: JSON takes a raw
+    ``\r`` as whitespace between tokens (red-team round 33: such a record was split into two "not JSON")."""
     for raw in f:
         body = raw[:-2] if raw.endswith(b"\r\n") else raw.rstrip(b"\n")
-        yield from body.split(b"\r")
+        if b"\r" in body and not _parses(body):
+            yield from body.split(b"\r")
+        else:
+            yield body
+
+
+def _parses(body: bytes) -> bool:
+    try:
+        json.loads(body.removeprefix(codecs.BOM_UTF8))
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+        return False
+    return True
+
+
+class _Fields(dict[str, Any]):
+    """A JSON object that remembers the keys it was given more than once (``json``'s own dict keeps the last)."""
+
+    repeated: list[str]
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Fields:
+    fields = _Fields(pairs)
+    fields.repeated = [key for key, n in Counter(key for key, _ in pairs).items() if n > 1]
+    return fields
 
 
 def _read_lines(f: BinaryIO) -> tuple[list[Record], list[LoadError]]:
@@ -121,13 +149,16 @@ def _read_lines(f: BinaryIO) -> tuple[list[Record], list[LoadError]]:
 
 def _parse_line(line: str, number: int) -> Record | LoadError:
     try:
-        data = json.loads(line)
+        data = json.loads(line, object_pairs_hook=_object)
     except ValueError as e:
         return LoadError(number, f"not JSON: {e}")
     except RecursionError:  # json's decoder recurses per bracket: ~1 000 of them in any field
         return LoadError(number, "not JSON this reader takes: nested too deeply")
     if not isinstance(data, dict):
         return LoadError(number, "not a JSON object")
+    repeated = [key for key in getattr(data, "repeated", ()) if key in ("code", "input", "output", "id")]
+    if repeated:  # which one was meant is not ours to guess (json keeps the last)
+        return LoadError(number, f"field {repeated[0]!r} is given more than once")
     for key in ("code", "input"):
         if not isinstance(data.get(key), str):
             return LoadError(number, f"field {key!r} is missing or not a string")
@@ -153,8 +184,13 @@ def verify_records(
     for start in range(0, len(records), batch_size):
         batch = records[start : start + batch_size]
         executions = verifier.run_many([(r.code, r.input) for r in batch], expression_args=expression_inputs)
+        cap = verifier.config.max_literal_chars
         for record, execution in zip(batch, executions):
-            yield RecordVerdict(record, execution, _verdict(verifier, record, execution))
+            verdict = _verdict(verifier, record, execution)
+            reason = ""
+            if verdict == "mismatch" and record.output is not None and len(record.output) > cap:
+                reason = f"the claimed output is longer than max_literal_chars ({len(record.output)} > {cap})"
+            yield RecordVerdict(record, execution, verdict, reason)
 
 
 def _verdict(
