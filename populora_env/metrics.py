@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from populora_env.verifier.literals import parse_quietly
+
 MAX_SOURCE_CHARS = 20_000
 # Decision points counted by McCabe's cyclomatic complexity (McCabe 1976, "A Complexity Measure",
 # IEEE TSE; the per-node counting follows the common radon/mccabe convention: +1 per branch point,
@@ -42,7 +44,7 @@ def _parse(source: str) -> ast.AST | None:
     if len(source) > MAX_SOURCE_CHARS:
         return None
     try:
-        return ast.parse(source)
+        return parse_quietly(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 

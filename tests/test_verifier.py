@@ -717,3 +717,28 @@ def test_str_subclasses_are_read_as_plain_strings(verifier):
     assert verifier.run(program, args) == Execution("ok", "6", "")
     with pytest.raises(TypeError, match="args must be str"):
         verifier.run(program, b"3")  # type: ignore[arg-type]
+
+
+def test_verdicts_do_not_depend_on_the_host_s_warning_filters(verifier, capfd):
+    """Python warns of some text it parses (``"\\d"``, ``0x1for``): with warnings turned into errors on the host
+    (``-W error``) the pre-filter and the answer parser raised ``SyntaxError`` where the workers, which ignore
+    warnings, ran the program, and the pre-filter cached that verdict; under the default filters every parse
+    printed a warning on the host's stderr, which a player's text repeats at will (red-team round 33)."""
+    import warnings
+
+    from populora_env.verifier.literals import parse_literal
+    from populora_env.verifier.prefilter import prefilter
+
+    program = "def f(x):\n    return [0x1for x in (1, 2)]  # round 33\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert prefilter(program).status == "ok"
+        assert verifier.run(program, "0") == Execution("ok", "[31]", "")
+        assert verifier.check_deduction("def f(x):\n    return x", "'\\\\d'", "'\\d'")
+        filters = list(warnings.filters)
+    assert filters[0][0] == "error"  # the caller's filters, back after each parse
+    capfd.readouterr()
+    for _ in range(3):
+        assert parse_literal("'\\d'") == "\\d"
+        assert prefilter(f"def f(x):\n    return [0x1for x in x]  # {_}\n").status == "ok"
+    assert capfd.readouterr().err == ""

@@ -27,6 +27,7 @@ __all__ = [
     "outputs_equal",
     "parse_args",
     "parse_literal",
+    "parse_quietly",
 ]
 
 #: Default caps; the verifier passes its configured values.
@@ -85,6 +86,28 @@ def on_a_fresh_stack(call: Callable[[], T]) -> T:
     return result
 
 
+_QUIET = _thread.RLock()
+
+
+def parse_quietly(source: str, mode: str = "exec") -> Any:  # ast.Module, or ast.Expression for "eval"
+    """``ast.parse`` with the parser's warnings silenced, whatever the process's warning filters (host side).
+
+    Python warns of some text it parses (``"\\d"``: an invalid escape sequence; ``0x1for``: an invalid
+    hexadecimal literal). Where the process's filters turn warnings into errors (``-W error``,
+    ``warnings.simplefilter("error")``, pytest's ``-W error``) the parse raised a ``SyntaxError``: a verdict,
+    cached by the pre-filter, that depended on the host's settings while the workers ignore warnings; under
+    the default filters each parse printed a line on the host's stderr, which a player's text repeats at will
+    (red-team round 33). ``warnings.catch_warnings`` swaps the process's filters for the parse, under a lock
+    so that this module's own parses do not interleave their saving and restoring.
+    """
+    import ast
+    import warnings
+
+    with _QUIET, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(source, mode=mode)
+
+
 _SCALARS = (int, float, complex, str, bytes, bool, type(None))
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 
@@ -100,10 +123,8 @@ def _check_text(text: object, what: str, max_chars: int) -> str:
 
 
 def _parse_expression(source: str) -> ast.expr:
-    import ast
-
     try:
-        return ast.parse(source, mode="eval").body
+        return parse_quietly(source, mode="eval").body
     except RecursionError as e:
         raise LiteralError(f"not valid Python: RecursionError: {_short(str(too_deep(e)))}") from None
     except (SyntaxError, ValueError, MemoryError, OverflowError) as e:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache, wraps
 from typing import Any, Literal
 
-from .literals import on_a_fresh_stack, too_deep
+from .literals import on_a_fresh_stack, parse_quietly, too_deep
 from .rules import (
     ALLOWED_SPECIAL_METHODS,
     FORBIDDEN_ATTRIBUTES,
@@ -134,7 +134,7 @@ def prefilter(program: str) -> Prefiltered:
         The verdict; never raises on any string.
     """
     try:
-        tree = ast.parse(program)
+        tree = parse_quietly(program)
     except RecursionError as e:
         return Prefiltered("syntax", f"RecursionError: {too_deep(e)}"[:200])
     except (SyntaxError, ValueError, MemoryError, OverflowError) as e:
@@ -200,7 +200,7 @@ def _samples_read(tree: ast.AST) -> int | None:
 def prefilter_expression(args: str) -> Prefiltered:
     """Statically checks an argument-list *expression* (``"dict(a=1), 'x'.upper()"``) like a program."""
     try:
-        tree = ast.parse(f"f(\n{args}\n)", mode="eval")
+        tree = parse_quietly(f"f(\n{args}\n)", mode="eval")
     except RecursionError as e:
         return Prefiltered("syntax", f"args: RecursionError: {too_deep(e)}"[:200])
     except (SyntaxError, ValueError, MemoryError, OverflowError) as e:
@@ -233,7 +233,7 @@ def compile_guard(program: str) -> Prefiltered:
     if "finally" not in program and not _folding_may_be_big(program):
         return Prefiltered("ok")
     try:
-        tree = ast.parse(program)
+        tree = parse_quietly(program)
     except RecursionError as e:
         too_deep(e)
         return Prefiltered("ok")
