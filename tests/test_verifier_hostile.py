@@ -1999,6 +1999,71 @@ def test_a_generic_alias_takes_only_a_class_as_its_origin(verifier):
     )
 
 
+# Red-team round 34 (a full escape: the real built-ins, sys, os, a forged verdict). A program's callables ran
+# during an import, from C, below no frame of its own: a functools.partial as the __eq__ of a key re's pattern
+# cache held, compared when encodings.idna (imported for a codec) compiled its pattern, made classes through
+# map(type, ...) that counted as the standard library's (a metaclass with the program's __prepare__); a class
+# body then looked `str` up in that __prepare__'s mapping, for a positional pattern reading __globals__.
+ROUND_34_PARTS = (
+    "import re, functools\nL = []\nR = []\ndef prep(*args, **kwargs):\n"
+    "    return {'str': L[1]('C', (), {'__match_args__': ('__globals__',)})}\ndef inst(cls, obj):\n    return True\n",
+    'def f(x):\n    T = type(int)\n    pat = "[\\u002E\\u3002\\uFF0E\\uFF61]"\n'
+    "    maker = map(T, ['M', 'MC'], [(T,), (T,)], [{'__prepare__': prep}, {'__instancecheck__': inst}])\n"
+    "    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n"
+    "        def __hash__(self):\n            return 0\n    re.compile(pat, X(0))\n    try:\n"
+    "        'a'.encode('idna')\n    except Exception:\n        pass\n",
+    "    class K(metaclass=L[0]):\n        match re.compile:\n            case str(g):\n                R.append(g)\n"
+    "    imp = R[0]['__builtins__']['__import__']\n    return [len(imp('sys').modules), imp('os').getuid()]\n",
+)
+
+
+def test_round_34_classes_made_during_an_import_are_checked_unless_a_module_made_them(verifier):
+    """A class made while a module is imported counts as the module's only if its metaclass and bases are
+    standard and what the program rules refuse in its namespace is the module's own code (``_child.
+    _made_by_a_module``); others are checked as a program's. Behind that, a positional class pattern in a
+    class body is refused (its class name is looked up in what ``__prepare__`` gave), and ``super(E, e).obj``
+    of an ``AttributeError`` is refused like ``e.obj``."""
+    made = ROUND_34_PARTS[0] + ROUND_34_PARTS[1] + "    return [c.__name__ for c in L]\n"
+    assert verifier.run(made, "1") == Execution(
+        "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
+    )
+    escape = verifier.run("".join(ROUND_34_PARTS), "1")
+    assert escape.status == "forbidden" and "a positional class pattern in a class body" in escape.detail
+    hook = (  # a C callable as __getattr__, made the same way: a class holding the name, refused
+        "import re, functools\nL = []\ndef f(x):\n    maker = map(type(int), ['E'], [(object,)], "
+        "[{'_' + '_getattr__': len}])\n    class X(int):\n"
+        "        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n"
+        "            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    'a'.encode('idna')\n"
+        "    return L[0]().zzz\n"
+    )
+    assert verifier.run(hook, "1") == Execution(
+        "forbidden",
+        None,
+        "the program made a class holding the name '__getattr__' (at run time or through the standard library)",
+    )
+    class_body = "class K:\n    match 1:\n        case int(g):\n            pass\ndef f(x):\n    return 1\n"
+    assert verifier.run(class_body, "1").status == "forbidden"
+    assert "a positional class pattern in a class body" in verifier.run(class_body, "1").detail
+    super_obj = (
+        "class MyAE(AttributeError):\n    pass\ndef f(x):\n    try:\n        raise MyAE('a')\n"
+        "    except MyAE as err:\n        return repr(super(MyAE, err).obj)\n"
+    )
+    assert verifier.run(super_obj, "1") == Execution(
+        "forbidden", None, "the program read the object a failed lookup kept in an exception (super.obj)"
+    )
+    # what modules make while a guarded call imports them is still theirs: typing's and enum's metaclasses,
+    # codecs imported for str.encode, patterns in methods, super() reads of a class attribute named obj
+    fine = (
+        "class B:\n    obj = 5\nclass C(B):\n    def g(self, v):\n        match v:\n            case int(n):\n"
+        "                return super().obj + n\ndef f(x):\n    import typing, enum, fractions, statistics, difflib, "
+        "calendar, decimal, json, string, textwrap, numbers\n    class Color(enum.Enum):\n        RED = 1\n"
+        "    class P(typing.NamedTuple):\n        a: int\n"
+        "    return [C().g(x), 'a'.encode('idna'), 'b'.encode('punycode'), Color.RED.value, P(2).a, "
+        "str(fractions.Fraction(1, 3)), statistics.mean([1, 2])]\n"
+    )
+    assert verifier.run(fine, "1") == Execution("ok", "[6, b'a', b'b-', 1, 2, '1/3', 1.5]", "")
+
+
 def test_classes_the_standard_library_makes_at_import_are_standard(verifier):
     """``decimal``'s ``SignalDict`` is made with ``type()`` by its C part while ``decimal`` is imported and held by
     no module under that name: it counted as a program's class, which programs wrote (a method replaced, a

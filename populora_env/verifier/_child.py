@@ -753,27 +753,95 @@ def _called_by_the_program() -> bool:
     return caller is not None and caller.f_code.co_filename in _PROGRAM_FILES
 
 
-def _made_by_the_program() -> bool:
-    """Whether the class being made comes from a program: one of its frames is on the stack before any of the
-    import system's (the frames are read through the C API: ``sys._getframe`` is refused in guarded calls)."""
+def _who_makes_the_class() -> str:
+    """Who makes the class being made, from the first frame on the stack that tells: ``"program"`` (one of a
+    program's), ``"import"`` (the import system's: a module being imported, ``_made_by_a_module`` decides)
+    or ``""`` (neither: the worker's own code). The frames are read through the C API: ``sys._getframe`` is
+    refused in guarded calls."""
     frame = current_frame()
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename in _PROGRAM_FILES:
-            return True
+            return "program"
         if filename in _IMPORT_FILES:
-            return False
+            return "import"
         frame = frame.f_back
+    return ""
+
+
+_FUNCTION = type(_describe_name)
+
+
+def _supplied_by_a_module(value: Any) -> bool:
+    """Whether ``value``, a callable or descriptor in the namespace of a class made while a module is imported,
+    is what a module's own code puts there: a function written in a file (a program's are
+    ``<program>``/``<args>``, those compiled from strings ``<string>``), a standard class
+    (``_TypedDictMeta.__call__ = dict``), or a ``classmethod``, ``staticmethod`` or ``property`` of such
+    (``classmethod(GenericAlias)``)."""
+    kind = type(value)
+    if any(cls is type for cls in _REAL_MRO(kind)):  # a class: `_TypedDictMeta.__call__ = dict`
+        return _is_standard(value)
+    if kind is _FUNCTION:
+        filename = value.__code__.co_filename
+        return type(filename) is str and (filename[:1] == "/" or filename[:8] == "<frozen ")
+    if kind is classmethod or kind is staticmethod:
+        inner = value.__func__
+        return _supplied_by_a_module(inner)
+    if kind is property:
+        return all(
+            part is None or _supplied_by_a_module(part) for part in (value.fget, value.fset, value.fdel)
+        )
     return False
+
+
+def _hook(value: Any) -> bool:
+    """Whether ``value`` can run when its class is used: callable, or a descriptor (looked up on its class,
+    so that no program code runs here)."""
+    kind = type(value)
+    return callable(value) or any(
+        any(name in vars(cls) for cls in _REAL_MRO(kind)) for name in ("__get__", "__set__", "__delete__")
+    )
+
+
+def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
+    """Whether a class made while a module is imported (the import system's frames met before any program
+    frame) is that module's: its metaclass and bases are standard classes, and under each name the program
+    rules refuse (a dunder outside ``ALLOWED_SPECIAL_METHODS`` and ``CLASS_NAMESPACE_DUNDERS``) it holds
+    ``None``, a list of names as ``__all__``, or a function ``_supplied_by_a_module``; a metaclass holds no
+    other callable or descriptor either. A program's callables run during an import too, from C, below no
+    frame of its own: a ``functools.partial`` as the ``__eq__`` of an object that ``re``'s pattern cache held
+    as a key, compared when a module imported for a codec compiled its patterns, called ``type`` through
+    ``map`` with the program's namespaces, and those classes (a metaclass with the program's ``__prepare__``)
+    were taken for the standard library's (red-team round 34, a full escape)."""
+    name, bases, namespace = args
+    if type(name) is not str or type(bases) is not tuple or type(namespace) is not dict:
+        return False
+    if not _is_standard(metatype) or not all(type(b) is type or _is_standard(b) for b in bases):
+        return False
+    meta = any(any(cls is type for cls in _REAL_MRO(b)) for b in bases if isinstance(b, type))
+    for key, value in dict.items(namespace):
+        if type(key) is not str:
+            return False
+        if len(key) > 4 and dunder_shaped(key) and key not in _CLASS_DUNDERS:
+            names = key == "__all__" and type(value) in (list, tuple) and all(type(n) is str for n in value)
+            if not (value is None or names or _supplied_by_a_module(value)):
+                return False
+        elif meta and key != "__classcell__" and _hook(value) and not _supplied_by_a_module(value):
+            return False
+    return True
 
 
 def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
     """The check of every class made in a child (``sandbox.route_class_creation``): in a guarded call, refuses
     (events ``populora.metaclass``, ``populora.class_namespace``: recorded) a class a program makes that
     derives from ``type`` or holds a dunder name outside ``ALLOWED_SPECIAL_METHODS`` and
-    ``CLASS_NAMESPACE_DUNDERS`` (or a key that is not a plain ``str``: a ``str`` subclass equal to one).
+    ``CLASS_NAMESPACE_DUNDERS`` (or a key that is not a plain ``str``: a ``str`` subclass equal to one). A
+    class made while a module is imported is the module's only if ``_made_by_a_module`` vouches for it.
     Returns whether a program makes it (``made_by_the_standard_library`` records the others)."""
-    if len(args) != 3 or not _made_by_the_program():
+    if len(args) != 3:
+        return False
+    maker = _who_makes_the_class()
+    if not maker or (maker == "import" and _made_by_a_module(metatype, args)):
         return False
     _name, bases, namespace = args
     if type(bases) is not tuple:  # (a tuple subclass passed type_new and skipped the loop below: round 30)
@@ -992,6 +1060,11 @@ def _format_walk_refused(text: str, depth: int = 0) -> str:
     return ""
 
 
+_SUPER_SELF = vars(super)[
+    "__self__"
+].__get__  # the object a super proxy is bound to (super is closed to subclasses)
+
+
 def _checked_read(value: Any, name: str) -> Any:
     """``value.<name>`` for a guarded program's read of ``format``, ``format_map``, ``obj`` or a name of
     ``MODULE_READS``. Judged by what the read gives: ``str``'s own bound method (of a string, a ``str``
@@ -1004,7 +1077,10 @@ def _checked_read(value: Any, name: str) -> Any:
         if isinstance(found, type(sys)) and _off_the_allowlist(found) is not None:
             _refuse_at_run_time("populora.module_read", name)
         return found
-    if name == "obj" and isinstance(value, AttributeError):  # (the only built-in exception with an `obj`)
+    if name == "obj" and (
+        isinstance(value, AttributeError)  # (the only built-in exception with an `obj`)
+        or (type(value) is super and isinstance(_SUPER_SELF(value), AttributeError))  # (round 34)
+    ):
         _refuse_at_run_time("populora.exception_object", type(value).__name__)
     method = getattr(value, name)
     if name == "obj":

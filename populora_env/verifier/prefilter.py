@@ -169,6 +169,12 @@ def prefilter(program: str) -> Prefiltered:
             f"line {pattern.lineno}: a class pattern of {pattern.cls.id!r}, a name the program binds itself "  # type: ignore[attr-defined]
             "(rebound to its own class, its positional pattern reads any attribute of the subject)",
         )
+    if "case" in program and (pattern := _positional_pattern_in_a_class_body(tree)) is not None:
+        return Prefiltered(
+            "forbidden",
+            f"line {pattern.lineno}: a positional class pattern in a class body, where {pattern.cls.id!r} is "  # type: ignore[attr-defined]
+            "looked up in the namespace a metaclass's __prepare__ gives (not only the built-in)",
+        )
     return Prefiltered("ok")
 
 
@@ -442,6 +448,25 @@ def _rebound_self_matching(tree: ast.AST) -> ast.MatchClass | None:
         return None
     bound = _bound_names(tree)
     return next((p for p in patterns if p.cls.id in bound), None)  # type: ignore[attr-defined]
+
+
+def _positional_pattern_in_a_class_body(tree: ast.AST) -> ast.MatchClass | None:
+    """The first ``case str(v)``-style pattern written in a class body itself (not in a function inside it):
+    a class body looks names up in the namespace its metaclass's ``__prepare__`` returned, so ``str`` there
+    is whatever that mapping holds, a class whose ``__match_args__`` names ``__globals__`` with a metaclass
+    matching anything (red-team round 34, behind a metaclass the program had made unchecked)."""
+    bodies = [node.body for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    while bodies:
+        for statement in bodies.pop():
+            todo: list[ast.AST] = [statement]
+            while todo:
+                node = todo.pop()
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+                    continue  # a scope of its own (a nested class's body is in `bodies` already)
+                if isinstance(node, ast.MatchClass) and node.patterns and isinstance(node.cls, ast.Name):
+                    return node
+                todo.extend(ast.iter_child_nodes(node))
+    return None
 
 
 def _bound_names(tree: ast.AST) -> set[str]:
