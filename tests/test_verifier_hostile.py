@@ -2064,6 +2064,27 @@ def test_round_34_classes_made_during_an_import_are_checked_unless_a_module_made
     assert verifier.run(fine, "1") == Execution("ok", "[6, b'a', b'b-', 1, 2, '1/3', 1.5]", "")
 
 
+# Red-team round 35: the check of round 34 took any class recorded as standard for the module's own, and a
+# class made during the import is recorded so: a first class holding only the program's __new__ passed, then
+# served as every hook of the next (a metaclass's __prepare__ and __instancecheck__; __deepcopy__, handed the
+# memo holding a standard object's live __dict__, wrote its private attribute).
+ROUND_35_METACLASS = "import re, functools\nL = []\nG = []\ndef newA(cls, *a, **k):\n    G.append(a)\n    return {'hidden': 42, 'type': len}\ndef nss():\n    yield {'_' + '_new__': newA}\n    yield {'_' + '_instancecheck__': L[0], '_' + '_prepare__': L[0]}\ndef f(x):\n    T = type(int)\n    maker = map(T, ['A', 'M'], [(object,), (T,)], nss())\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\n    class K(metaclass=L[1]):\n        seen = hidden\n        t = type('abc')\n    return [K.seen, K.t, isinstance(5, K), len(G)]\n"
+ROUND_35_DEEPCOPY = "import re, functools, calendar, copy\nL = []\nG = []\ndef newA(cls, *a):\n    G.append(a)\n    return G\ndef nss():\n    yield {'_' + '_new__': newA}\n    yield {'_' + '_deepcopy__': L[0], '_' + '_getattr__': L[0]}\ndef f(x):\n    T = type(int)\n    maker = map(T, ['A', 'K'], [(object,), (object,)], nss())\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\n    k = L[1]()\n    k.zzz\n    cal = calendar.TextCalendar(3)\n    copy.deepcopy([cal, k])\n    memo = G[-1][0]\n    live = [v for v in memo.values() if type(v) is list and any(o is cal for o in v)][0]\n    dd = [type(o).__name__ for o in live]\n    d = [o for o in live if type(o) is dict][0]\n    d['_firstweekday'] = 5\n    return [dd, [[type(e).__name__ for e in g] for g in G[:-1]], sorted(d), cal.firstweekday]\n"
+
+
+def test_round_35_a_class_made_during_an_import_vouches_for_nothing(verifier):
+    """Only classes modules hold (or found under their names) count as a module's values; every special method
+    of a class made during an import is the module's code (or built in) for it to be the module's class."""
+    assert verifier.run(ROUND_35_METACLASS, "1") == Execution(
+        "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
+    )
+    assert verifier.run(ROUND_35_DEEPCOPY, "1") == Execution(
+        "forbidden",
+        None,
+        "the program made a class holding the name '__deepcopy__' (at run time or through the standard library)",
+    )
+
+
 def test_classes_the_standard_library_makes_at_import_are_standard(verifier):
     """``decimal``'s ``SignalDict`` is made with ``type()`` by its C part while ``decimal`` is imported and held by
     no module under that name: it counted as a program's class, which programs wrote (a method replaced, a

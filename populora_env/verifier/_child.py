@@ -780,7 +780,9 @@ def _supplied_by_a_module(value: Any) -> bool:
     (``classmethod(GenericAlias)``)."""
     kind = type(value)
     if any(cls is type for cls in _REAL_MRO(kind)):  # a class: `_TypedDictMeta.__call__ = dict`
-        return _is_standard(value)
+        # (not one recorded as the standard library's while a module was imported: a program made such a class
+        # with its own __new__, then used it as every hook of the next one, red-team round 35)
+        return _held_by_a_module(value)
     if kind is _FUNCTION:
         filename = value.__code__.co_filename
         return type(filename) is str and (filename[:1] == "/" or filename[:8] == "<frozen ")
@@ -819,6 +821,10 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
     if not _is_standard(metatype) or not all(type(b) is type or _is_standard(b) for b in bases):
         return False
     meta = any(any(cls is type for cls in _REAL_MRO(b)) for b in bases if isinstance(b, type))
+    slots = dict.get(namespace, "__slots__", ())
+    slots = (slots,) if type(slots) is str else list(dict.keys(slots)) if type(slots) is dict else slots
+    if type(slots) not in (tuple, list) or not all(type(n) is str and n not in _HOOK_NAMES for n in slots):
+        return False  # (a slot named as a special method is one whose value each instance sets)
     for key, value in dict.items(namespace):
         if type(key) is not str:
             return False
@@ -826,9 +832,44 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
             names = key == "__all__" and type(value) in (list, tuple) and all(type(n) is str for n in value)
             if not (value is None or names or _supplied_by_a_module(value)):
                 return False
+        elif key in ALLOWED_SPECIAL_METHODS and _hook(value):
+            # the special methods a program may define too, but a standard class's are trusted (the copy
+            # guards skip them): a module's code, a built-in one (`__hash__ = ref.__hash__`, `__call__ =
+            # _idfunc`) or namedtuple's __new__, compiled from a string of its own
+            if not (
+                _supplied_by_a_module(value)
+                or type(value) in _BUILT_IN_CALLABLES
+                or _made_by_namedtuple(value)
+            ):
+                return False
         elif meta and key != "__classcell__" and _hook(value) and not _supplied_by_a_module(value):
-            return False
+            return False  # a metaclass's methods (its `mro`) are a module's
     return True
+
+
+_BUILT_IN_CALLABLES = (type(len), type(object.__ne__), type(str.join))
+#: Names the interpreter or the standard library looks up on a class as hooks: a slot of such a name in a class
+#: made during an import makes it not the module's (the dunder slots of typing's ``ForwardRef`` are data).
+_HOOK_NAMES = ALLOWED_SPECIAL_METHODS | frozenset(
+    {
+        "__getattr__", "__getattribute__", "__setattr__", "__delattr__", "__get__", "__set__", "__delete__",
+        "__set_name__", "__init_subclass__", "__class_getitem__", "__mro_entries__", "__prepare__",
+        "__instancecheck__", "__subclasscheck__", "__subclasshook__", "__copy__", "__deepcopy__", "__reduce__",
+        "__reduce_ex__", "__getstate__", "__setstate__", "__getnewargs_ex__", "__getnewargs__", "__slotnames__",
+        "__del__", "__dir__", "__sizeof__", "__class__", "__dict__", "__weakref__", "__module__", "__qualname__",
+        "__orig_bases__", "__orig_class__", "__origin__", "__args__", "__parameters__", "__wrapped__", "__func__",
+        "__self__", "__globals__", "__code__", "__closure__", "__annotations__", "__match_args__", "__slots__",
+        "__objclass__", "__abstractmethods__", "__bases__", "__mro__", "__name__", "mro",
+    }
+) - {"__dict__", "__weakref__"}  # fmt: skip
+
+
+def _made_by_namedtuple(value: Any) -> bool:
+    """Whether ``value`` is the ``__new__`` that ``collections.namedtuple`` compiles (from a string) for a class."""
+    if type(value) is not _FUNCTION:
+        return False
+    code, module = value.__code__, value.__module__
+    return code.co_filename == "<string>" and code.co_name == "<lambda>" and str(module)[:11] == "namedtuple_"
 
 
 def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
@@ -1124,6 +1165,7 @@ _ATTRIBUTE_WRITES = frozenset({95, 96})  # STORE_ATTR, DELETE_ATTR (CPython 3.11
 
 
 _STANDARD_CLASSES: set[int] = set()  # ids of the classes the imported modules hold (``register_standard``)
+_HELD_BY_MODULES: set[int] = set()  # the same, without the classes ``made_by_the_standard_library`` recorded
 _REGISTERED_MODULES: set[str] = set()
 
 
@@ -1140,7 +1182,9 @@ def register_standard() -> None:
         for value in list(vars(module).values()) if isinstance(module, type(sys)) else ():
             # a class, and the class of any other object a module holds (`enum._auto_null`: the name is
             # shadowed by its instance)
-            _STANDARD_CLASSES.add(id(value) if isinstance(value, type) else id(type(value)))
+            held = id(value) if isinstance(value, type) else id(type(value))
+            _STANDARD_CLASSES.add(held)
+            _HELD_BY_MODULES.add(held)
 
 
 def _is_standard(cls: Any) -> bool:
@@ -1148,8 +1192,17 @@ def _is_standard(cls: Any) -> bool:
     guarded import recorded (``register_standard``), or found under its own name in the module it names. A
     program's class is not, whatever its ``__module__`` says, nor one the standard library made for it
     (``collections.namedtuple``, the ``enum`` and ``typing`` functional forms)."""
-    if id(cls) in _STANDARD_CLASSES:
-        return True
+    return id(cls) in _STANDARD_CLASSES or _found_under_its_name(cls)
+
+
+def _held_by_a_module(cls: Any) -> bool:
+    """``_is_standard`` without the classes recorded as made while a module was imported: a class of a module's
+    (``register_standard``) or found under its own name in the module it names (``dict``, ``GenericAlias``)."""
+    return id(cls) in _HELD_BY_MODULES or _found_under_its_name(cls)
+
+
+def _found_under_its_name(cls: Any) -> bool:
+    """Whether ``cls`` is found, by identity, under its ``__qualname__`` in the module its ``__module__`` names."""
     # `__module__` is any object a class's namespace held: compared only as an exact str, so that no program
     # code runs inside a check, between its answer and the read it allows (round 24)
     module = cls.__module__
