@@ -739,8 +739,9 @@ _RUN_TIME_REFUSALS = {
 # statement's namespace passed the pre-filter, but one made at run time held ``__slotnames__`` and
 # ``__setstate__``, and a metaclass made at run time an ``mro`` leaving ``object`` out of its classes' MRO, for
 # ``copy`` to read private attributes of the enum machinery (red-team round 23, a full escape). Classes the
-# standard library makes at import (a module's own, or one a function of it imports for a program) are not
-# the program's: the import system's frames are met before any of the program's.
+# standard library makes at import (a module's own, or one a function of it imports for a program: the import
+# system's frames are met before any of the program's) are not the program's when what they hold is the
+# module's own code (``_made_by_a_module``): a program's C callables run during imports too (rounds 34, 35).
 _PROGRAM_FILES = frozenset({"<program>", "<args>"})
 _IMPORT_FILES = frozenset({"<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>"})
 _CLASS_DUNDERS = ALLOWED_SPECIAL_METHODS | CLASS_NAMESPACE_DUNDERS
