@@ -2085,6 +2085,44 @@ def test_round_35_a_class_made_during_an_import_vouches_for_nothing(verifier):
     )
 
 
+# Red-team round 36: classes made with no frame of the program's on the stack at all (`f` rebound to a
+# functools.partial the child's own frame calls; a partial as an exception's __str__, called when its verdict
+# is written) were never checked and were recorded as standard; and a class a module holds (`dict`) passed as a
+# hook under a refused name (`__deepcopy__ = dict` copied copy's memo).
+ROUND_36 = {
+    name: program
+    for name, (program, _args) in {
+        "deepcopy_dict": [
+            "import re, functools, calendar, copy\nL = []\ndef make(names, bases, nss):\n    maker = map(type(int), names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\n\ndef f(x):\n    make(['K'], [(object,)], [{'_' + '_deepcopy__': dict}])\n    k = L[0]()\n    cal = calendar.TextCalendar(3)\n    r = copy.deepcopy([cal, k])\n    memo = r[1]\n    live = [v for v in memo.values() if type(v) is list and any(o is cal for o in v)][0]\n    d = [o for o in live if type(o) is dict][0]\n    d['_firstweekday'] = 5\n    return [sorted(d), cal.firstweekday, len(L)]\n",
+            "1",
+        ],
+        "noframe_memo": [
+            "import functools, itertools, calendar, copy\nL = []\ndef g(_):\n    cal = calendar.TextCalendar(3)\n    memo = copy.deepcopy([cal, L[0]()])[1]\n    live = [v for v in memo.values() if type(v) is list and any(o is cal for o in v)][0]\n    d = [o for o in live if type(o) is dict][0]\n    d['_firstweekday'] = 5\n    return (cal.firstweekday, type(L[1]).__name__)\ndef f(x):\n    return 0\nT = type(int)\nnss = [{'_' + '_deepcopy__': lambda self, memo: memo}, {'_' + '_prepare__': lambda *a, **k: {}}]\nf = functools.partial(dict.fromkeys, itertools.chain(map(L.append, map(T, ['K', 'M'], [(object,), (T,)], nss)), map(g, [0])))\n",
+            "1",
+        ],
+        "via_str": [
+            "import functools, itertools\nL = []\ndef g(_):\n    return L[0]().zzz + ' ' + type(L[1]).__name__\nT = type(int)\nclass E(Exception):\n    __str__ = functools.partial(str.join, '', itertools.chain(filter(None, map(L.append, map(T, ['K', 'M'], [(object,), (T,)], [{'_' + '_getattr__': lambda s, n: 'hooked ' + n}, {}]))), map(g, [0])))\ndef f(x):\n    raise E()\n",
+            "1",
+        ],
+    }.items()
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "refused"),
+    [("deepcopy_dict", "'__deepcopy__'"), ("noframe_memo", "'__deepcopy__'"), ("via_str", "'__getattr__'")],
+)
+def test_round_36_classes_made_below_no_program_frame_are_checked(verifier, name, refused):
+    """In a guarded call, a class made below no frame of the program's and none of the import system's is judged
+    as one made during an import (``_child._made_by_a_module``), and a class stands for a module's value only as
+    an allowed special method (``__call__ = dict``) or ``__class_getitem__ = classmethod(GenericAlias)``."""
+    assert verifier.run(ROUND_36[name], "1") == Execution(
+        "forbidden",
+        None,
+        f"the program made a class holding the name {refused} (at run time or through the standard library)",
+    )
+
+
 def test_classes_the_standard_library_makes_at_import_are_standard(verifier):
     """``decimal``'s ``SignalDict`` is made with ``type()`` by its C part while ``decimal`` is imported and held by
     no module under that name: it counted as a program's class, which programs wrote (a method replaced, a

@@ -776,14 +776,9 @@ _FUNCTION = type(_describe_name)
 def _supplied_by_a_module(value: Any) -> bool:
     """Whether ``value``, a callable or descriptor in the namespace of a class made while a module is imported,
     is what a module's own code puts there: a function written in a file (a program's are
-    ``<program>``/``<args>``, those compiled from strings ``<string>``), a standard class
-    (``_TypedDictMeta.__call__ = dict``), or a ``classmethod``, ``staticmethod`` or ``property`` of such
-    (``classmethod(GenericAlias)``)."""
+    ``<program>``/``<args>``, those compiled from strings ``<string>``), or a ``classmethod``,
+    ``staticmethod`` or ``property`` of such functions (classes are judged by name: ``_made_by_a_module``)."""
     kind = type(value)
-    if any(cls is type for cls in _REAL_MRO(kind)):  # a class: `_TypedDictMeta.__call__ = dict`
-        # (not one recorded as the standard library's while a module was imported: a program made such a class
-        # with its own __new__, then used it as every hook of the next one, red-team round 35)
-        return _held_by_a_module(value)
     if kind is _FUNCTION:
         filename = value.__code__.co_filename
         return type(filename) is str and (filename[:1] == "/" or filename[:8] == "<frozen ")
@@ -831,7 +826,12 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
             return False
         if len(key) > 4 and dunder_shaped(key) and key not in _CLASS_DUNDERS:
             names = key == "__all__" and type(value) in (list, tuple) and all(type(n) is str for n in value)
-            if not (value is None or names or _supplied_by_a_module(value)):
+            # a class there is called as a hook (`__deepcopy__ = dict` copied copy's memo: red-team round 36),
+            # except as `__class_getitem__ = classmethod(GenericAlias)`
+            alias = (
+                key == "__class_getitem__" and type(value) is classmethod and _a_held_class(value.__func__)
+            )
+            if not (value is None or names or alias or _supplied_by_a_module(value)):
                 return False
         elif key in ALLOWED_SPECIAL_METHODS and _hook(value):
             # the special methods a program may define too, but a standard class's are trusted (the copy
@@ -841,6 +841,7 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
                 _supplied_by_a_module(value)
                 or type(value) in _BUILT_IN_CALLABLES
                 or _made_by_namedtuple(value)
+                or _a_held_class(value)  # `_TypedDictMeta.__call__ = dict`
             ):
                 return False
         elif meta and key != "__classcell__" and _hook(value) and not _supplied_by_a_module(value):
@@ -865,6 +866,13 @@ _HOOK_NAMES = ALLOWED_SPECIAL_METHODS | frozenset(
 ) - {"__dict__", "__weakref__"}  # fmt: skip
 
 
+def _a_held_class(value: Any) -> bool:
+    """Whether ``value`` is a class a module holds (not one recorded as the standard library's while a module
+    was imported: a program made such a class with its own ``__new__``, then used it as every hook of the next
+    one, red-team round 35)."""
+    return any(cls is type for cls in _REAL_MRO(type(value))) and _held_by_a_module(value)
+
+
 def _made_by_namedtuple(value: Any) -> bool:
     """Whether ``value`` is the ``__new__`` that ``collections.namedtuple`` compiles (from a string) for a class."""
     if type(value) is not _FUNCTION:
@@ -883,7 +891,11 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
     if len(args) != 3:
         return False
     maker = _who_makes_the_class()
-    if not maker or (maker == "import" and _made_by_a_module(metatype, args)):
+    if not maker and not _guard_armed():  # the worker's own code, outside guarded calls
+        return False
+    # no frame of the program's: an import, or C code running a program's callables from the child's own frames
+    # (`f` rebound to a functools.partial, a partial as an exception's __str__: red-team round 36)
+    if maker != "program" and _made_by_a_module(metatype, args):
         return False
     _name, bases, namespace = args
     if type(bases) is not tuple:  # (a tuple subclass passed type_new and skipped the loop below: round 30)
@@ -956,9 +968,9 @@ def _unpicklable_enum(key: str, value: Any) -> bool:
 # and ``copy``'s reconstruction of a program's ``__reduce_ex__`` state did it to a module, turning
 # ``dataclasses.replace`` into a read of any attribute by name (found by a red-team review).
 def _frame_guard() -> tuple[
-    Callable[[str, tuple[Any, ...]], None], Callable[[bool], None], Callable[[], str]
+    Callable[[str, tuple[Any, ...]], None], Callable[[bool], None], Callable[[], str], Callable[[], bool]
 ]:
-    """The hook and its controls, ``(audit, arm, refusal)``, around a state no module global holds (so a
+    """The hook and its controls, ``(audit, arm, refusal, armed)``, around a state no module global holds (so a
     program that can write into this module's globals still cannot switch it off there)."""
     frame_attributes = frozenset({"gi_frame", "cr_frame", "ag_frame", "tb_frame"})
     frame_events = frozenset({"sys._current_frames", "sys.settrace", "sys.setprofile"})
@@ -1000,10 +1012,14 @@ def _frame_guard() -> tuple[
         """The verdict detail of the first refusal since ``arm``, or ``""``."""
         return state["refused"]
 
-    return audit, arm, refusal
+    def armed() -> bool:
+        """Whether a guarded call is on (from its ``arm`` until the next: its verdict's rendering included)."""
+        return bool(state["on"])
+
+    return audit, arm, refusal, armed
 
 
-_audit, arm_frame_guard, frame_guard_refusal = _frame_guard()
+_audit, arm_frame_guard, frame_guard_refusal, _guard_armed = _frame_guard()
 
 
 def install_frame_guard() -> None:
