@@ -508,12 +508,7 @@ def route_class_creation(
 
     def __new__(metatype: type, *args: Any, **kwargs: Any) -> Any:
         # (the check CPython's own type.__new__ wrapper makes: type_new writes a class into what it is given)
-        try:
-            classes = real_mro(metatype)
-        except TypeError:  # not a class
-            classes = ()
-        if not any(cls is type for cls in classes):
-            raise TypeError(f"type.__new__(X): X is not a subtype of type (a {type(metatype).__name__})")
+        _require_subtype(metatype, type)
         by_a_program = check(metatype, args)
         if len(args) == 3 and type(args[2]) is dict and "__module__" not in args[2]:
             # type_new names the module from the running frame's globals, which would be this function's
@@ -548,6 +543,18 @@ def route_class_creation(
 real_mro = vars(type)["__mro__"].__get__  # type's own descriptor: no class can override what it gives
 
 
+def _require_subtype(subtype: Any, base: type) -> None:
+    """``TypeError`` unless ``subtype`` is a class deriving from ``base`` (by its real MRO): what CPython's own
+    ``__new__`` wrapper checks before a ``tp_new`` writes an object of that class."""
+    try:
+        classes = real_mro(subtype)
+    except TypeError:  # not a class
+        classes = ()
+    if not any(cls is base for cls in classes):
+        name = base.__name__
+        raise TypeError(f"{name}.__new__(X): X is not a subtype of {name} (a {type(subtype).__name__})")
+
+
 def require_class_origins(alias: type) -> str | None:
     """Makes a call of ``alias`` (``types.GenericAlias``) from Python refuse an origin that is not a class.
 
@@ -567,12 +574,7 @@ def require_class_origins(alias: type) -> str | None:
     alias_new = _TYPE_NEW(_type_word(alias, 39).value)
 
     def __new__(subtype: type, *args: Any, **kwargs: Any) -> Any:
-        try:
-            classes = real_mro(subtype)
-        except TypeError:  # not a class
-            classes = ()
-        if not any(cls is alias for cls in classes):  # (the check CPython's own __new__ wrapper makes)
-            raise TypeError(f"{alias.__name__}.__new__(X): X is not a subtype of {alias.__name__}")
+        _require_subtype(subtype, alias)  # (the check CPython's own __new__ wrapper makes)
         if args and not any(cls is type for cls in real_mro(type(args[0]))):
             raise TypeError(f"{alias.__name__}: the origin must be a class, not a {type(args[0]).__name__}")
         return alias_new(subtype, args, kwargs)
