@@ -2123,6 +2123,34 @@ def test_round_36_classes_made_below_no_program_frame_are_checked(verifier, name
     )
 
 
+# Red-team round 37: standard-library functions a program reads by public name pass as "a module's code" in a
+# class made during an import (`__deepcopy__ = typing.cast` returned copy's memo; `__reduce_ex__ =
+# typing.assert_type` let the program choose the reduction, and copy wrote private attributes into calendar.c),
+# and classes made below the child's own frames (`f` rebound to a partial) still went through that vouching.
+ROUND_37_NO_FRAME = "\nimport functools, typing, copy\nT = type(int)\ndef g(acc, cls):\n    x = cls()\n    m = copy.deepcopy([x, [1,2]])\n    return str(type(m).__name__) + \":\" + str(sorted(str(type(v).__name__) for v in (m.values() if isinstance(m, dict) else m)))\ndef f():\n    return 0\nf = functools.partial(functools.reduce, g, map(T, ['K'], [()], [{'__deepcopy__': typing.cast}]), 0)\n"
+ROUND_37_MEMO = "import re, functools, typing, copy, calendar\nL = []\ndef make(names, bases, nss):\n    maker = map(type(int), names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\ndef f(x):\n    make(['K'], [(object,)], [{'_' + '_deepcopy__': typing.cast}])\n    m = copy.deepcopy([L[0](), calendar.c])[0]\n    return len(L)\n"
+ROUND_37_REDUCE = "import re, functools, typing, copy, calendar\nL = []\ndef make(names, bases, nss):\n    maker = map(type(int), names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\ndef h():\n    return calendar.c\ndef f(x):\n    make(['R'], [(tuple,)], [{'_' + '_reduce_ex__': typing.assert_type}])\n    copy.copy(L[0]((h, (), {'_firstweekday': 2})))\n    return calendar.firstweekday()\n"
+
+
+def test_round_37_copy_trusts_only_classes_modules_hold(verifier):
+    """A class made below no frame of the program's nor of an import is checked as the program's; copy's guards
+    trust the hooks of classes modules hold only (``_child._program_hook``), and rebuild an instance of a class no
+    module holds under the rules for the program's own objects (``_child._copied_as_own``)."""
+    assert verifier.run(ROUND_37_NO_FRAME, "") == Execution(
+        "forbidden",
+        None,
+        "the program made a class holding the name '__deepcopy__' (at run time or through the standard library)",
+    )
+    assert verifier.run(ROUND_37_MEMO, "1") == Execution(
+        "forbidden",
+        None,
+        "a __deepcopy__ of the program's (class K) would be handed copy's memo, the originals in it",
+    )
+    assert verifier.run(ROUND_37_REDUCE, "1") == Execution(
+        "forbidden", None, "the program made copy rebuild an object into a TextCalendar (copy.copy/deepcopy)"
+    )
+
+
 def test_classes_the_standard_library_makes_at_import_are_standard(verifier):
     """``decimal``'s ``SignalDict`` is made with ``type()`` by its C part while ``decimal`` is imported and held by
     no module under that name: it counted as a program's class, which programs wrote (a method replaced, a

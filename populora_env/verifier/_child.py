@@ -147,7 +147,20 @@ def _program_hook(cls: Any, name: str) -> bool:
     ``__getattribute__`` that could hand one out (only a class made at run time can: a class statement
     defines no special method off the allowlist)."""
     names = (name, "__getattr__", "__getattribute__")
-    return any(not _REAL_NAMESPACE(k).keys().isdisjoint(names) for k in _REAL_MRO(cls) if not _is_standard(k))
+    # trusted: the classes modules hold, not those merely recorded as made while a module was imported (a
+    # program made one during an import with `__deepcopy__ = typing.cast`, which handed it copy's memo: red-team
+    # round 37)
+    return any(
+        not _REAL_NAMESPACE(k).keys().isdisjoint(names) for k in _REAL_MRO(cls) if not _held_by_a_module(k)
+    )
+
+
+def _copied_as_own(obj: Any) -> bool:
+    """Whether ``copy`` rebuilds ``obj`` under the rules for a program's object (``_reconstruct``'s guard): one the
+    program may write (``_is_own``), or an instance of a class no module holds (made while a module was
+    imported: a program made one with ``__reduce_ex__ = typing.assert_type``, whose reduction it chose, and copy
+    wrote private attributes into ``calendar.c``, red-team round 37)."""
+    return _is_own(obj) or (not isinstance(obj, type | type(sys)) and not _held_by_a_module(type(obj)))
 
 
 def _instance_hook(obj: Any, name: str) -> bool:
@@ -240,7 +253,8 @@ def _guard_copy() -> None:
         # the slot state of a program's object: copy read each attribute its class's `__slotnames__` names, and
         # a class made at run time named private ones of the standard library's there (`EnumType._convert_`,
         # red-team round 23; such classes are refused where they are made now, this is the second line)
-        slots = parts[1] if len(parts) == 2 and type(parts[1]) is dict and _is_own(x) else {}
+        own = _copied_as_own(x)
+        slots = parts[1] if len(parts) == 2 and type(parts[1]) is dict and own else {}
         for key in slots:
             if type(key) is str and (key[:1] == "_" or key in FORBIDDEN_ATTRIBUTES):
                 _refuse_at_run_time("populora.copy_state", _describe_name(key))
@@ -260,7 +274,7 @@ def _guard_copy() -> None:
             # A program's object reduces to whatever its (run-time) class says: a callable that returns an
             # object that exists already, which copy then writes the state into (calendar.c, an enum
             # member): a copy of a program's object must be the program's own too
-            if _is_own(x) and not _is_own(made):
+            if own and not _is_own(made):
                 _refuse_at_run_time("populora.copy_into", type(made).__name__)
             return made
 
@@ -893,9 +907,10 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
     maker = _who_makes_the_class()
     if not maker and not _guard_armed():  # the worker's own code, outside guarded calls
         return False
-    # no frame of the program's: an import, or C code running a program's callables from the child's own frames
-    # (`f` rebound to a functools.partial, a partial as an exception's __str__: red-team round 36)
-    if maker != "program" and _made_by_a_module(metatype, args):
+    # In a guarded call, a class made below no frame of the program's nor of the import system's comes from C code
+    # running a program's callables from the child's own frames (`f` rebound to a functools.partial, a partial as
+    # an exception's __str__: red-team rounds 36 and 37): checked as the program's.
+    if maker == "import" and _made_by_a_module(metatype, args):
         return False
     _name, bases, namespace = args
     if type(bases) is not tuple:  # (a tuple subclass passed type_new and skipped the loop below: round 30)
