@@ -811,7 +811,8 @@ def _hook(value: Any) -> bool:
     so that no program code runs here)."""
     kind = type(value)
     return callable(value) or any(
-        any(name in vars(cls) for cls in _REAL_MRO(kind)) for name in ("__get__", "__set__", "__delete__")
+        not _REAL_NAMESPACE(cls).keys().isdisjoint(("__get__", "__set__", "__delete__"))
+        for cls in _REAL_MRO(kind)
     )
 
 
@@ -828,9 +829,11 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
     name, bases, namespace = args
     if type(name) is not str or type(bases) is not tuple or type(namespace) is not dict:
         return False
-    if not _is_standard(metatype) or not all(type(b) is type or _is_standard(b) for b in bases):
+    if not _is_standard(metatype) or not all(
+        _a_class(b) and (type(b) is type or _is_standard(b)) for b in bases
+    ):
         return False
-    meta = any(any(cls is type for cls in _REAL_MRO(b)) for b in bases if isinstance(b, type))
+    meta = any(any(cls is type for cls in _REAL_MRO(b)) for b in bases)
     slots = dict.get(namespace, "__slots__", ())
     slots = (slots,) if type(slots) is str else list(dict.keys(slots)) if type(slots) is dict else slots
     if type(slots) not in (tuple, list) or not all(type(n) is str and n not in _HOOK_NAMES for n in slots):
@@ -880,11 +883,16 @@ _HOOK_NAMES = ALLOWED_SPECIAL_METHODS | frozenset(
 ) - {"__dict__", "__weakref__"}  # fmt: skip
 
 
+def _a_class(value: Any) -> bool:
+    """Whether ``value`` is a class, by its type's real MRO (no ``__class__`` of its own is read)."""
+    return any(cls is type for cls in _REAL_MRO(type(value)))
+
+
 def _a_held_class(value: Any) -> bool:
     """Whether ``value`` is a class a module holds (not one recorded as the standard library's while a module
     was imported: a program made such a class with its own ``__new__``, then used it as every hook of the next
     one, red-team round 35)."""
-    return any(cls is type for cls in _REAL_MRO(type(value))) and _held_by_a_module(value)
+    return _a_class(value) and _held_by_a_module(value)
 
 
 def _made_by_namedtuple(value: Any) -> bool:
@@ -1133,9 +1141,8 @@ def _format_walk_refused(text: str, depth: int = 0) -> str:
     return ""
 
 
-_SUPER_SELF = vars(super)[
-    "__self__"
-].__get__  # the object a super proxy is bound to (super is closed to subclasses)
+# the object a super proxy is bound to (super is closed to subclasses)
+_SUPER_SELF = vars(super)["__self__"].__get__
 
 
 def _checked_read(value: Any, name: str) -> Any:
