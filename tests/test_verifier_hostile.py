@@ -2151,6 +2151,28 @@ def test_round_37_copy_trusts_only_classes_modules_hold(verifier):
     )
 
 
+# Red-team round 38: a class made during an import lied about its class (`__class__ = property(statistics.mode)`),
+# so the copy guard's isinstance() took its instance for a class and skipped the rules for the program's own
+# objects; the rebuild (a metaclass whose __new__ is typing.cast) landed on calendar.c, and a state given as pairs
+# instead of a dict set its private attribute.
+ROUND_38_CLASS = "import re, functools, typing, copy, calendar, statistics\nL = []\ndef make(names, bases, nss):\n    maker = map(type(int), names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\ndef f(x):\n    make(['M', 'R'], [(type(int),), (tuple,)], [{'_' + '_new__': staticmethod(typing.cast)},\n         {'_' + '_reduce_ex__': typing.assert_type, '_' + '_class__': property(statistics.mode)}])\n    M, R = L\n    r = R((M, (calendar.c,), (('_firstweekday', 2),)))\n    before = calendar.firstweekday()\n    copy.copy(r)\n    return [before, calendar.firstweekday(), type(r).__name__]\n"
+ROUND_38_PAIRS = "import re, functools, typing, copy, calendar, statistics\nL = []\ndef make(names, bases, nss):\n    maker = map(type(int), names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\ndef f(x):\n    make(['M', 'R'], [(type(int),), (tuple,)], [{'_' + '_new__': staticmethod(typing.cast)},\n         {'_' + '_reduce_ex__': typing.assert_type}])\n    M, R = L\n    r = R((M, (calendar.c,), (('_firstweekday', 2),)))\n    copy.copy(r)\n    return [calendar.firstweekday(), type(r).__name__]\n"
+
+
+def test_round_38_copy_reads_real_types_and_state_pairs(verifier):
+    """A class made during an import that sets ``__class__`` is not the module's, and copy's guards judge objects
+    by their real type, never ``isinstance`` (a state of pairs has its names checked like a dict's too: a second
+    line no program reaches without such a class)."""
+    assert verifier.run(ROUND_38_CLASS, "0") == Execution(
+        "forbidden",
+        None,
+        "the program made a class holding the name '__reduce_ex__' (at run time or through the standard library)",
+    )
+    assert verifier.run(ROUND_38_PAIRS, "0") == Execution(
+        "forbidden", None, "the program made copy rebuild an object into a TextCalendar (copy.copy/deepcopy)"
+    )
+
+
 def test_classes_the_standard_library_makes_at_import_are_standard(verifier):
     """``decimal``'s ``SignalDict`` is made with ``type()`` by its C part while ``decimal`` is imported and held by
     no module under that name: it counted as a program's class, which programs wrote (a method replaced, a

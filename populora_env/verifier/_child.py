@@ -155,12 +155,25 @@ def _program_hook(cls: Any, name: str) -> bool:
     )
 
 
+def _state_keys(part: Any) -> Any:
+    """The names a part of a reconstruction's state sets: a dict's keys, or the first items of a tuple of pairs,
+    which copy's ``__dict__.update`` takes as well (red-team round 38)."""
+    if type(part) is dict:
+        return part
+    if type(part) is tuple and part and all(type(pair) is tuple and len(pair) == 2 for pair in part):
+        return [pair[0] for pair in part]
+    return ()
+
+
 def _copied_as_own(obj: Any) -> bool:
     """Whether ``copy`` rebuilds ``obj`` under the rules for a program's object (``_reconstruct``'s guard): one the
     program may write (``_is_own``), or an instance of a class no module holds (made while a module was
     imported: a program made one with ``__reduce_ex__ = typing.assert_type``, whose reduction it chose, and copy
     wrote private attributes into ``calendar.c``, red-team round 37)."""
-    return _is_own(obj) or (not isinstance(obj, type | type(sys)) and not _held_by_a_module(type(obj)))
+    kind = type(obj)  # (never isinstance: it reads an object's own `__class__`, a property in round 38)
+    if any(cls is type or cls is _MODULE for cls in _REAL_MRO(kind)):
+        return _is_own(obj)
+    return _is_own(obj) or not _held_by_a_module(kind)
 
 
 def _instance_hook(obj: Any, name: str) -> bool:
@@ -168,7 +181,7 @@ def _instance_hook(obj: Any, name: str) -> bool:
     looks its hook up on the instance: a ``cached_property`` whose ``attrname`` was set to ``__deepcopy__``
     planted one there, round 25; a ``str`` subclass key's ``__eq__`` answered this check and copy's lookup
     differently, round 26). Compared as exact strings: no program code runs."""
-    if isinstance(obj, type):  # (copied as they are: copy never looks a hook up on a class)
+    if _a_class(obj):  # (copied as they are: copy never looks a hook up on a class)
         return False
     try:
         own = object.__getattribute__(obj, "__dict__")
@@ -247,7 +260,7 @@ def _guard_copy() -> None:
             if isinstance(part, dict | tuple) and type(part) not in (dict, tuple):
                 _refuse_at_run_time("populora.copy_state", f"a {type(part).__name__}")
         for part in parts:
-            for key in part if type(part) is dict else ():
+            for key in _state_keys(part):
                 if type(key) is not str or key in _NOT_SET or dunder_shaped(key):
                     _refuse_at_run_time("populora.copy_state", _describe_name(key))
         # the slot state of a program's object: copy read each attribute its class's `__slotnames__` names, and
@@ -785,6 +798,7 @@ def _who_makes_the_class() -> str:
 
 
 _FUNCTION = type(_describe_name)
+_MODULE = type(sys)
 
 
 def _supplied_by_a_module(value: Any) -> bool:
@@ -840,6 +854,8 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
         return False  # (a slot named as a special method is one whose value each instance sets)
     for key, value in dict.items(namespace):
         if type(key) is not str:
+            return False
+        if key == "__class__":  # what isinstance() reads of an instance: none of a module's classes sets it
             return False
         if len(key) > 4 and dunder_shaped(key) and key not in _CLASS_DUNDERS:
             names = key == "__all__" and type(value) in (list, tuple) and all(type(n) is str for n in value)
