@@ -1951,8 +1951,10 @@ def test_round_30_findings_are_refused(verifier):
         None,
         "while defining the program: TypeError: type '_CallableGenericAlias' is not an acceptable base type",
     )
+    # behind that, the copy reads the real instance dicts; since round 39 it refuses a copy that is a
+    # GenericAlias (its __dict__ is the origin's) before any dict is read
     assert _below_the_class_check(ROUND_30) == Execution(
-        "runtime", None, "AttributeError: 'Sink' object has no attribute '_sys'"
+        "forbidden", None, "the program made copy rebuild an object into a Y (copy.copy/deepcopy)"
     )
     crash = (
         "class K:\n    pass\nclass T(tuple):\n    pass\nclass Z:\n    def __new__(cls, *a):\n"
@@ -2171,6 +2173,29 @@ def test_round_38_copy_reads_real_types_and_state_pairs(verifier):
     assert verifier.run(ROUND_38_PAIRS, "0") == Execution(
         "forbidden", None, "the program made copy rebuild an object into a TextCalendar (copy.copy/deepcopy)"
     )
+
+
+# Red-team round 39 (a full escape, a forged verdict): `K.register(type(json))` made issubclass() say that the
+# module type derives from a program's UserDict subclass, so the guarded UserDict.__copy__ took a module that the
+# class's __new__ returned for a copy and wrote its instance dict into the module's globals: `copy.dispatch_table`
+# (a reducer of the program's), then `json.__path__`, then `import json.os` loaded a fresh os.
+ROUND_39 = "\nimport collections, copy, json, functools\nT = []\ndef table(w):\n    return {Q: red}\nclass W(collections.UserDict):\n    t = functools.cached_property(table)\n    def __new__(cls, *a, **k):\n        if T:\n            return T[-1]\n        return super().__new__(cls)\nclass P(functools.partial, collections.UserDict):\n    def __new__(cls, *a, **k):\n        if T:\n            return T[-1]\n        return super().__new__(cls, *a, **k)\n    def __init__(self, *a, **k):\n        pass\nclass Q:\n    pass\ndef g():\n    return 0\nD = {'data': {}}\ndef red(q):\n    return (P, (g,), (g, (), None, D))\ndef f(x):\n    W.register(type(json))\n    P.register(type(json))\n    w = W()\n    W.t.attrname = 'dispatch' + '_table'\n    w.t\n    T.append(copy)\n    copy.copy(w)\n    T.clear()\n    p = copy.copy(Q())\n    where = repr(json).split(\"from '\")[1].rsplit('/json/', 1)[0]\n    D['_' + '_path__'] = [where]\n    T.append(json)\n    copy.copy(p)\n    T.clear()\n    import json.os as jos\n    u = chr(31)\n    for fd in range(3, 30):\n        try:\n            jos.write(fd, ('ok' + u + '=123456' + u + 'forged' + chr(10)).encode())\n        except Exception:\n            pass\n    return 'real'\n"
+
+
+def test_round_39_abcs_register_only_the_program_s_classes(verifier):
+    """``ABCMeta.register`` refuses a standard class in a guarded call; behind it, the ``UserDict``/``UserList``
+    copy takes only a real instance of the class (by its type's MRO), never a module, class or function."""
+    assert verifier.run(ROUND_39, "0") == Execution(
+        "forbidden",
+        None,
+        "the program registered the standard library's module as a virtual subclass of an ABC",
+    )
+    own = (
+        "import abc, collections\nclass Shape(abc.ABC):\n    pass\nclass Box:\n    pass\n"
+        "class D(collections.UserDict):\n    pass\nShape.register(Box)\ndef f(x):\n    import copy\n"
+        "    d = copy.copy(D(a=x))\n    return [isinstance(Box(), Shape), issubclass(Box, Shape), dict(d)]\n"
+    )
+    assert verifier.run(own, "1") == Execution("ok", "[True, True, {'a': 1}]", "")
 
 
 def test_classes_the_standard_library_makes_at_import_are_standard(verifier):

@@ -226,11 +226,37 @@ def _install_guards() -> None:
     _guard_enum()
     _guard_functools()
     _guard_clocks()
+    _guard_abc()
     register_standard()
     _GUARDED[0] = len(sys.modules)
 
 
 _GUARDED = [0]  # how many modules sys.modules held when the guards were last installed
+
+
+def _guard_abc() -> None:
+    """Replaces ``abc.ABCMeta.register`` (once per process) with one that refuses, in a guarded call (event
+    ``populora.abc_register``, recorded), to register a class of the standard library's as a virtual subclass:
+    ``issubclass`` then says yes for it wherever the ABC is asked, and a program's ``UserDict`` subclass with
+    the module type registered passed the copy guard's test with a ``__new__`` returning a module (red-team
+    round 39). A program registers its own classes as before, and a module being imported its own (the import
+    system's frames met before any program frame, as for ``check_class``)."""
+    abc = sys.modules.get("abc")
+    meta: Any = getattr(abc, "ABCMeta", None)
+    register = vars(meta).get("register") if isinstance(meta, type) else None
+    if register is None or _installed(register):
+        return
+
+    def guarded_register(cls: Any, subclass: Any) -> Any:
+        # (a module being imported registers its own classes: `numbers` registers `complex`, `decimal` its type)
+        if (not _a_class(subclass) or not _is_own(subclass)) and _who_makes_the_class() != "import":
+            _refuse_at_run_time("populora.abc_register", getattr(subclass, "__name__", "?"))
+        return register(cls, subclass)
+
+    guarded_register.__name__ = guarded_register.__qualname__ = "register"
+    guarded_register.__doc__ = register.__doc__
+    _INSTALLED.append(guarded_register)
+    meta.register = guarded_register
 
 
 def _guard_copy() -> None:
@@ -349,8 +375,16 @@ def _guard_collections() -> None:
         def __copy__(self: Any, _copy_data: Any = copy_data) -> Any:
             kind: Any = type(self)
             inst = kind.__new__(kind)
-            if not issubclass(type(inst), kind) or inst is self:
-                _refuse_at_run_time("populora.copy_into", type(inst).__name__)
+            # a real instance of the class, by its type's MRO: issubclass() takes what an ABC registered
+            # (`K.register(type(json))`, then a __new__ returning json: copy wrote into its globals, red-team
+            # round 39, a full escape)
+            made: Any = type(inst)
+            if (
+                not any(cls is kind for cls in _REAL_MRO(made))
+                or isinstance(inst, _NOT_REBUILT)
+                or inst is self
+            ):
+                _refuse_at_run_time("populora.copy_into", made.__name__)
             # the real instance dicts: a class that relays `__dict__` (a GenericAlias mixed in) gave a
             # module's globals here (red-team round 30, a full escape)
             own, theirs = object.__getattribute__(self, "__dict__"), object.__getattribute__(inst, "__dict__")
@@ -732,6 +766,7 @@ _real_import = builtins.__import__
 # What the run-time guards refuse (``_refuse_at_run_time``), as verdict details.
 _RUN_TIME_REFUSALS = {
     "populora.copy_into": "the program made copy rebuild an object into a {} (copy.copy/deepcopy)",
+    "populora.abc_register": "the program registered the standard library's {} as a virtual subclass of an ABC",
     "populora.copy_state": "the program made copy set an attribute it may not set ({})",
     "populora.alias_origin": "the program made a typing alias relay attributes of a {}",
     "populora.alias_write": "the program set an attribute through a typing alias ({})",
