@@ -2198,6 +2198,21 @@ def test_round_39_abcs_register_only_the_program_s_classes(verifier):
     assert verifier.run(own, "1") == Execution("ok", "[True, True, {'a': 1}]", "")
 
 
+def test_a_submodule_loaded_from_outside_its_package_is_off_the_allowlist():
+    """Round 39's chain ended with ``json.__path__`` changed and ``import json.os`` loading ``os.py`` as
+    ``json.os``, which passed as a submodule of ``json``: a submodule must come from a file in its top-level
+    package's folder (``_child._off_the_allowlist``), whatever wrote the path (in a fresh interpreter)."""
+    script = (
+        "import importlib.util, json, json.decoder, collections.abc, os\nimport _child\n"
+        "_child._ALLOWED_MODULES = frozenset({'json', 'collections'})\n"
+        "spec = importlib.util.spec_from_file_location('json.os', os.__file__)\n"
+        "fresh = importlib.util.module_from_spec(spec)\nsys.modules['json.os'] = fresh\n"
+        "print(_child._off_the_allowlist(fresh))\n"
+        "print(_child._off_the_allowlist(json.decoder), _child._off_the_allowlist(collections.abc))\n"
+    )
+    assert _in_a_fresh_interpreter(script) == ["json.os", "None None"]
+
+
 def test_classes_the_standard_library_makes_at_import_are_standard(verifier):
     """``decimal``'s ``SignalDict`` is made with ``type()`` by its C part while ``decimal`` is imported and held by
     no module under that name: it counted as a program's class, which programs wrote (a method replaced, a

@@ -59,6 +59,8 @@ def _guarded_import(
         # `importlib` made `from json import util` give importlib.util (a red-team review's full escape)
         raise ImportError(f"import of {name!r} is not allowed (the module was renamed)")
     module = _real_import(name, globals, locals, fromlist, level)
+    if "." in name and (submodule := sys.modules.get(name)) is not None and _off_the_allowlist(submodule):
+        raise ImportError(f"import of {name!r} is not allowed")
     if (
         len(sys.modules) != _GUARDED[0]
     ):  # (an import of a loaded module, `import math` in a loop: nothing new)
@@ -77,7 +79,22 @@ def _off_the_allowlist(module: Any) -> str | None:
     found = module.__name__ if type(module.__name__) is str else "?"
     if found.split(".")[0] not in _ALLOWED_MODULES or _forbidden_module(found, ()):
         return found
+    if "." in found and not _inside_its_package(module, found):
+        return found
     return None if sys.modules.get(found) is module else found
+
+
+def _inside_its_package(module: Any, name: str) -> bool:
+    """Whether the submodule ``name`` was loaded from its own file in its package's folder (``a/b.py`` or
+    ``a/b/__init__.py`` for ``a.b``; the folder's own path differs between the worker and a child, which opens
+    the standard library through a descriptor) or from no file: with a package's ``__path__`` changed,
+    ``import json.os`` loaded ``os.py`` as ``json.os`` (red-team round 39, which wrote ``json.__path__`` through a
+    copy that is refused now)."""
+    own_file = getattr(module, "__file__", None)
+    if type(own_file) is not str:
+        return own_file is None
+    tail = "/" + name.replace(".", "/")
+    return own_file.endswith((tail + ".py", tail + "/__init__.py"))
 
 
 _INSTALLED: list[Any] = []  # the guards' replacement functions, known by identity (a program can set
