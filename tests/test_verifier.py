@@ -674,7 +674,10 @@ def test_the_memory_a_program_gets_does_not_depend_on_what_the_worker_served_bef
         assert v.run(big, "1") == Execution("ok", "20000", "")  # the worker grows compiling it
         used = v.run(probe + "# again\n", "1")
         assert used.status == "ok", used
-    assert abs(int(used.output) - int(fresh.output)) <= 64 << 10, (fresh, used)
+    # The allocator's room moves with the worker's heap layout: 103 KiB here once one more function was
+    # defined in _child (2026-12-02), where the bug this guards against took the worker's whole growth from
+    # compiling `big`, 55-66 MiB of address space (a scratch measurement)
+    assert abs(int(used.output) - int(fresh.output)) <= 256 << 10, (fresh, used)
     assert abs(int(fresh.output) - (512 << 20)) < 8 << 20  # memory_mb's 512 MiB, give or take the heap's room
 
 

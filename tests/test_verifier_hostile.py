@@ -2198,6 +2198,26 @@ def test_round_39_abcs_register_only_the_program_s_classes(verifier):
     assert verifier.run(own, "1") == Execution("ok", "[True, True, {'a': 1}]", "")
 
 
+# Red-team round 40: round 39's refusal of ABCMeta.register let anything below an import's frames through, and a
+# program's C callables run there (re's poisoned pattern cache while encodings.idna is imported).
+ROUND_40 = "import re, functools, collections, json\nclass W(collections.UserDict):\n    pass\ndef f(x):\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(W.register, [type(json)]))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\n    return [issubclass(type(json), W), isinstance(json, W)]\n"
+
+
+def test_round_40_only_a_module_s_own_code_registers_standard_classes(verifier):
+    """A standard class is registered with an ABC in a guarded call only by a module's code as it is imported
+    (its module level, or the import system for a C module); the standard library's own registrations work."""
+    assert verifier.run(ROUND_40, "0") == Execution(
+        "forbidden",
+        None,
+        "the program registered the standard library's module as a virtual subclass of an ABC",
+    )
+    numbers = (
+        "def f(x):\n    import numbers, decimal, fractions\n    return [isinstance(1, numbers.Integral), "
+        "isinstance(decimal.Decimal(1), numbers.Number), isinstance(fractions.Fraction(1, 2), numbers.Rational)]\n"
+    )
+    assert verifier.run(numbers, "0") == Execution("ok", "[True, True, True]", "")
+
+
 def test_a_submodule_loaded_from_outside_its_package_is_off_the_allowlist():
     """Round 39's chain ended with ``json.__path__`` changed and ``import json.os`` loading ``os.py`` as
     ``json.os``, which passed as a submodule of ``json``: a submodule must come from a file in its top-level

@@ -251,6 +251,24 @@ def _install_guards() -> None:
 _GUARDED = [0]  # how many modules sys.modules held when the guards were last installed
 
 
+def _registered_by_a_module() -> bool:
+    """Whether the running ``ABCMeta.register`` is called by a module's own code while it is imported: its
+    module-level code (``numbers`` registers ``complex``) or the import system for a C module's initialisation
+    (``_decimal`` registers its type), not any code below an import's frames: a program's C callables, run from
+    ``re``'s pattern cache while ``encodings.idna`` was imported, registered the module type (red-team round
+    40)."""
+    frame = current_frame()  # current_frame's own, then this function's, guarded_register's, and its caller's
+    for _ in range(3):
+        frame = frame.f_back if frame is not None else None
+    caller = frame
+    if caller is None or _who_makes_the_class() != "import":
+        return False
+    code = caller.f_code
+    return code.co_filename in _IMPORT_FILES or (
+        code.co_name == "<module>" and code.co_filename not in _PROGRAM_FILES
+    )
+
+
 def _guard_abc() -> None:
     """Replaces ``abc.ABCMeta.register`` (once per process) with one that refuses, in a guarded call (event
     ``populora.abc_register``, recorded), to register a class of the standard library's as a virtual subclass:
@@ -265,8 +283,7 @@ def _guard_abc() -> None:
         return
 
     def guarded_register(cls: Any, subclass: Any) -> Any:
-        # (a module being imported registers its own classes: `numbers` registers `complex`, `decimal` its type)
-        if (not _a_class(subclass) or not _is_own(subclass)) and _who_makes_the_class() != "import":
+        if (not _a_class(subclass) or not _is_own(subclass)) and not _registered_by_a_module():
             _refuse_at_run_time("populora.abc_register", getattr(subclass, "__name__", "?"))
         return register(cls, subclass)
 
