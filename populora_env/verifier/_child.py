@@ -188,9 +188,8 @@ def _copied_as_own(obj: Any) -> bool:
     imported: a program made one with ``__reduce_ex__ = typing.assert_type``, whose reduction it chose, and copy
     wrote private attributes into ``calendar.c``, red-team round 37)."""
     kind = type(obj)  # (never isinstance: it reads an object's own `__class__`, a property in round 38)
-    if any(cls is type or cls is _MODULE for cls in _REAL_MRO(kind)):
-        return _is_own(obj)
-    return _is_own(obj) or not _held_by_a_module(kind)
+    rebuilt_as_such = any(cls is type or cls is _MODULE for cls in _REAL_MRO(kind))  # (classes, modules)
+    return _is_own(obj) or not (rebuilt_as_such or _held_by_a_module(kind))
 
 
 def _instance_hook(obj: Any, name: str) -> bool:
@@ -257,10 +256,7 @@ def _registered_by_a_module() -> bool:
     (``_decimal`` registers its type), not any code below an import's frames: a program's C callables, run from
     ``re``'s pattern cache while ``encodings.idna`` was imported, registered the module type (red-team round
     40)."""
-    frame = current_frame()  # current_frame's own, then this function's, guarded_register's, and its caller's
-    for _ in range(3):
-        frame = frame.f_back if frame is not None else None
-    caller = frame
+    caller = _callers_frame()
     if caller is None or _who_makes_the_class() != "import":
         return False
     code = caller.f_code
@@ -843,17 +839,27 @@ _IMPORT_FILES = frozenset({"<frozen importlib._bootstrap>", "<frozen importlib._
 _CLASS_DUNDERS = ALLOWED_SPECIAL_METHODS | CLASS_NAMESPACE_DUNDERS
 
 
+def _callers_frame() -> Any:
+    """The frame that called the guard whose helper runs this (``None`` at the bottom of the stack)."""
+    frame = (
+        current_frame()
+    )  # current_frame's own, then this function's, the helper's, the guard's, its caller's
+    for _ in range(4):
+        frame = frame.f_back if frame is not None else None
+    return frame
+
+
 def _called_by_the_program() -> bool:
     """Whether the function running this is called by a program's code (its caller's frame is one)."""
-    frame = current_frame()  # current_frame's own, then the function's that runs this, then its caller's
-    caller = frame.f_back.f_back.f_back if frame is not None else None
+    caller = _callers_frame()
     return caller is not None and caller.f_code.co_filename in _PROGRAM_FILES
 
 
 def _who_makes_the_class() -> str:
     """Who makes the class being made, from the first frame on the stack that tells: ``"program"`` (one of a
     program's), ``"import"`` (the import system's: a module being imported, ``_made_by_a_module`` decides)
-    or ``""`` (neither: the worker's own code). The frames are read through the C API: ``sys._getframe`` is
+    or ``""`` (neither: the worker's own code, or, in a guarded call, C code running a program's callables
+    from the child's own frames). The frames are read through the C API: ``sys._getframe`` is
     refused in guarded calls."""
     frame = current_frame()
     while frame is not None:
