@@ -2087,26 +2087,107 @@ def test_round_35_a_class_made_during_an_import_vouches_for_nothing(verifier):
     )
 
 
+def test_every_allowed_module_and_codec_imports_in_a_guarded_call(verifier):
+    """What the allowed modules and the codecs make while a guarded call imports them is theirs
+    (``_child._made_by_a_module`` vouches for every class of theirs, and only a module's own code registers a
+    standard class with an ABC): none of it is refused. The README says so; the codecs are imported by
+    ``str.encode``, below no frame of the program's."""
+    import encodings
+    import pkgutil
+
+    modules = ", ".join(sorted(prefilter_module.ALLOWED_MODULES))
+    codecs = sorted(m.name for m in pkgutil.iter_modules(encodings.__path__) if m.name != "aliases")
+    program = (
+        f"def f(names):\n    import {modules}\n    done = 0\n    for name in names:\n        try:\n"
+        "            'a'.encode(name)\n            done += 1\n        except Exception:\n            pass\n"
+        "    return done > 80\n"
+    )
+    assert verifier.run(program, repr(codecs)) == Execution("ok", "True", "")
+
+
+def test_state_pairs_have_their_names_checked_like_a_dict_s():
+    """``_child._state_keys``: copy's ``__dict__.update`` takes a tuple of pairs as it takes a dict, so the
+    reconstruction guard checks the names of both (red-team round 38); other tuples (``partial``'s state) set
+    no names this way."""
+    script = (
+        "import _child\nprint(list(_child._state_keys((('_x', 1), ('exec', 2)))))\n"
+        "print(list(_child._state_keys({'a': 1})), list(_child._state_keys((len, (1, 2), {}, None))))\n"
+    )
+    assert _in_a_fresh_interpreter(script) == ["['_x', 'exec']", "['a'] []"]
+
+
+# How red-team rounds 34 to 40 ran a program's callables below no frame of its own: `make(names, bases,
+# namespaces)` plants a key in re's pattern cache whose __eq__ is a functools.partial over map(type, ...), and
+# encodings.idna, imported for 'a'.encode('idna'), compiles the same pattern: the classes are made during that
+# import and appended to L.
+_DURING_AN_IMPORT = (
+    "L = []\n"
+    "def make(names, bases, nss):\n"
+    "    maker = map(type(int), names, bases, nss)\n"
+    "    class X(int):\n"
+    "        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n"
+    "        def __hash__(self):\n"
+    "            return 0\n"
+    '    re.compile("[\\u002E\\u3002\\uFF0E\\uFF61]", X(0))\n'
+    "    try:\n"
+    "        'a'.encode('idna')\n"
+    "    except Exception:\n"
+    "        pass\n"
+)
+
+
+def _made_during_an_import(imports: str, body: str) -> str:
+    """A program importing ``re``, ``functools`` and ``imports``, with ``make`` and ``L`` above its ``body``."""
+    return f"import re, functools, {imports}\n" + _DURING_AN_IMPORT + body
+
+
 # Red-team round 36: classes made with no frame of the program's on the stack at all (`f` rebound to a
 # functools.partial the child's own frame calls; a partial as an exception's __str__, called when its verdict
 # is written) were never checked and were recorded as standard; and a class a module holds (`dict`) passed as a
 # hook under a refused name (`__deepcopy__ = dict` copied copy's memo).
 ROUND_36 = {
-    name: program
-    for name, (program, _args) in {
-        "deepcopy_dict": [
-            "import re, functools, calendar, copy\nL = []\ndef make(names, bases, nss):\n    maker = map(type(int), names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\n\ndef f(x):\n    make(['K'], [(object,)], [{'_' + '_deepcopy__': dict}])\n    k = L[0]()\n    cal = calendar.TextCalendar(3)\n    r = copy.deepcopy([cal, k])\n    memo = r[1]\n    live = [v for v in memo.values() if type(v) is list and any(o is cal for o in v)][0]\n    d = [o for o in live if type(o) is dict][0]\n    d['_firstweekday'] = 5\n    return [sorted(d), cal.firstweekday, len(L)]\n",
-            "1",
-        ],
-        "noframe_memo": [
-            "import functools, itertools, calendar, copy\nL = []\ndef g(_):\n    cal = calendar.TextCalendar(3)\n    memo = copy.deepcopy([cal, L[0]()])[1]\n    live = [v for v in memo.values() if type(v) is list and any(o is cal for o in v)][0]\n    d = [o for o in live if type(o) is dict][0]\n    d['_firstweekday'] = 5\n    return (cal.firstweekday, type(L[1]).__name__)\ndef f(x):\n    return 0\nT = type(int)\nnss = [{'_' + '_deepcopy__': lambda self, memo: memo}, {'_' + '_prepare__': lambda *a, **k: {}}]\nf = functools.partial(dict.fromkeys, itertools.chain(map(L.append, map(T, ['K', 'M'], [(object,), (T,)], nss)), map(g, [0])))\n",
-            "1",
-        ],
-        "via_str": [
-            "import functools, itertools\nL = []\ndef g(_):\n    return L[0]().zzz + ' ' + type(L[1]).__name__\nT = type(int)\nclass E(Exception):\n    __str__ = functools.partial(str.join, '', itertools.chain(filter(None, map(L.append, map(T, ['K', 'M'], [(object,), (T,)], [{'_' + '_getattr__': lambda s, n: 'hooked ' + n}, {}]))), map(g, [0])))\ndef f(x):\n    raise E()\n",
-            "1",
-        ],
-    }.items()
+    "deepcopy_dict": _made_during_an_import(
+        "calendar, copy",
+        (
+            "def f(x):\n"
+            "    make(['K'], [(object,)], [{'_' + '_deepcopy__': dict}])\n"
+            "    k = L[0]()\n"
+            "    cal = calendar.TextCalendar(3)\n"
+            "    r = copy.deepcopy([cal, k])\n"
+            "    memo = r[1]\n"
+            "    live = [v for v in memo.values() if type(v) is list and any(o is cal for o in v)][0]\n"
+            "    d = [o for o in live if type(o) is dict][0]\n"
+            "    d['_firstweekday'] = 5\n"
+            "    return [sorted(d), cal.firstweekday, len(L)]\n"
+        ),
+    ),
+    "noframe_memo": (
+        "import functools, itertools, calendar, copy\n"
+        "L = []\n"
+        "def g(_):\n"
+        "    cal = calendar.TextCalendar(3)\n"
+        "    memo = copy.deepcopy([cal, L[0]()])[1]\n"
+        "    live = [v for v in memo.values() if type(v) is list and any(o is cal for o in v)][0]\n"
+        "    d = [o for o in live if type(o) is dict][0]\n"
+        "    d['_firstweekday'] = 5\n"
+        "    return (cal.firstweekday, type(L[1]).__name__)\n"
+        "def f(x):\n"
+        "    return 0\n"
+        "T = type(int)\n"
+        "nss = [{'_' + '_deepcopy__': lambda self, memo: memo}, {'_' + '_prepare__': lambda *a, **k: {}}]\n"
+        "f = functools.partial(dict.fromkeys, itertools.chain(map(L.append, map(T, ['K', 'M'], [(object,), (T,)], nss)), map(g, [0])))\n"
+    ),
+    "via_str": (
+        "import functools, itertools\n"
+        "L = []\n"
+        "def g(_):\n"
+        "    return L[0]().zzz + ' ' + type(L[1]).__name__\n"
+        "T = type(int)\n"
+        "class E(Exception):\n"
+        "    __str__ = functools.partial(str.join, '', itertools.chain(filter(None, map(L.append, map(T, ['K', 'M'], [(object,), (T,)], [{'_' + '_getattr__': lambda s, n: 'hooked ' + n}, {}]))), map(g, [0])))\n"
+        "def f(x):\n"
+        "    raise E()\n"
+    ),
 }
 
 
@@ -2130,8 +2211,26 @@ def test_round_36_classes_made_below_no_program_frame_are_checked(verifier, name
 # typing.assert_type` let the program choose the reduction, and copy wrote private attributes into calendar.c),
 # and classes made below the child's own frames (`f` rebound to a partial) still went through that vouching.
 ROUND_37_NO_FRAME = "\nimport functools, typing, copy\nT = type(int)\ndef g(acc, cls):\n    x = cls()\n    m = copy.deepcopy([x, [1,2]])\n    return str(type(m).__name__) + \":\" + str(sorted(str(type(v).__name__) for v in (m.values() if isinstance(m, dict) else m)))\ndef f():\n    return 0\nf = functools.partial(functools.reduce, g, map(T, ['K'], [()], [{'__deepcopy__': typing.cast}]), 0)\n"
-ROUND_37_MEMO = "import re, functools, typing, copy, calendar\nL = []\ndef make(names, bases, nss):\n    maker = map(type(int), names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\ndef f(x):\n    make(['K'], [(object,)], [{'_' + '_deepcopy__': typing.cast}])\n    m = copy.deepcopy([L[0](), calendar.c])[0]\n    return len(L)\n"
-ROUND_37_REDUCE = "import re, functools, typing, copy, calendar\nL = []\ndef make(names, bases, nss):\n    maker = map(type(int), names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\ndef h():\n    return calendar.c\ndef f(x):\n    make(['R'], [(tuple,)], [{'_' + '_reduce_ex__': typing.assert_type}])\n    copy.copy(L[0]((h, (), {'_firstweekday': 2})))\n    return calendar.firstweekday()\n"
+ROUND_37_MEMO = _made_during_an_import(
+    "typing, copy, calendar",
+    (
+        "def f(x):\n"
+        "    make(['K'], [(object,)], [{'_' + '_deepcopy__': typing.cast}])\n"
+        "    m = copy.deepcopy([L[0](), calendar.c])[0]\n"
+        "    return len(L)\n"
+    ),
+)
+ROUND_37_REDUCE = _made_during_an_import(
+    "typing, copy, calendar",
+    (
+        "def h():\n"
+        "    return calendar.c\n"
+        "def f(x):\n"
+        "    make(['R'], [(tuple,)], [{'_' + '_reduce_ex__': typing.assert_type}])\n"
+        "    copy.copy(L[0]((h, (), {'_firstweekday': 2})))\n"
+        "    return calendar.firstweekday()\n"
+    ),
+)
 
 
 def test_round_37_copy_trusts_only_classes_modules_hold(verifier):
@@ -2157,8 +2256,31 @@ def test_round_37_copy_trusts_only_classes_modules_hold(verifier):
 # so the copy guard's isinstance() took its instance for a class and skipped the rules for the program's own
 # objects; the rebuild (a metaclass whose __new__ is typing.cast) landed on calendar.c, and a state given as pairs
 # instead of a dict set its private attribute.
-ROUND_38_CLASS = "import re, functools, typing, copy, calendar, statistics\nL = []\ndef make(names, bases, nss):\n    maker = map(type(int), names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\ndef f(x):\n    make(['M', 'R'], [(type(int),), (tuple,)], [{'_' + '_new__': staticmethod(typing.cast)},\n         {'_' + '_reduce_ex__': typing.assert_type, '_' + '_class__': property(statistics.mode)}])\n    M, R = L\n    r = R((M, (calendar.c,), (('_firstweekday', 2),)))\n    before = calendar.firstweekday()\n    copy.copy(r)\n    return [before, calendar.firstweekday(), type(r).__name__]\n"
-ROUND_38_PAIRS = "import re, functools, typing, copy, calendar, statistics\nL = []\ndef make(names, bases, nss):\n    maker = map(type(int), names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception:\n        pass\ndef f(x):\n    make(['M', 'R'], [(type(int),), (tuple,)], [{'_' + '_new__': staticmethod(typing.cast)},\n         {'_' + '_reduce_ex__': typing.assert_type}])\n    M, R = L\n    r = R((M, (calendar.c,), (('_firstweekday', 2),)))\n    copy.copy(r)\n    return [calendar.firstweekday(), type(r).__name__]\n"
+ROUND_38_CLASS = _made_during_an_import(
+    "typing, copy, calendar, statistics",
+    (
+        "def f(x):\n"
+        "    make(['M', 'R'], [(type(int),), (tuple,)], [{'_' + '_new__': staticmethod(typing.cast)},\n"
+        "         {'_' + '_reduce_ex__': typing.assert_type, '_' + '_class__': property(statistics.mode)}])\n"
+        "    M, R = L\n"
+        "    r = R((M, (calendar.c,), (('_firstweekday', 2),)))\n"
+        "    before = calendar.firstweekday()\n"
+        "    copy.copy(r)\n"
+        "    return [before, calendar.firstweekday(), type(r).__name__]\n"
+    ),
+)
+ROUND_38_PAIRS = _made_during_an_import(
+    "typing, copy, calendar, statistics",
+    (
+        "def f(x):\n"
+        "    make(['M', 'R'], [(type(int),), (tuple,)], [{'_' + '_new__': staticmethod(typing.cast)},\n"
+        "         {'_' + '_reduce_ex__': typing.assert_type}])\n"
+        "    M, R = L\n"
+        "    r = R((M, (calendar.c,), (('_firstweekday', 2),)))\n"
+        "    copy.copy(r)\n"
+        "    return [calendar.firstweekday(), type(r).__name__]\n"
+    ),
+)
 
 
 def test_round_38_copy_reads_real_types_and_state_pairs(verifier):
