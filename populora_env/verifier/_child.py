@@ -966,12 +966,12 @@ _HOOK_NAMES = ALLOWED_SPECIAL_METHODS | frozenset(
         "__set_name__", "__init_subclass__", "__class_getitem__", "__mro_entries__", "__prepare__",
         "__instancecheck__", "__subclasscheck__", "__subclasshook__", "__copy__", "__deepcopy__", "__reduce__",
         "__reduce_ex__", "__getstate__", "__setstate__", "__getnewargs_ex__", "__getnewargs__", "__slotnames__",
-        "__del__", "__dir__", "__sizeof__", "__class__", "__dict__", "__weakref__", "__module__", "__qualname__",
+        "__del__", "__dir__", "__sizeof__", "__class__", "__module__", "__qualname__",
         "__orig_bases__", "__orig_class__", "__origin__", "__args__", "__parameters__", "__wrapped__", "__func__",
         "__self__", "__globals__", "__code__", "__closure__", "__annotations__", "__match_args__", "__slots__",
         "__objclass__", "__abstractmethods__", "__bases__", "__mro__", "__name__", "mro",
     }
-) - {"__dict__", "__weakref__"}  # fmt: skip
+)  # fmt: skip
 
 
 def _a_class(value: Any) -> bool:
