@@ -2340,6 +2340,36 @@ def test_round_40_only_a_module_s_own_code_registers_standard_classes(verifier):
     assert verifier.run(numbers, "0") == Execution("ok", "[True, True, True]", "")
 
 
+# Left open by round 40: public unbound methods of standard classes write their attribute names into whatever
+# object they are handed, a module too.
+MODULE_WRITES = {
+    "calendar.Calendar.setfirstweekday(json, 5)": "'_firstweekday' of the module 'json'",
+    "abc.abstractmethod(json)": "'__isabstractmethod__' of the module 'json'",
+    "calendar.Calendar.setfirstweekday(calendar, 5)": "'_firstweekday' of the module 'calendar'",
+}
+
+
+def test_the_standard_library_writes_no_module_attribute_for_a_program(verifier):
+    """In a guarded call a module's attributes change only as it is imported (the import system, a module's
+    level code) or by the child's guards: a standard function handed a module in place of its object is refused;
+    calendar's own module-level settings, imports of every kind (a C module, a codec, a package's submodule) and
+    a program's own module keep working."""
+    for call, what in MODULE_WRITES.items():
+        program = f"import abc, calendar, json\ndef f(x):\n    {call}\n    return 1\n"
+        assert verifier.run(program, "0") == Execution(
+            "forbidden",
+            None,
+            f"the program made the standard library write or delete the attribute {what} (a module changes only "
+            "as it is imported)",
+        ), call
+    fine = (
+        "import calendar\nN = 1\ndef f(x):\n    global N\n    N += x\n    c = calendar.Calendar()\n"
+        "    c.setfirstweekday(3)\n    calendar.setfirstweekday(2)\n    import json.decoder, unicodedata, decimal\n"
+        "    return [N, c.firstweekday, calendar.firstweekday(), 'a'.encode('idna'), str(decimal.Decimal(1) / 4)]\n"
+    )
+    assert verifier.run(fine, "1") == Execution("ok", "[2, 3, 2, b'a', '0.25']", "")
+
+
 def test_a_submodule_loaded_from_outside_its_package_is_off_the_allowlist():
     """Round 39's chain ended with ``json.__path__`` changed and ``import json.os`` loading ``os.py`` as
     ``json.os``, which passed as a submodule of ``json``: a submodule must come from a file in its top-level

@@ -250,12 +250,12 @@ def _install_guards() -> None:
 _GUARDED = [0]  # how many modules sys.modules held when the guards were last installed
 
 
-def _registered_by_a_module() -> bool:
-    """Whether the running ``ABCMeta.register`` is called by a module's own code while it is imported: its
-    module-level code (``numbers`` registers ``complex``) or the import system for a C module's initialisation
-    (``_decimal`` registers its type), not any code below an import's frames: a program's C callables, run from
-    ``re``'s pattern cache while ``encodings.idna`` was imported, registered the module type (red-team round
-    40)."""
+def _done_by_an_import() -> bool:
+    """Whether the guard running this (``ABCMeta.register``, a module's attribute write) is called by a module's
+    own code while it is imported: its module-level code (``numbers`` registers ``complex``) or the import system
+    (a C module's initialisation: ``_decimal`` registers its type, ``math`` sets its functions; a package's
+    submodule set on it), not any code below an import's frames: a program's C callables, run from ``re``'s
+    pattern cache while ``encodings.idna`` was imported, registered the module type (red-team round 40)."""
     caller = _callers_frame()
     if caller is None or _who_makes_the_class() != "import":
         return False
@@ -279,7 +279,7 @@ def _guard_abc() -> None:
         return
 
     def guarded_register(cls: Any, subclass: Any) -> Any:
-        if (not _a_class(subclass) or not _is_own(subclass)) and not _registered_by_a_module():
+        if (not _a_class(subclass) or not _is_own(subclass)) and not _done_by_an_import():
             _refuse_at_run_time("populora.abc_register", getattr(subclass, "__name__", "?"))
         return register(cls, subclass)
 
@@ -287,6 +287,45 @@ def _guard_abc() -> None:
     guarded_register.__doc__ = register.__doc__
     _INSTALLED.append(guarded_register)
     meta.register = guarded_register
+
+
+def install_module_guard() -> None:
+    """Routes every write and delete of a module's attribute (``ModuleType.__setattr__``, ``__delattr__``; the
+    worker, before its first fork) through a check that refuses, in a guarded call (event
+    ``populora.module_write``, recorded), any not made by a module's import (``_done_by_an_import``) or by the
+    child's own guards. A program's own writes were refused already (``_owned``), but public unbound methods of
+    standard classes write their attribute names into whatever object they are handed:
+    ``calendar.Calendar.setfirstweekday(json, 5)`` set ``json._firstweekday``, ``abc.abstractmethod(json)``
+    ``json.__isabstractmethod__`` (red-team round 40), and a module's globals are what the standard library
+    runs on (``copy.dispatch_table``, ``json.__path__``: round 39). One rule for every writer instead of a list
+    of such methods. ``object.__setattr__(module, ...)`` still writes past it (CPython lets a class's slot of
+    Python be skipped): no allowed module calls it with an object it was handed, and a program cannot read it
+    (a special method)."""
+    module = type(sys)
+    if _installed(vars(module).get("__setattr__")):
+        return
+    write, delete = object.__setattr__, object.__delattr__
+
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        if _guard_armed() and not _done_by_an_import() and not _done_by_the_child():
+            _refuse_at_run_time("populora.module_write", f"{_describe_name(name)} of {_what(self)}")
+        write(self, name, value)
+
+    def __delattr__(self: Any, name: str) -> None:
+        if _guard_armed() and not _done_by_an_import() and not _done_by_the_child():
+            _refuse_at_run_time("populora.module_write", f"{_describe_name(name)} of {_what(self)}")
+        delete(self, name)
+
+    for name, guard in (("__setattr__", __setattr__), ("__delattr__", __delattr__)):
+        _INSTALLED.append(guard)
+        set_class_attribute(module, name, guard)
+
+
+def _done_by_the_child() -> bool:
+    """Whether the guard running this is called by this module's own code (``_guard_clocks`` replacing
+    ``time``'s clocks as a guarded call imports it): its caller's globals are this module's."""
+    caller = _callers_frame()
+    return caller is not None and caller.f_globals is globals()
 
 
 def _guard_copy() -> None:
@@ -797,6 +836,8 @@ _real_import = builtins.__import__
 _RUN_TIME_REFUSALS = {
     "populora.copy_into": "the program made copy rebuild an object into a {} (copy.copy/deepcopy)",
     "populora.abc_register": "the program registered the standard library's {} as a virtual subclass of an ABC",
+    "populora.module_write": "the program made the standard library write or delete the attribute {} (a module "
+    "changes only as it is imported)",
     "populora.copy_state": "the program made copy set an attribute it may not set ({})",
     "populora.alias_origin": "the program made a typing alias relay attributes of a {}",
     "populora.alias_write": "the program set an attribute through a typing alias ({})",

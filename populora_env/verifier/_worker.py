@@ -138,6 +138,7 @@ class Worker:
         if routed:
             self.report["errors"].append(routed)
         _child.install_frame_guard()  # the language layer's run-time half: no frames for guarded programs
+        _child.install_module_guard()  # (a module's attributes change only as it is imported)
         _child.install_copy_guard()  # (the standard library imports copy lazily too, past the guarded import)
         self._warm_up()
         gc.freeze()  # children then leave the worker's objects alone instead of copying their pages
