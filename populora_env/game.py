@@ -586,8 +586,6 @@ class Game:
         info["verdict"] = verdict
         info["status"] = status
         info["score"] = score
-        if turn.attempt + 1 == self.config.student_group_size:  # not before its group's last attempt
-            info["gold"] = task.gold
         self._solve_infos[agent] = info
         return StepOutcome({agent: reward}, {agent: info}, False)
 

@@ -48,8 +48,9 @@ Rewards
     ``adversarial`` ``1 - s``, or a callable of the solve rate ``s``.
 
 Info
-    A step's info holds round, phase, task_type, attempt, task_id, verdict, status (students also score, and
-    gold after their last attempt of the task's ``student_group_size``); when a round resolves each
+    A step's info holds round, phase, task_type, attempt, task_id, verdict, status (students also score; no
+    gold answer before the round's attempts are all made: a copy of a task, or a task with the same answer,
+    may still wait in the round); when a round resolves each
     teacher's info holds ``resolved``: one dict per proposal with
     verdict, status, solve_rate, n_attempts, reward and gold, and each student that attempted tasks that
     round gets ``resolved`` too, next to its last step's info: one dict per task with task_id, task_type,

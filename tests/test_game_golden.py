@@ -91,7 +91,9 @@ def test_golden_infos_carry_gold_and_solve_rates(verifier):
     raw.reset(seed=7)
     for _ in range(6):  # round 0
         raw.step(script.act(None, raw.agent_selection))
-    assert raw.infos["student_1"]["gold"] == "5"  # abduction gold is the teacher's input
+    assert (
+        "gold" not in raw.infos["student_1"]
+    )  # a student's step info holds no gold answer: its resolved entries
     resolved = raw.infos["teacher_1"]["resolved"]
     assert [(r["verdict"], r["solve_rate"], r["reward"], r["gold"], r["n_attempts"]) for r in resolved] == [
         ("valid", 0.5, 0.5, "5", 2)
@@ -197,23 +199,33 @@ def test_structured_golden_round_rewards(verifier):
     assert record.metrics.student_solve_rate == {"student_0": 1.0, "student_1": 0.0}
 
 
-def test_a_student_sees_the_gold_answer_only_after_its_last_attempt(verifier):
+def test_a_student_sees_the_gold_answer_only_when_the_round_resolves(verifier):
     """With a GRPO group of attempts, the gold answer in a student's step info would let its later attempts
-    copy it: it comes with the last one."""
+    copy it, and with two proposals of the same program and input in a round (a teacher's GRPO group sampled
+    at low temperature, or two teachers) its attempts at the second copy (a red-team review's finding): no step
+    info holds it; the round's resolution lists it, once every attempt is made."""
     from populora_env.text_format import format_answer, format_proposal
 
     env = teacher_student_v0.env(
         verifier=verifier,
         n_teachers=1,
         n_students=1,
-        rounds=1,
+        rounds=2,
+        teacher_group_size=2,
         student_group_size=3,
         task_types=("deduction",),
+        n_seed_tasks=0,
     )
     env.reset(seed=0)
-    env.step(format_proposal("def f(x):\n    return x * 7 + 3", ["5"]))
+    for _ in range(2):
+        env.step(format_proposal("def f(x):\n    return x * 7 + 3", ["5"]))
     seen = []
-    for _ in range(3):
+    for _ in range(6):
+        assert env.agent_selection == "student_0"
+        _, _, _, _, info = env.last()
+        seen.append((info.get("gold"), [r["gold"] for r in info.get("resolved", [])]))
         env.step(format_answer("deduction", "0"))
-        seen.append(env.unwrapped.infos["student_0"].get("gold"))
-    assert seen[:2] == [None, None] and seen[2] == "38"
+    assert seen == [(None, [])] * 6
+    assert env.agent_selection == "teacher_0"  # the next round: the resolution is in the student's info
+    assert [r["gold"] for r in env.unwrapped.infos["student_0"]["resolved"]] == ["38", "38"]
+    assert "gold" not in env.unwrapped.infos["student_0"]
