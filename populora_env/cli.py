@@ -135,10 +135,22 @@ def _print_verdict(v: Any, *, as_json: bool) -> None:
         print(json.dumps({"id": v.record.id, "verdict": v.verdict, "status": e.status, "output": e.output,
                           "detail": e.detail, "reason": v.reason}, ensure_ascii=False))  # fmt: skip
         return
-    shown = v.reason or (e.output if e.ok else e.detail)
-    shown = (shown or "").replace("\n", " ")
+    shown = _printable(v.reason or (e.output if e.ok else e.detail) or "")
     shown = shown if len(shown) <= 70 else shown[:67] + "..."
-    print(f"{v.verdict:<8} {e.status:<16} {v.record.id:<24} {shown}")
+    print(f"{v.verdict:<8} {e.status:<16} {_printable(v.record.id):<24} {shown}")
+
+
+def _printable(text: str) -> str:
+    """``text`` for a terminal line: a newline as a space, any other character that is not printable (control
+    characters, ESC sequences, a carriage return, bidirectional overrides) escaped as Python would write it.
+    Record ids and error details are the dataset's or a program's text: a carriage return and ESC sequences
+    made a runtime error's line read as a pass (a red-team review)."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else " " if c == "\n" else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
 
 
 # ----- populora train ---------------------------------------------------------------------------------------

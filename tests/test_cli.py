@@ -166,6 +166,26 @@ def test_verify_refuses_bytes_that_are_not_utf8_and_prints_any_text(tmp_path):
         )
 
 
+def test_verify_text_output_escapes_control_characters(tmp_path):
+    """A record's id and a program's error detail are the data's text: an ESC sequence and a carriage return
+    went to the terminal as they were, and a runtime error's line read as a pass (a red-team review). They
+    are escaped as Python writes them; ``--json`` keeps the text."""
+    data = tmp_path / "ctl.jsonl"
+    forged = "\r" + "pass     ok               line 1"
+    record = {
+        "id": "a\x1b[31mRED\x1b[0m\u202e",
+        "code": f"def f(x):\n    raise ValueError({forged!r})",
+        "input": "1",
+    }
+    data.write_text(json.dumps(record) + "\n")
+    done = populora("verify", str(data))
+    row = done.stdout.splitlines()[0]
+    assert "\x1b" not in done.stdout and "\r" not in done.stdout and "\u202e" not in done.stdout
+    assert row.startswith("error    runtime") and "a\\x1b[31mRED\\x1b[0m\\u202e" in row and "\\r" in row
+    rows = [json.loads(line) for line in populora("verify", str(data), "--json").stdout.splitlines()[:-1]]
+    assert rows[0]["id"] == record["id"] and "\r" in rows[0]["detail"]
+
+
 def test_verify_reads_a_pipe_and_standard_input(tmp_path):
     line = '{"code": "def f(x):\\n    return x + 1", "input": "1", "output": "2"}\n'
     for path in ("-", "/dev/stdin"):
