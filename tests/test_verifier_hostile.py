@@ -2432,6 +2432,51 @@ def test_deepcopy_refuses_a_hook_in_an_instance_dict():
     ]
 
 
+# Red-team round 41: CPython records a failed lookup in an AttributeError by setting its `name` and `obj` at each
+# lookup the error leaves until its C fields are set; a program's subclass with properties of those names kept
+# them unset and was handed every object on the way, the child's own proxy of an augmented assignment too, which
+# answers any name with what the program chooses: copy then wrote `re.I._value_`, deepcopy handed its memo over.
+ROUND_41 = (
+    "got = []\nclass K(AttributeError):\n    def g(self):\n        return None\n    def s(self, v):\n"
+    "        got.append(type(v).__name__)\n    obj = property(g, s)\n    name = property(g, s)\n"
+    "class A:\n    def g(self):\n        raise K()\n    _x = property(g)\n"
+    "def f(x):\n    a = A()\n    try:\n        a._x += 1\n    except K:\n        pass\n    return got\n"
+)
+
+
+def test_round_41_a_failed_lookup_hands_a_program_only_what_plain_python_does(verifier):
+    """The proxy of an augmented assignment records a failed lookup as the object's own lookup would, so the error
+    reaches no further: the program's properties see the name and the object, as in plain Python, never the
+    proxy; a format string may not walk to an exception's ``obj`` at run time."""
+    namespace: dict = {}
+    exec(ROUND_41, namespace)
+    assert namespace["f"](0) == ["str", "A"]  # plain Python's answer
+    assert verifier.run(ROUND_41, "0") == Execution("ok", "['str', 'A']", "")
+    walk = "import json\ndef f(x):\n    try:\n        json.nothing\n    except AttributeError as e:\n        return ('{0.o' + 'bj}').format(e)\n"
+    assert verifier.run(walk, "0") == Execution(
+        "forbidden",
+        None,
+        "a format string walks to a private or forbidden name at run time (0.obj)",
+    )
+
+
+def test_copy_refuses_the_proxy_of_an_augmented_assignment():
+    """The second line behind round 41: ``copy`` and ``deepcopy`` refuse the child's own proxy, whose lookups answer
+    any name (``__reduce_ex__``, ``__deepcopy__``) with what the program chose (armed here by hand)."""
+    script = (
+        "import _child\n_child.install_frame_guard()\n_child.install_copy_guard()\nimport copy\n"
+        "class T:\n    pass\nt = T()\nt.format = lambda *a: (T, ())\nproxy = _child._augmented(t, 'format')\n"
+        "for how in (copy.copy, copy.deepcopy, lambda p: copy.deepcopy([p])):\n"
+        "    _child.arm_frame_guard(True)\n    try:\n        how(proxy)\n    except (RuntimeError, TypeError):\n        pass\n"
+        "    print(_child.frame_guard_refusal())\n"
+    )
+    assert _in_a_fresh_interpreter(script) == [
+        "the program made copy rebuild an object into a _Augmented (copy.copy/deepcopy)",
+        "a __deepcopy__ of the program's (class _Augmented) would be handed copy's memo, the originals in it",
+        "a __deepcopy__ of the program's (class _Augmented) would be handed copy's memo, the originals in it",
+    ]
+
+
 def test_classes_programs_make_the_ordinary_ways_still_work(verifier):
     """Class statements (special methods, ``__slots__``, bases with metaclasses), the standard library's class
     factories (``namedtuple``, ``typing.NamedTuple``, ``TypedDict``, ``Protocol``, ``Generic``, enum classes and

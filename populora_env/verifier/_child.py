@@ -342,7 +342,7 @@ def _guard_copy() -> None:
     def guarded(x: Any, memo: Any, func: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
         # a typing object reduces to a lookup of its name in typing's globals, which a program can set
         # (`name='__builtins__'`: a red-team review's full escape); the copy of one was refused anyway
-        if _is_typing(x):
+        if _is_typing(x) or type(x) is _Augmented:  # (the proxy answers any name: a second line, round 41)
             _refuse_at_run_time("populora.copy_into", type(x).__name__)
         # a program's memo mapping: its get() could swap the state after the checks below
         if memo is not None and type(memo) is not dict:
@@ -399,7 +399,11 @@ def _guard_copy() -> None:
         # of each instance), so a program read and wrote private attributes through it (a red-team review).
         # copy's own recursion passes the memo made below.
         if memo is None:
-            if _program_hook(type(x), "__deepcopy__") or _instance_hook(x, "__deepcopy__"):
+            if (
+                _program_hook(type(x), "__deepcopy__")
+                or _instance_hook(x, "__deepcopy__")
+                or type(x) is _Augmented
+            ):
                 _refuse_at_run_time("populora.copy_hook", type(x).__name__)
             memo = {}
             made.append(memo)
@@ -409,8 +413,13 @@ def _guard_copy() -> None:
                 made.pop()
         if not any(memo is mine for mine in made):
             _refuse_at_run_time("populora.copy_memo", type(memo).__name__)
-        # a __deepcopy__ of the program's (a run-time class's) is handed copy's own memo, the originals in it
-        if _program_hook(type(x), "__deepcopy__") or _instance_hook(x, "__deepcopy__"):
+        # a __deepcopy__ of the program's (a run-time class's) is handed copy's own memo, the originals in it;
+        # the proxy of an augmented assignment answers any name with what the program chooses (round 41)
+        if (
+            _program_hook(type(x), "__deepcopy__")
+            or _instance_hook(x, "__deepcopy__")
+            or type(x) is _Augmented
+        ):
             _refuse_at_run_time("populora.copy_hook", type(x).__name__)
         return deepcopy(x, memo, _nil)
 
@@ -1248,7 +1257,7 @@ _TABLES: dict[bool, dict[str, Any]] = {}
 
 def _format_walk_refused(text: str, depth: int = 0) -> str:
     """The first field of ``text`` that walks where programs may not (``""`` if none): a private or forbidden
-    attribute, or a dunder item key. Fields after a malformed part are not looked at: ``str.format`` parses
+    attribute, ``obj`` (of an exception: the object a failed lookup kept), or a dunder item key. Fields after a malformed part are not looked at: ``str.format`` parses
     the same way and fails there, before walking them."""
     try:
         for _literal, field, spec, _conversion in _string.formatter_parser(text):
@@ -1259,7 +1268,11 @@ def _format_walk_refused(text: str, depth: int = 0) -> str:
                 if type(key) is not str:
                     continue
                 if (
-                    ((key[:1] == "_" and key not in READABLE_DUNDERS) or key in FORBIDDEN_ATTRIBUTES)
+                    (
+                        (key[:1] == "_" and key not in READABLE_DUNDERS)
+                        or key in FORBIDDEN_ATTRIBUTES
+                        or key == "obj"  # (an exception's, the object a failed lookup kept: round 41)
+                    )
                     if is_attribute
                     else dunder_shaped(key)
                 ):
@@ -1520,6 +1533,9 @@ _READ_CHECK, _OWN_CHECK, _SUPER_CHECK = "populora.read", "populora.own", "populo
 _PRIVATE_CHECK, _AUG_CHECK = "populora.private", "populora.augmented"
 
 
+_ERROR_NAME, _ERROR_OBJECT = vars(AttributeError)["name"], vars(AttributeError)["obj"]  # (the C fields)
+
+
 class _Augmented:
     """What an augmented assignment to a checked attribute (``a.format += v``, ``self._n += 1``) reads and writes
     through (``_augmented``): CPython reads and writes the attribute it names on this proxy, in its own order,
@@ -1530,7 +1546,18 @@ class _Augmented:
 
     def __getattribute__(self, _name: str) -> Any:
         get = object.__getattribute__
-        return get(self, "read")(get(self, "target"), get(self, "name"))
+        target, name = get(self, "target"), get(self, "name")
+        try:
+            return get(self, "read")(target, name)
+        except AttributeError as e:
+            # CPython records a failed lookup in the error (its C fields name and obj) at each lookup the error
+            # leaves, by setting the attributes, until those fields are set: a program's subclass with
+            # properties of those names keeps them unset and was handed every object on the way, this proxy
+            # too (red-team round 41). Set as the object's own lookup, the one plain Python makes, records them.
+            if _ERROR_NAME.__get__(e) is None and _ERROR_OBJECT.__get__(e) is None:
+                _ERROR_NAME.__set__(e, name)
+                _ERROR_OBJECT.__set__(e, target)
+            raise
 
     def __setattr__(self, _name: str, value: Any) -> None:
         get = object.__getattribute__
