@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from populora_env import dsl
-from populora_env.verifier import Execution, Verifier
+from populora_env.verifier import Execution, Verifier, VerifierConfig
 from populora_env.verifier import prefilter as prefilter_module
 from populora_env.verifier.literals import parse_args
 from populora_env.verifier.prefilter import Prefiltered, prefilter
@@ -2368,6 +2368,38 @@ def test_the_standard_library_writes_no_module_attribute_for_a_program(verifier)
         "    return [N, c.firstweekday, calendar.firstweekday(), 'a'.encode('idna'), str(decimal.Decimal(1) / 4)]\n"
     )
     assert verifier.run(fine, "1") == Execution("ok", "[2, 3, 2, b'a', '0.25']", "")
+
+
+def test_standard_classes_are_immutable_for_guarded_programs(verifier):
+    """Red-team round 41: public unbound methods of standard classes write their names into any class they are
+    handed, a standard class or metaclass too; with the language layer on, every class a module holds is
+    immutable (CPython's own refusal, whoever writes). A program's classes, its subclasses of standard ones
+    among them, stay writable, copies of standard objects work, and unguarded programs see the modules as usual."""
+    writes = {
+        "calendar.Calendar.setfirstweekday(json.JSONEncoder, 5)": "'_firstweekday' attribute of immutable type 'JSONEncoder'",
+        "calendar.Calendar.setfirstweekday(abc.ABCMeta, 5)": "'_firstweekday' attribute of immutable type 'ABCMeta'",
+        "abc.abstractmethod(json.JSONDecoder)": "'__isabstractmethod__' attribute of immutable type 'JSONDecoder'",
+    }
+    for call, what in writes.items():
+        program = f"import abc, calendar, json\ndef f(x):\n    {call}\n    return 1\n"
+        assert verifier.run(program, "0") == Execution("runtime", None, f"TypeError: cannot set {what}"), call
+    own = (
+        "import collections, copy, enum, json, textwrap\nclass D(collections.UserDict):\n    pass\n"
+        "class E(json.JSONEncoder):\n    pass\nclass F(enum.IntEnum):\n    A = 1\nclass C:\n    n = 0\n"
+        "def f(x):\n    D.x = 1\n    E.y = 2\n    del D.x\n    C.n += x\n    w = copy.copy(textwrap.TextWrapper(width=7))\n"
+        "    return [E.y, hasattr(D, 'x'), C.n, w.width, F.A + 1]\n"
+    )
+    assert verifier.run(own, "3") == Execution("ok", "[2, False, 3, 7, 2]", "")
+
+
+def test_standard_classes_stay_mutable_without_the_language_layer():
+    """``language_guards=False``: the modules behave as usual, a standard class's attributes can be written."""
+    program = (
+        "import calendar, json\ndef f(x):\n    calendar.Calendar.setfirstweekday(json.JSONEncoder, 5)\n"
+        "    return json.JSONEncoder._firstweekday\n"
+    )
+    with Verifier(VerifierConfig(workers=1, language_guards=False)) as unguarded:
+        assert unguarded.run(program, "0") == Execution("ok", "5", "")
 
 
 def test_a_submodule_loaded_from_outside_its_package_is_off_the_allowlist():

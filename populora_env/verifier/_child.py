@@ -29,7 +29,7 @@ from rules import (
     own_private,
     plain_super,
 )
-from sandbox import current_frame, generic_lookup, real_mro, set_class_attribute
+from sandbox import current_frame, generic_lookup, make_immutable, real_mro, set_class_attribute
 from verdicts import line as _line
 
 TYPE_CHECKING = False  # `typing` stays out of the worker (see literals.py)
@@ -1358,7 +1358,8 @@ def register_standard() -> None:
     start, the guarded import after each import): the standard library makes classes whose name does not
     lead back to them (``difflib.Match``, a namedtuple made at import with ``__module__`` 'collections' when
     ``sys._getframe`` is refused; ``json.scanner.c_make_scanner``, a C type named ``Scanner``), which a
-    review found programs could write into."""
+    review found programs could write into. Once ``freeze_standard_classes`` has run, each is made immutable
+    too."""
     for name, module in list(sys.modules.items()):
         if name in _REGISTERED_MODULES or name == "__program__":
             continue
@@ -1366,9 +1367,39 @@ def register_standard() -> None:
         for value in list(vars(module).values()) if isinstance(module, type(sys)) else ():
             # a class, and the class of any other object a module holds (`enum._auto_null`: the name is
             # shadowed by its instance)
-            held = id(value) if isinstance(value, type) else id(type(value))
-            _STANDARD_CLASSES.add(held)
-            _HELD_BY_MODULES.add(held)
+            held = value if _a_class(value) else type(value)
+            _STANDARD_CLASSES.add(id(held))
+            _HELD_BY_MODULES.add(id(held))
+            if _FROZEN:
+                refused = make_immutable(held)
+                if refused:
+                    _FROZEN.append(refused)
+
+
+_FROZEN: list[
+    str
+] = []  # non-empty once freeze_standard_classes ran: "on", then any class it could not freeze
+
+
+def freeze_standard_classes() -> list[str]:
+    """Makes every class the imported modules hold immutable (``sandbox.make_immutable``), now and after each
+    later import (``register_standard``): the worker, after its guards are installed, when the language layer
+    is on. A program's own writes were refused already (``_owned``), but public unbound methods of standard
+    classes write their attribute names into any class they are handed
+    (``calendar.Calendar.setfirstweekday(json.JSONEncoder, 5)`` set ``JSONEncoder._firstweekday``, red-team round
+    41): CPython refuses those writes now, whoever makes them, with the ``TypeError`` it raises for its own
+    built-in classes. Classes the standard library makes for a program (``namedtuple``'s, a subclass of a
+    standard class) stay writable; what ``copyreg`` caches on a class (``__slotnames__``) it caches no more
+    (it ignores the error).
+
+    Returns:
+        Why some classes stay mutable (another layout of the type object), or an empty list.
+    """
+    if not _FROZEN:
+        _FROZEN.append("on")
+    _REGISTERED_MODULES.clear()  # walked again, freezing what was recorded before
+    register_standard()
+    return sorted(set(_FROZEN[1:]))
 
 
 def _is_standard(cls: Any) -> bool:

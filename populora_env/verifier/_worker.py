@@ -140,6 +140,8 @@ class Worker:
         _child.install_frame_guard()  # the language layer's run-time half: no frames for guarded programs
         _child.install_module_guard()  # (a module's attributes change only as it is imported)
         _child.install_copy_guard()  # (the standard library imports copy lazily too, past the guarded import)
+        if config.get("language_guards", True):  # (the modules behave as usual for unguarded programs)
+            self.report["errors"].extend(_child.freeze_standard_classes())
         self._warm_up()
         gc.freeze()  # children then leave the worker's objects alone instead of copying their pages
         if isolate and not sandbox.limit_worker_memory(size):

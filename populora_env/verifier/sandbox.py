@@ -40,6 +40,7 @@ __all__ = [
     "generic_lookup",
     "isolate_worker",
     "load_seccomp_program",
+    "make_immutable",
     "real_mro",
     "require_class_origins",
     "route_class_creation",
@@ -469,6 +470,27 @@ def close_to_subclasses(cls: type) -> str | None:
 
 
 _Py_TPFLAGS_IMMUTABLETYPE = 1 << 8
+
+
+def make_immutable(cls: type) -> str | None:
+    """Sets ``Py_TPFLAGS_IMMUTABLETYPE`` on a class, as CPython's own built-in classes have it: its
+    ``type_setattro`` then refuses every write and delete of the class's attributes (``TypeError: cannot set
+    'x' attribute of immutable type 'X'``), whoever makes it, Python or C code. Classes deriving from it are
+    not immutable (CPython does not inherit the flag); ``set_class_attribute`` still writes.
+
+    Returns:
+        ``None``, or why the class stays mutable (another layout of the type object).
+    """
+    word = _type_word(cls, 21)
+    if word.value != cls.__flags__:
+        return f"cannot make {cls.__qualname__} immutable (tp_flags not where expected)"
+    if (
+        not cls.__flags__ & _Py_TPFLAGS_IMMUTABLETYPE
+    ):  # (built-in classes are already: their pages stay shared)
+        word.value = cls.__flags__ | _Py_TPFLAGS_IMMUTABLETYPE
+    return None
+
+
 # type's own tp_new (CPython's type_new), called with the GIL held and its exception raised as Python's
 _TYPE_NEW = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.py_object)
 

@@ -85,6 +85,7 @@ class Verifier:
             "isolate": config.isolate,
             "allowed_modules": sorted(ALLOWED_MODULES),
             "preload": list(config.preload),
+            "language_guards": config.language_guards,
         }
         if config.isolate:
             programs, error = build_seccomp_programs()
