@@ -86,8 +86,9 @@ def lora_pairs(genome: Genome) -> tuple[LoraPair, ...]:
         One ``LoraPair`` per adapted module; empty for a plain (non-LoRA) genome.
 
     Raises:
-        ValueError: A factor without its partner, a factor that is not 2-D, or ``A``/``B`` ranks that
-            disagree; the message names the key.
+        ValueError: A factor without its partner, a factor that is not 2-D, ``A``/``B`` ranks that
+            disagree, or rank 0; the message names the key.
+        TypeError: A factor that is not a floating-point tensor; the message names the key.
     """
     pairs = []
     b_keys = {key for key in genome if _is_b_key(key)}
@@ -100,12 +101,23 @@ def lora_pairs(genome: Genome) -> tuple[LoraPair, ...]:
             raise ValueError(f"LoRA factor {key!r} has no partner {b_key!r}")
         b_keys.discard(b_key)
         a, b = genome[key], genome[b_key]
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            raise TypeError(
+                f"LoRA factors of {head!r} must be tensors (got {type(a).__name__}, {type(b).__name__})"
+            )
+        if not (a.is_floating_point() and b.is_floating_point()):
+            # (the operators' results, truncated back to an integer dtype, would be garbage children)
+            raise TypeError(
+                f"LoRA factors of {head!r} must be floating-point tensors (got {a.dtype}, {b.dtype})"
+            )
         if a.ndim != 2 or b.ndim != 2:
             raise ValueError(f"LoRA factors of {head!r} must be 2-D (got {tuple(a.shape)}, {tuple(b.shape)})")
         if a.shape[0] != b.shape[1]:
             raise ValueError(
                 f"LoRA factors of {head!r} disagree on rank: A {tuple(a.shape)}, B {tuple(b.shape)}"
             )
+        if a.shape[0] == 0:
+            raise ValueError(f"LoRA factors of {head!r} have rank 0 (A {tuple(a.shape)}, B {tuple(b.shape)})")
         pairs.append(LoraPair(module=head, a_key=key, b_key=b_key))
     if b_keys:
         raise ValueError(f"LoRA factor {sorted(b_keys)[0]!r} has no lora_A partner")
@@ -184,16 +196,19 @@ def detached(
                 if not isinstance(genome, Mapping):
                     raise TypeError(f"{name}: parent {index} must be a genome (a dict of tensors), got a "
                                     f"{type(genome).__name__}")  # fmt: skip
+                check_tensors(genome, f"parent {index}")
                 if not checks_its_parents:
                     check_finite(genome, f"parent {index}")
             genomes = [_detach(g) for g in genomes]
         elif isinstance(genomes, Mapping):
+            check_tensors(genomes, "genome")
             check_finite(genomes, "genome")
             genomes = _detach(genomes)
         elif first == "genome":
             raise TypeError(f"{name}: genome must be a dict of tensors, got a {type(genomes).__name__}")
         for key, value in kwargs.items():
             if isinstance(value, Mapping):
+                check_tensors(value, key)
                 check_finite(value, key)
         kwargs = {k: _detach(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()}
         try:
@@ -226,6 +241,16 @@ def _overflowing(parents: Sequence[Mapping[str, Any]]) -> str:
                 whose = "the genome" if len(parents) == 1 else f"parent {index}"
                 return f"B @ A of {whose} overflows {b.dtype} at key {pair.a_key!r}"
     return ""
+
+
+def check_tensors(genome: Mapping[str, Any], which: str) -> None:
+    """``TypeError`` naming the first key of ``genome`` whose value is not a ``torch.Tensor`` (a list or a NumPy
+    array failed inside an operator, naming no key)."""
+    for key, value in genome.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{which} must map names to torch tensors: {key!r} holds a {type(value).__name__}"
+            )
 
 
 def _detach(genome: Mapping[str, Any]) -> dict[str, Any]:

@@ -1036,3 +1036,26 @@ def test_a_bare_layers_weight_and_bias_are_one_module():
         child = cross("uniform", parents, seed=seed)
         source = [i for i, p in enumerate(parents) if torch.equal(child["weight"], p["weight"])]
         assert source and torch.equal(child["bias"], parents[source[0]]["bias"]), seed
+
+
+BAD_FACTORS = {
+    "integer": ({"m.lora_A.weight": torch.arange(10).reshape(2, 5), "m.lora_B.weight": torch.arange(8).reshape(4, 2)},
+                TypeError, "LoRA factors of 'm' must be floating-point tensors"),
+    "rank 0": ({"m.lora_A.weight": torch.zeros(0, 5), "m.lora_B.weight": torch.zeros(4, 0)},
+               ValueError, r"LoRA factors of 'm' have rank 0"),
+    "a list": ({"w": [1.0, 2.0]}, TypeError, r"must map names to torch tensors: 'w' holds a list"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_FACTORS))
+def test_factors_no_operator_can_use_are_refused_naming_the_key(bad):
+    """Integer LoRA factors gave children truncated back to integers (one rank component lost), rank-0 factors
+    a ZeroDivisionError, IndexError or RuntimeError by operator, a list an AttributeError naming no key (a
+    robustness review): every operator refuses them with the key named."""
+    genome_, error, message = BAD_FACTORS[bad]
+    for name in operators.MUTATIONS:
+        with pytest.raises(error, match=message):
+            mutate(name, genome_, strength=0.1)
+    for name in PAIRED:
+        with pytest.raises(error, match=message):
+            cross(name, [genome_, genome_])
