@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from evolve import operators
@@ -175,11 +176,26 @@ class PBTConfig:
                     f"{field_name} must be a {config_type.__name__}, "
                     f"got {type(getattr(self, field_name)).__name__}"
                 )
+        # a path: "" was the current folder, None failed in pathlib once the run started (a robustness review)
+        if not isinstance(self.run_dir, str | os.PathLike) or not os.fspath(self.run_dir):
+            raise ValueError(f"run_dir must be a non-empty path, got {self.run_dir!r}")
+        for name in ("self_play", "pfsp", "progress", "tensorboard"):  # "no" was true
+            value = getattr(self, name)
+            if not isinstance(value, bool | np.bool_):
+                raise ValueError(f"{name} must be a bool, got {value!r}")
+            object.__setattr__(self, name, bool(value))
         # numpy's ints and floats are accepted and stored as Python's (the config is written as JSON)
         for name, least in _INT_MINIMUMS.items():
             if not is_int_at_least(getattr(self, name), least):
                 raise ValueError(f"{name} must be an int >= {least}, got {getattr(self, name)!r}")
             object.__setattr__(self, name, int(getattr(self, name)))
+        if self.seed >= 2**63:  # (torch's generators take a signed 64-bit seed)
+            raise ValueError(f"seed must be < 2**63, got {self.seed}")
+        if 1 < self.population <= self.n_elites:  # (a population of one has no one to replace anyway)
+            raise ValueError(
+                f"n_elites must be < population ({self.population}): with {self.n_elites} no member would ever "
+                "be replaced"
+            )
         for name, (low, high) in _NUMBER_RANGES.items():
             value = getattr(self, name)
             if not (is_finite_number(value) and low <= value <= high):

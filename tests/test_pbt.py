@@ -192,12 +192,22 @@ def test_a_learner_that_diverges_without_raising_is_reported_and_undone(tmp_path
             lambda: PBTConfig(run_dir="x", env={"mode": "structured"}),
             "env must be a TeacherStudentConfig, got dict",
         ),
+        # a robustness review: "no" turned PFSP on, "" wrote the run into the current folder, None failed in
+        # pathlib once the run started, a seed past 64 bits deep in the population, and n_elites >= population
+        # stopped every replacement silently
+        (lambda: PBTConfig(run_dir="x", pfsp="no"), "pfsp must be a bool, got 'no'"),
+        (lambda: PBTConfig(run_dir="x", tensorboard="false"), "tensorboard must be a bool, got 'false'"),
+        (lambda: PBTConfig(run_dir=""), "run_dir must be a non-empty path, got ''"),
+        (lambda: PBTConfig(run_dir=None), "run_dir must be a non-empty path, got None"),
+        (lambda: PBTConfig(run_dir="x", seed=2**70), "seed must be < 2**63"),
+        (lambda: PBTConfig(run_dir="x", n_elites=4), "n_elites must be < population (4)"),
     ],
 )
 def test_nested_configs_are_checked_naming_the_field(make: Any, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         make()
     assert LearnerConfig(lr=np.float32(0.5), steps=np.int64(3)) == LearnerConfig(lr=0.5, steps=3)
+    assert PBTConfig(run_dir="x", pfsp=np.bool_(True)).pfsp is True
 
 
 def test_n_parents_must_suit_every_crossover(tmp_path: Path) -> None:
