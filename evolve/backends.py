@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -111,6 +112,7 @@ def play_episodes(
     transitions: dict[int, list[Transition]] = {m: [] for m in policies}
     returns: dict[int, dict[str, float]] = {m: {} for m in policies}
     metrics, results = [], []
+    illegal: dict[int, list[str]] = {}  # member -> its illegal actions (paid the format penalty)
     for episode, (seats, seed) in enumerate(zip(seatings, seeds, strict=True)):
         matchmaker.seat(seats)
         env.reset(seed=int(seed))
@@ -129,9 +131,17 @@ def play_episodes(
             if terminated or truncated:
                 env.step(None)
                 continue
-            action = plan.action(env, agent, observation, policies, seats)
+            try:
+                action = plan.action(env, agent, observation, policies, seats)
+            except Exception as error:  # a policy's own bug: said with the member it belongs to
+                raise RuntimeError(
+                    f"member {member}'s policy ({type(policies[member]).__name__}) raised while playing {agent} "
+                    f"in episode {episode} of the generation: {type(error).__name__}: {error}"
+                ) from error
             sample = _sample_record(policies[member], observation, action)
             env.step(action)
+            if env.unwrapped.infos.get(agent, {}).get("status") == "illegal_action":
+                illegal.setdefault(member, []).append(f"{agent}: {action!r:.80}")
             if role == "teacher":
                 ledger.record(env, agent, (agent, observation, action, sample))
             else:
@@ -144,6 +154,13 @@ def play_episodes(
             raise RuntimeError(f"episode {episode}: proposals never resolved: {unpaid}")
         metrics.append(env.unwrapped.episode_metrics())
         results += matchmaker.drain()
+    for member, actions in illegal.items():
+        logger.warning(
+            "member %d played %d illegal action(s), each paid the format penalty; first: %s",
+            member,
+            len(actions),
+            actions[0],
+        )
     return PlayOutcome(transitions, results, metrics, returns)
 
 
@@ -179,6 +196,9 @@ def _new_env(
 
     verifier = Verifier(VerifierConfig())
     matchmaker = MemberMatchmaker(table, env_config.students_per_task, pfsp=pfsp)
+    # a member's illegal action costs it the format penalty, and is logged (play_episodes): under "raise" one
+    # member's bad action ended the whole run (a robustness review)
+    env_config = dataclasses.replace(env_config, illegal_action="penalize")
     return (
         teacher_student_v0.env(config=env_config, verifier=verifier, matchmaker=matchmaker),
         verifier,

@@ -87,7 +87,9 @@ class PBTConfig:
     episodes_per_generation: int = 4
     """Episodes played per generation."""
     env: TeacherStudentConfig = field(default_factory=_structured_default)
-    """The game (structured mode for torch members); its ``n_teachers``/``n_students`` are the seats."""
+    """The game (structured mode for torch members); its ``n_teachers``/``n_students`` are the seats. Played with
+    ``illegal_action="penalize"`` whatever it says: a member's illegal action pays the format penalty and is
+    logged by member, where ``"raise"`` would end the run."""
     teachers: str = "torch"
     """Teacher members, a kind in ``evolve.members.POLICIES``: evolving ``torch`` policies, fixed
     ``scripted``/``random`` ones (one per seat), ``lora`` (LoRA adapters on one shared base, text mode,

@@ -941,3 +941,53 @@ def test_rejections_count_why_proposals_were_turned_away_per_episode_and_generat
                                lineage=[]).to_json()  # fmt: skip
     del record["rejections"]
     assert GenerationMetrics(**record).rejections == {}
+
+
+class _Garbage(TorchPolicy):
+    """A torch member whose students answer with a list (an illegal structured action) or raise."""
+
+    raising = False
+
+    def act(self, observation: Any, agent: str) -> Any:
+        if self.raising:
+            raise ValueError("boom")
+        return [1, 2, 3]
+
+
+def _garbage_config(run_dir: Path) -> PBTConfig:
+    return PBTConfig(
+        run_dir=str(run_dir), generations=2, episodes_per_generation=2, env=_env(1, student_group_size=2),
+        population=2, students="garbage", learner="none", replace_fraction=0.5, progress=False, tensorboard=False,
+    )  # fmt: skip
+
+
+def test_a_member_s_illegal_actions_are_penalised_and_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One member's illegal action ended the whole run under the env's default ``illegal_action="raise"``
+    (a robustness review): PBT's games pay it the format penalty and log it by member; a policy that raises
+    ends the run with an error naming the member and the seat."""
+    import logging
+
+    from evolve import members
+
+    monkeypatch.setitem(
+        members.POLICIES,
+        "garbage",
+        lambda env, role, seed, config: _Garbage(config.env, role, config.net, seed),
+    )
+    with caplog.at_level(logging.WARNING, logger="evolve.backends"):
+        history = _history(run_pbt(_garbage_config(tmp_path / "run")))
+    assert len(history) == 2 and all(
+        h["mean_reward"]["student"] == -1.0 for h in history
+    )  # the format penalty
+    logged = [r.getMessage() for r in caplog.records if "illegal action" in r.getMessage()]
+    assert logged and all(
+        re.fullmatch(r"member \d+ played \d+ illegal action\(s\), each paid the format penalty; first: student_0: "
+                     r"\[1, 2, 3\]", m)
+        for m in logged
+    )  # fmt: skip
+    monkeypatch.setattr(_Garbage, "raising", True)
+    with pytest.raises(RuntimeError, match=r"member \d+'s policy \(_Garbage\) raised while playing student_0 in "
+                       r"episode 0 of the generation: ValueError: boom"):  # fmt: skip
+        run_pbt(_garbage_config(tmp_path / "raising"))
