@@ -14,6 +14,7 @@ aggregations), re-derived here from their definitions:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -90,6 +91,21 @@ def batch_std(values: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------
 
 
+def _in_range(rewards: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """``rewards`` divided by a power of two (exact) so that the largest is about ``finfo.max ** 0.25`` where it
+    was larger, and the factor: squares and sums of huge finite rewards overflowed to infinity, and a group of
+    +-1e154 got advantages of 0 (a robustness review). Smaller rewards are returned as they are, so that
+    ``ADVANTAGE_EPS`` weighs what it weighed."""
+    if not rewards.numel():
+        return rewards, 1.0
+    largest = float(rewards.detach().abs().max())
+    limit = torch.finfo(rewards.dtype).max ** 0.25
+    if not limit < largest < math.inf:
+        return rewards, 1.0
+    factor = 2.0 ** (math.frexp(largest)[1] - math.frexp(limit)[1])
+    return rewards / factor, factor
+
+
 def _deviation(rewards: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     """``rewards - mean``, with 0 where the two differ only by the rounding of the mean (a few units in
     the last place): a group of equal rewards carries no signal and gets no advantage at any scale
@@ -109,6 +125,7 @@ def advantages_group(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor
     Returns:
         (N,) advantages.
     """
+    rewards, _ = _in_range(rewards)  # (the ratio does not change)
     return _deviation(rewards, segment_mean(rewards, group)) / (segment_std(rewards, group) + ADVANTAGE_EPS)
 
 
@@ -122,6 +139,7 @@ def advantages_batch(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor
     Returns:
         (N,) advantages (r - mean_g) / (std_batch + eps).
     """
+    rewards, _ = _in_range(rewards)
     return _deviation(rewards, segment_mean(rewards, group)) / (batch_std(rewards) + ADVANTAGE_EPS)
 
 
@@ -135,7 +153,8 @@ def advantages_unscaled(rewards: torch.Tensor, group: torch.Tensor) -> torch.Ten
     Returns:
         (N,) advantages.
     """
-    return _deviation(rewards, segment_mean(rewards, group))
+    rewards, factor = _in_range(rewards)
+    return _deviation(rewards, segment_mean(rewards, group)) * factor
 
 
 def advantages_task_relative(rewards: torch.Tensor, task_key: torch.Tensor) -> torch.Tensor:
@@ -153,6 +172,7 @@ def advantages_task_relative(rewards: torch.Tensor, task_key: torch.Tensor) -> t
     Returns:
         (N,) advantages.
     """
+    rewards, _ = _in_range(rewards)
     return _deviation(rewards, segment_mean(rewards, task_key)) / (
         segment_std(rewards, task_key) + ADVANTAGE_EPS
     )

@@ -648,7 +648,8 @@ def test_a_group_of_equal_rewards_gets_no_advantage_at_any_scale() -> None:
         assert not stats.skipped and stats.grad_norm == 0.0, (reward, stats)
     # rewards past float32's range are statistics in float64: 1e39 was refused as infinite, and the std
     # of 1e20 and -1e20 overflowed to give every sample an advantage of 0
-    for large in ([1e39, 0.0, 0.0], [1e20, -1e20, 0.0]):
+    # and the squares of +-1e154 overflowed float64 too (a robustness review): advantages past any scale
+    for large in ([1e39, 0.0, 0.0], [1e20, -1e20, 0.0], [1e154, -1e154, 0.0], [1.7e308, 1e308, 0.0]):
         stats = GRPOLearner(pop, GRPOConfig(learning_rate=1e-2, max_new_tokens=6)).update(
             "p0", prompts, completions, large * 3, groups
         )

@@ -239,3 +239,23 @@ def test_an_infinite_log_prob_gap_at_padding_never_reaches_the_loss(loss_type):
     # the active tokens' values are those without a mask
     assert torch.equal(ratio[mask == 1], probability_ratio(logps, old)[mask == 1])
     assert torch.equal(kl[mask == 1], k3_kl(logps, ref)[mask == 1])
+
+
+def test_advantages_of_huge_finite_rewards_are_those_of_the_same_rewards_scaled_down() -> None:
+    """Squares and sums of rewards past ~1e154 overflowed float64, and every advantage came out 0 (a robustness
+    review): the statistics are taken on the rewards divided by a power of two, exactly."""
+    # (large already, so that ADVANTAGE_EPS weighs nothing in either)
+    rewards = torch.tensor([3.0, -1.0, 0.5, 2.0], dtype=torch.float64) * 2.0**200
+    group = torch.tensor([0, 0, 1, 1])
+    for scale in (2.0**320, 2.0**800):
+        for function in (advantages_group, advantages_batch):
+            small, huge = function(rewards, group), function(rewards * scale, group)
+            assert torch.allclose(small, huge, rtol=1e-12, atol=0) and bool(huge.abs().min() > 0.1), scale
+        assert torch.equal(
+            advantages_unscaled(rewards * scale, group), advantages_unscaled(rewards, group) * scale
+        )
+        assert torch.allclose(
+            advantages_task_relative(rewards * scale, group),
+            advantages_task_relative(rewards, group),
+            rtol=1e-12,
+        )
