@@ -28,7 +28,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is corrupt, truncated or of another format (the message names the file)."""
 
 
-_DELETE_IT = "delete it to resume from an older one (the run starts over where there is none)"
+DELETE_IT = "delete it to resume from an older one (the run starts over where there is none)"
 
 
 def checkpoint_path(directory: Path, generation: int) -> Path:
@@ -156,22 +156,22 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     """
     data = Path(path).read_bytes()
     if not data.startswith(MAGIC):
-        raise CheckpointError(f"{path}: not a populora evolve checkpoint (bad magic); {_DELETE_IT}")
+        raise CheckpointError(f"{path}: not a populora evolve checkpoint (bad magic); {DELETE_IT}")
     end = data.find(b"\n", len(MAGIC))
     try:
         header = json.loads(data[len(MAGIC) : end])
         length, digest = int(header["length"]), str(header["sha256"])
     except (ValueError, KeyError, TypeError) as error:
-        raise CheckpointError(f"{path}: unreadable header ({error}); {_DELETE_IT}") from error
+        raise CheckpointError(f"{path}: unreadable header ({error}); {DELETE_IT}") from error
     if header.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: format {header.get('format')!r}, expected {FORMAT_VERSION}")
     payload = data[end + 1 :]
     if len(payload) != length:
         raise CheckpointError(
-            f"{path}: truncated or padded payload ({len(payload)} bytes, header says {length}); {_DELETE_IT}"
+            f"{path}: truncated or padded payload ({len(payload)} bytes, header says {length}); {DELETE_IT}"
         )
     if hashlib.sha256(payload).hexdigest() != digest:
-        raise CheckpointError(f"{path}: checksum mismatch (corrupt payload); {_DELETE_IT}")
+        raise CheckpointError(f"{path}: checksum mismatch (corrupt payload); {DELETE_IT}")
     try:
         return torch.load(io.BytesIO(payload), weights_only=True)
     except Exception as error:  # intact bytes of a state this version refuses to unpickle

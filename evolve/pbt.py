@@ -29,6 +29,8 @@ from tqdm.auto import tqdm
 from evolve import operators
 from evolve.backends import make_backend
 from evolve.checkpoint import (
+    DELETE_IT,
+    CheckpointError,
     atomic_write_bytes,
     list_checkpoints,
     load_latest,
@@ -370,12 +372,20 @@ def _check_unsaved_start(run_dir: Path, config: PBTConfig) -> None:
         )
 
 
-def _check_same_run(saved: dict[str, Any], config: PBTConfig) -> int:
-    """Checks that ``config`` continues the saved run; returns the generations that run was configured for.
+def _check_same_run(saved: dict[str, Any], config: PBTConfig, path: Path) -> int:
+    """Checks that ``config`` continues the saved run (read from ``path``); returns the generations that run
+    was configured for.
 
     ``generations`` may be raised (the run is extended) but not lowered; every other field must match.
     """
-    old = json.loads(saved["config"])
+    try:
+        old = json.loads(saved["config"])
+        if not isinstance(old, dict):
+            raise TypeError(f"a JSON {type(old).__name__}")
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(
+            f"{path}: holds no run config ({type(error).__name__}: {error}); {DELETE_IT}"
+        ) from None
     saved_generations = int(old.get("generations", config.generations))
     if differ := _differences(old, config):
         raise ValueError(f"{config.run_dir} holds a run with another config ({differ})")
@@ -476,9 +486,14 @@ def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:
     remove_temp_files(ckpt_dir)
     remove_temp_files(run_dir, RUN_FILES)  # a kill between a temp file's write and its rename
     saved = load_latest(ckpt_dir)
+    newest_file = list_checkpoints(ckpt_dir)[-1] if saved is not None else None
     if saved is None:
         _check_unsaved_start(run_dir, config)
-    saved_generations = _check_same_run(saved, config) if saved is not None else config.generations
+    saved_generations = (
+        _check_same_run(saved, config, newest_file)
+        if saved is not None and newest_file is not None
+        else config.generations
+    )
     if (
         saved is not None
     ):  # this run's (checked): a kill after its newest checkpoint, before the old ones went
@@ -490,7 +505,14 @@ def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:
     try:
         population = Population.create(config, backend.env, table)
         if saved is not None:
-            population.restore(saved)
+            try:
+                population.restore(saved)
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as error:
+                # verified bytes, but not a state of this run (edited and re-saved, another version's): a
+                # KeyError or a torch error naming no file (a robustness review)
+                raise CheckpointError(
+                    f"{newest_file}: not a state this run can resume ({type(error).__name__}: {error}); {DELETE_IT}"
+                ) from error
             if config.generations > saved_generations:
                 logger.info("extending %s from %d to %d generations", run_dir, saved_generations,
                             config.generations)  # fmt: skip

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from evolve import operators
+from evolve.genome import check_finite
 from evolve.learners import LEARNERS
 from evolve.lineage import LineageRecord, MemberRole, operator_use
 from evolve.members import POLICIES
@@ -136,16 +137,32 @@ class Population:
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        """Loads ``state()`` into a freshly created population of the same config."""
+        """Loads ``state()`` into a freshly created population of the same config.
+
+        Raises:
+            ValueError, KeyError, TypeError: a state this population cannot take (a field missing or of
+                another kind, a member id given twice, a genome with non-finite values, ...); ``run_pbt``
+                reports it as a ``CheckpointError`` naming the file.
+        """
         self.generation = int(state["generation"])
         self.next_id = int(state["next_id"])
+        if set(state["groups"]) != set(self.groups):
+            raise ValueError(
+                f"checkpoint has the roles {sorted(state['groups'])}, the config {sorted(self.groups)}"
+            )
+        ids: set[int] = set()
         for role, saved in state["groups"].items():
             group = self.groups[role]
             if len(saved) != len(group):
                 raise ValueError(f"checkpoint has {len(saved)} {role} members, the config {len(group)}")
             for member, entry in zip(group, saved, strict=True):
                 member.id = int(entry["id"])
+                if member.id in ids:
+                    raise ValueError(f"checkpoint gives member id {member.id} twice")
+                ids.add(member.id)
                 if member.learner is not None:
+                    # a genome edited to NaN loaded and played (a robustness review)
+                    check_finite(entry["genome"], f"{role} member {member.id}'s genome")
                     member.policy.set_genome(entry["genome"])
                     member.learner.reset()
                     member.learner.load_state_dict(entry["learner"])

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -515,3 +516,39 @@ def test_a_file_system_without_locks_runs_with_a_warning(
         run = run_pbt(tiny_config(str(tmp_path / "run"), generations=1))
     assert load_latest(run / "checkpoints") is not None
     assert "cannot lock the run folder" in caplog.text and "No locks available" in caplog.text
+
+
+def _edits() -> dict[str, Any]:
+    def nan_genome(state: dict[str, Any]) -> None:
+        genome = state["groups"]["teacher"][0]["genome"]
+        genome[next(iter(genome))].view(-1)[0] = float("nan")
+
+    def twice(state: dict[str, Any]) -> None:
+        state["groups"]["teacher"][1]["id"] = state["groups"]["teacher"][0]["id"]
+
+    return {
+        "a NaN genome": (nan_genome, r"not a state this run can resume \(ValueError: teacher member \d+'s genome has "
+                         r"non-finite values"),
+        "an id twice": (twice, r"not a state this run can resume \(ValueError: checkpoint gives member id \d+ twice"),
+        "no rng": (lambda state: state.pop("rng"), r"not a state this run can resume \(KeyError: 'rng'\)"),
+        "another role": (lambda state: state["groups"].update(wizard=[]), r"the roles \['student', 'teacher', 'wizard'\]"),
+        "no config": (lambda state: state.pop("config"), r"holds no run config \(KeyError: 'config'\)"),
+        "broken history": (lambda state: state.update(history="[{"), r"not a state this run can resume \(JSONDecodeError"),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("edit", sorted(_edits()))
+def test_a_checkpoint_edited_and_saved_again_is_refused_naming_the_file(tmp_path: Path, edit: str) -> None:
+    """Bytes that pass the checksum (edited, then written with ``save_checkpoint``) but hold no state of this
+    run: a NaN genome and a member id given twice were resumed silently, a missing field was a bare KeyError
+    naming no file (a robustness review). Each is a ``CheckpointError`` naming the file, loading nothing."""
+    change, message = _edits()[edit]
+    run_dir = tmp_path / "run"
+    run_pbt(tiny_config(str(run_dir), generations=2))
+    checkpoints = run_dir / "checkpoints"
+    state = load_latest(checkpoints)
+    assert state is not None
+    change(state)
+    path = save_checkpoint(checkpoints, 2, state)
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))}: .*{message}.*delete it to resume"):
+        run_pbt(tiny_config(str(run_dir), generations=3))
