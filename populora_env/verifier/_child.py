@@ -1257,8 +1257,8 @@ _TABLES: dict[bool, dict[str, Any]] = {}
 
 def _format_walk_refused(text: str, depth: int = 0) -> str:
     """The first field of ``text`` that walks where programs may not (``""`` if none): a private or forbidden
-    attribute, ``obj`` (of an exception: the object a failed lookup kept), or a dunder item key. Fields after a malformed part are not looked at: ``str.format`` parses
-    the same way and fails there, before walking them."""
+    attribute, ``obj`` (of an exception: the object a failed lookup kept), or a dunder item key. Fields after a
+    malformed part are not looked at: ``str.format`` parses the same way and fails there, before walking them."""
     try:
         for _literal, field, spec, _conversion in _string.formatter_parser(text):
             if field is None:
@@ -1370,15 +1370,14 @@ def register_standard() -> None:
             held = value if _a_class(value) else type(value)
             _STANDARD_CLASSES.add(id(held))
             _HELD_BY_MODULES.add(id(held))
-            if _FROZEN:
+            if _FREEZING:
                 refused = make_immutable(held)
                 if refused:
-                    _FROZEN.append(refused)
+                    _FREEZING.append(refused)
 
 
-_FROZEN: list[
-    str
-] = []  # non-empty once freeze_standard_classes ran: "on", then any class it could not freeze
+# empty until freeze_standard_classes runs; then "on", followed by why any class stays mutable
+_FREEZING: list[str] = []
 
 
 def freeze_standard_classes() -> list[str]:
@@ -1395,11 +1394,11 @@ def freeze_standard_classes() -> list[str]:
     Returns:
         Why some classes stay mutable (another layout of the type object), or an empty list.
     """
-    if not _FROZEN:
-        _FROZEN.append("on")
+    if not _FREEZING:
+        _FREEZING.append("on")
     _REGISTERED_MODULES.clear()  # walked again, freezing what was recorded before
     register_standard()
-    return sorted(set(_FROZEN[1:]))
+    return sorted(set(_FREEZING[1:]))
 
 
 def _is_standard(cls: Any) -> bool:

@@ -484,9 +484,8 @@ def make_immutable(cls: type) -> str | None:
     word = _type_word(cls, 21)
     if word.value != cls.__flags__:
         return f"cannot make {cls.__qualname__} immutable (tp_flags not where expected)"
-    if (
-        not cls.__flags__ & _Py_TPFLAGS_IMMUTABLETYPE
-    ):  # (built-in classes are already: their pages stay shared)
+    # (built-in classes are already: their pages stay shared)
+    if not cls.__flags__ & _Py_TPFLAGS_IMMUTABLETYPE:
         word.value = cls.__flags__ | _Py_TPFLAGS_IMMUTABLETYPE
     return None
 
