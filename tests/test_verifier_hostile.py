@@ -2380,8 +2380,12 @@ def test_standard_classes_are_immutable_for_guarded_programs(verifier):
         "calendar.Calendar.setfirstweekday(abc.ABCMeta, 5)": "'_firstweekday' attribute of immutable type 'ABCMeta'",
         "abc.abstractmethod(json.JSONDecoder)": "'__isabstractmethod__' attribute of immutable type 'JSONDecoder'",
     }
+    # a class made at import that no module holds, frozen once its import is over (red-team round 43)
+    writes["calendar.Calendar.setfirstweekday(type(decimal.getcontext().flags), 5)"] = (
+        "'_firstweekday' attribute of immutable type 'SignalDict'"
+    )
     for call, what in writes.items():
-        program = f"import abc, calendar, json\ndef f(x):\n    {call}\n    return 1\n"
+        program = f"import abc, calendar, decimal, json\ndef f(x):\n    {call}\n    return 1\n"
         assert verifier.run(program, "0") == Execution("runtime", None, f"TypeError: cannot set {what}"), call
     own = (
         "import collections, copy, enum, json, textwrap\nclass D(collections.UserDict):\n    pass\n"

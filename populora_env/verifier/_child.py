@@ -1108,6 +1108,7 @@ def made_by_the_standard_library(cls: Any) -> None:
 
 
 _KEPT: list[Any] = []  # the classes made_by_the_standard_library recorded (their ids stay theirs)
+_KEPT_FROZEN = [0]  # how many of them register_standard has made immutable
 
 
 def _unpicklable_enum(key: str, value: Any) -> bool:
@@ -1371,9 +1372,20 @@ def register_standard() -> None:
             _STANDARD_CLASSES.add(id(held))
             _HELD_BY_MODULES.add(id(held))
             if _FREEZING:
-                refused = make_immutable(held)
-                if refused:
-                    _FREEZING.append(refused)
+                _freeze(held)
+    if _FREEZING:
+        # and the classes made at import that no module holds (decimal's SignalDict: a red-team review wrote
+        # into it after the freeze), frozen once their import is over, not while they are made (EnumType.__new__
+        # deletes names of the class it makes)
+        for cls in _KEPT[_KEPT_FROZEN[0] :]:
+            _freeze(cls)
+        _KEPT_FROZEN[0] = len(_KEPT)
+
+
+def _freeze(cls: Any) -> None:
+    refused = make_immutable(cls)
+    if refused:
+        _FREEZING.append(refused)
 
 
 # empty until freeze_standard_classes runs; then "on", followed by why any class stays mutable
@@ -1381,9 +1393,9 @@ _FREEZING: list[str] = []
 
 
 def freeze_standard_classes() -> list[str]:
-    """Makes every class the imported modules hold immutable (``sandbox.make_immutable``), now and after each
-    later import (``register_standard``): the worker, after its guards are installed, when the language layer
-    is on. A program's own writes were refused already (``_owned``), but public unbound methods of standard
+    """Makes every class the imported modules hold, and every class made at import (``made_by_the_standard_library``),
+    immutable (``sandbox.make_immutable``), now and after each later import (``register_standard``): the worker,
+    after its guards are installed, when the language layer is on. A program's own writes were refused already (``_owned``), but public unbound methods of standard
     classes write their attribute names into any class they are handed
     (``calendar.Calendar.setfirstweekday(json.JSONEncoder, 5)`` set ``JSONEncoder._firstweekday``, red-team round
     41): CPython refuses those writes now, whoever makes them, with the ``TypeError`` it raises for its own
