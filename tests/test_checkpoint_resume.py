@@ -294,7 +294,7 @@ def test_how_often_a_run_checkpoints_is_not_part_of_its_identity(tmp_path: Path)
     run_pbt(config)
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
     older = {"config": json.dumps({**config.fingerprint(), "checkpoint_every": 5, "generations": 3})}
-    assert pbt._check_same_run(older, config) == 3
+    assert pbt._check_same_run(older, config, run / "checkpoints" / "gen_000003.ckpt") == 3
 
 
 def test_the_start_of_another_run_without_a_checkpoint_is_not_replaced(tmp_path: Path) -> None:
