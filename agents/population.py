@@ -40,7 +40,7 @@ _SAVE_FOLDER = re.compile(r"adapters|adapters-[0-9a-f]{12}")
 """Adapter folders a manifest may name: version 1's, version 2's."""
 _LEFT_BY_SAVE = re.compile(r"adapters-[0-9a-f]{12}|\.adapters-[0-9a-z_]+")
 """Folders only ``save`` makes (a bare ``adapters`` may be a user's: removed only when a manifest names it)."""
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,127}")  # (a folder's name when saved: 255 bytes at most)
 
 
 class LoRAPopulation:
@@ -529,7 +529,29 @@ class LoRAPopulation:
                     f"adapter {name!r} in {folder / name} does not load: {type(error).__name__}: {error}"
                 ) from error
         peft_model.set_adapter(manifest["active"])
-        return cls(peft_model, tokenizer, peft_model.peft_config[names[0]], base_ref, manifest["seed"])
+        population = cls(peft_model, tokenizer, peft_model.peft_config[names[0]], base_ref, manifest["seed"])
+        for name in names:
+            population._check_loaded(name, folder / name / "adapter_model.safetensors")
+        return population
+
+    def _check_loaded(self, name: str, path: Path) -> None:
+        """``ValueError`` naming the file unless it held exactly the adapter's tensors, all finite: PEFT loads a
+        file missing some (they keep their fresh initialisation: zeros for ``lora_B``, random ``lora_A``) or
+        holding others (ignored) without a word, and NaNs as they are (a robustness review)."""
+        from safetensors import safe_open
+
+        params = self._params(name)
+        with safe_open(os.fspath(path), framework="pt") as saved:
+            keys = set(saved.keys())
+            missing, unexpected = sorted(set(params) - keys), sorted(keys - set(params))
+            if missing or unexpected:
+                raise ValueError(
+                    f"adapter {name!r} in {path} does not hold its tensors: missing {missing[:3]}, unexpected "
+                    f"{unexpected[:3]}"
+                )
+        for key, param in params.items():
+            if not bool(torch.isfinite(param).all()):
+                raise ValueError(f"adapter {name!r} in {path} holds non-finite values at {key}")
 
     def policy(self, name: str, **kwargs: Any) -> LoRAPolicy:
         """A ``populora_env.Policy`` answering with adapter ``name``; kwargs as :class:`LoRAPolicy`
@@ -556,7 +578,8 @@ def _peft_mixed_setup(model: Any, row_adapters: Sequence[str]) -> Iterator[dict[
 
 
 def _check_name(name: str) -> None:
-    if not isinstance(name, str) or not _NAME.match(name):
+    # fullmatch: `$` let a trailing newline through, and the saved folder's name held it (a robustness review)
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(f"adapter name {name!r} must match {_NAME.pattern}")
 
 
@@ -613,7 +636,9 @@ def _read_manifest(run: Path) -> tuple[dict[str, Any], Path]:
     if manifest.get("version") not in (1, 2):
         raise ValueError(f"{path}: version {manifest.get('version')!r} is not one this package reads (1, 2)")
     names = manifest.get("adapters")
-    if not (isinstance(names, list) and names and all(isinstance(n, str) and _NAME.match(n) for n in names)):
+    if not (
+        isinstance(names, list) and names and all(isinstance(n, str) and _NAME.fullmatch(n) for n in names)
+    ):
         raise ValueError(f"{path}: 'adapters' must be a non-empty list of adapter names, got {names!r}")
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: 'adapters' lists a name twice: {names}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -282,8 +283,9 @@ def test_add_copy_remove(pop: LoRAPopulation) -> None:
     assert torch.equal(clone_logits, logits_of(pop, text))
     with pytest.raises(ValueError, match="already exists"):
         pop.add("clone")
-    with pytest.raises(ValueError, match="must match"):
-        pop.add("bad.name")
+    for bad in ("bad.name", "ab\n", "x" * 129):  # (a trailing newline, a folder name too long to save)
+        with pytest.raises(ValueError, match="must match"):
+            pop.add(bad)
     pop.remove("clone")
     assert pop.adapter_names == NAMES
     pop.add("fresh")  # lora_B starts at zero: the fresh adapter is the base
@@ -690,7 +692,26 @@ def test_load_names_what_is_wrong_with_a_saved_population(pop: LoRAPopulation, t
             load_with(**changes)
     with pytest.raises(FileNotFoundError, match=r"adapter 'ghost' listed in .* has no .*ghost"):
         load_with(adapters=[*NAMES, "ghost"])
+    # a file edited and saved again: PEFT loaded it without a word, the missing tensors at their fresh
+    # initialisation, a NaN as it is (a robustness review)
+    from safetensors.torch import load_file, save_file
+
     weights = folder / NAMES[1] / "adapter_model.safetensors"
+    whole = load_file(weights)
+    dropped = next(k for k in whole if ".lora_B." in k)
+    save_file({k: v for k, v in whole.items() if k != dropped}, weights)
+    with pytest.raises(
+        ValueError,
+        match=rf"adapter '{NAMES[1]}' in .* does not hold its tensors: missing \['{re.escape(dropped)}'\]",
+    ):
+        load_with()
+    save_file({**whole, dropped: torch.full_like(whole[dropped], float("nan"))}, weights)
+    with pytest.raises(
+        ValueError, match=rf"adapter '{NAMES[1]}' in .* holds non-finite values at {re.escape(dropped)}"
+    ):
+        load_with()
+    save_file(whole, weights)
+    load_with()  # as saved: loads
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(ValueError, match=rf"adapter '{NAMES[1]}' in .* does not load: SafetensorError"):
         load_with()
