@@ -50,6 +50,8 @@ def filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
     cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
     drop_sorted = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # mass before the token already enough
+    # (a top_p that float32 rounds to 0 dropped every token, and sampling failed on NaN: a robustness review)
+    drop_sorted[..., 0] = False
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
@@ -57,7 +59,8 @@ def filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 def choose_tokens(
     logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
 ) -> torch.Tensor:
-    """Pick one token per row: argmax when ``temperature == 0``, else sample softmax(logits / T).
+    """Pick one token per row: argmax when ``temperature == 0`` (or below float32's smallest normal number, the
+    same in the limit), else sample softmax(logits / T).
 
     Args:
         logits: ``(B, V)`` next-token logits.
@@ -68,7 +71,8 @@ def choose_tokens(
     Returns:
         ``(B,)`` token ids.
     """
-    if temperature == 0:
+    # a temperature float32 holds as 0 (5e-324) is greedy decoding, its limit: dividing by it gave NaN
+    if temperature < torch.finfo(torch.float32).tiny:
         return logits.argmax(dim=-1)
     logits = logits.float()
     # shifted to a maximum of 0 first: logits / T overflowed to inf (and the softmax to NaN) for a tiny T

@@ -535,6 +535,13 @@ def test_top_p_keeps_the_smallest_nucleus() -> None:
     assert kept.tolist() == [[True, True, False, False]]
     assert torch.isfinite(filter_top_p(logits, 0.5)).tolist() == [[True, False, False, False]]
     assert torch.equal(filter_top_p(logits, 1.0), logits)
+    # a top_p float32 rounds to 0 kept nothing, and a temperature it rounds to 0 gave NaN (a robustness review):
+    # the most likely token is kept, and such a temperature decodes greedily
+    assert torch.isfinite(filter_top_p(logits, 1e-300)).tolist() == [[True, False, False, False]]
+    from agents.generation import choose_tokens
+
+    for temperature, top_p in ((5e-324, 1.0), (1.0, 1e-300), (1e-45, 1e-300)):
+        assert choose_tokens(logits, temperature, top_p, torch.Generator().manual_seed(0)).tolist() == [0]
 
 
 @pytest.mark.parametrize(
