@@ -13,6 +13,7 @@ difficulty and coverage — and ``summary_rows`` gives the same comparison as nu
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,10 @@ def _load(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: not a run folder of run_pbt / populora train")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:  # (it named no file)
+        raise ValueError(f"{path}: not UTF-8 ({error})") from None
     lines = text.splitlines()
     if lines and not text.endswith("\n"):
         lines.pop()  # a record still being written (or cut short by a kill): the resume rewrites it
@@ -33,8 +37,8 @@ def _load(run_dir: Path) -> list[dict[str, Any]]:
             continue
         try:
             record = json.loads(line)
-        except ValueError as error:
-            raise ValueError(f"{path}:{number}: not a JSON line ({error})") from None
+        except (ValueError, RecursionError) as error:  # (json recurses per bracket: 100 000 of them)
+            raise ValueError(f"{path}:{number}: not a JSON line ({type(error).__name__}: {error})") from None
         problem = _record_problem(record)
         if problem:
             raise ValueError(f"{path}:{number}: not a generation record of run_pbt ({problem})")
@@ -52,6 +56,17 @@ _FIELDS: dict[str, Any] = {
 }  # fmt: skip
 
 
+def _finite(value: Any) -> bool:
+    """Whether ``value`` is a number matplotlib can draw: finite as a float (``10**400`` overflowed in
+    matplotlib, NaN and infinity everywhere broke its axis limits: a robustness review)."""
+    if not isinstance(value, _NUMBER) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def _record_problem(record: Any) -> str:
     """What keeps ``record`` from being drawn ('' when nothing does)."""
     if not isinstance(record, dict):
@@ -60,14 +75,22 @@ def _record_problem(record: Any) -> str:
         if key not in record:
             return f"no {key!r}"
         if not isinstance(record[key], kind) or isinstance(record[key], bool):
-            return f"{key!r} is {record[key]!r}"
+            return f"{key!r} is {record[key]!r:.60}"
+    for key in ("generation", "solve_rate", "invalid_rate", "coverage"):
+        if not _finite(record[key]):
+            return f"{key!r} is not a finite number ({record[key]!r:.60})"
     for key in ("depth", "cyclomatic", "lines"):
-        if not isinstance(record["difficulty"].get(key), _NUMBER):
-            return f"'difficulty' has no number {key!r}"
-    if not all(isinstance(v, _NUMBER) for v in record["mean_reward"].values()):
-        return "'mean_reward' holds a value that is not a number"
-    if not all(isinstance(v, dict) for v in record["role_fitness"].values()):
-        return "'role_fitness' holds a value that is not an object"
+        if not _finite(record["difficulty"].get(key)):
+            return f"'difficulty' has no finite number {key!r}"
+    if not all(_finite(v) for v in record["mean_reward"].values()):
+        return "'mean_reward' holds a value that is not a finite number"
+    for role, fitness in record["role_fitness"].items():
+        if not isinstance(fitness, dict):
+            return "'role_fitness' holds a value that is not an object"
+        if not all(_finite(fitness[k]) for k in ("mean", "max") if k in fitness):
+            return f"'role_fitness' of {role!r} holds a value that is not a finite number"
+    if "op_coverage" in record and not _finite(record["op_coverage"]):
+        return "'op_coverage' is not a finite number"
     return ""
 
 
@@ -176,7 +199,14 @@ def _label(run_dir: Path, name: str | None = None) -> str:
         config = json.loads((run_dir / "config.json").read_text())
         env = config["env"]
         setup = "self-play" if config.get("self_play") else f"{env['n_teachers']}T x {env['n_students']}S"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        RecursionError,
+    ):  # (any damage: the name)
         return name
     return f"{name} ({setup}, pop {config.get('population', '?')})"
 
@@ -194,6 +224,11 @@ def summary_rows(run_dirs: list[str | Path], last: float = 1 / 3) -> list[dict[s
     Raises:
         FileNotFoundError / ValueError: as ``plot_run``, naming the run.
     """
+    if isinstance(run_dirs, str | Path) or not isinstance(last, int | float) or not 0 < last <= 1:
+        # (a string was taken for a list of folders, one per letter; NaN and infinity failed in round())
+        raise ValueError(
+            f"summary_rows takes a list of run folders and 0 < last <= 1, got {run_dirs!r}, {last!r}"
+        )
     rows = []
     paths = [Path(d) for d in run_dirs]
     for run_dir, label in zip(paths, _labels(paths), strict=True):

@@ -621,7 +621,21 @@ def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
         ("[1, 2]\n", "a JSON list, not an object"),
         (
             json.dumps({**json.loads(first), "difficulty": {"depth": "deep"}}) + "\n",
-            "'difficulty' has no number",
+            "'difficulty' has no finite number",
+        ),
+        # what matplotlib failed on with a traceback (a robustness review): a huge int, NaN everywhere, a
+        # fitness that is not a number, nesting deeper than json's recursion
+        (
+            json.dumps({**json.loads(first), "generation": 10**400}) + "\n",
+            "'generation' is not a finite number",
+        ),
+        (
+            json.dumps({**json.loads(first), "solve_rate": float("nan")}) + "\n",
+            "'solve_rate' is not a finite",
+        ),
+        (
+            json.dumps({**json.loads(first), "role_fitness": {"teacher": {"mean": "abc"}}}) + "\n",
+            "'role_fitness' of 'teacher' holds a value that is not a finite number",
         ),
     ):
         (tmp_path / "bad" / "metrics.jsonl").write_text(text)
@@ -629,6 +643,12 @@ def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
             ValueError, match=rf"metrics\.jsonl:1: not a generation record of run_pbt \({problem}"
         ):
             plot_run(tmp_path / "bad")
+    (tmp_path / "bad" / "metrics.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:1: not a JSON line \(RecursionError"):
+        plot_run(tmp_path / "bad")
+    (tmp_path / "bad" / "metrics.jsonl").write_bytes(b"\xff\n")
+    with pytest.raises(ValueError, match=r"metrics\.jsonl: not UTF-8"):
+        plot_run(tmp_path / "bad")
     # a run killed while writing its last record: the complete records are drawn, the partial one skipped
     (tmp_path / "killed").mkdir()
     complete = (tmp_path / "run" / "metrics.jsonl").read_text()
@@ -655,6 +675,13 @@ def test_compare_runs_overlays_variants_and_tabulates_them(
     solo = run_pbt(PBTConfig(run_dir=str(tmp_path / "solo"), self_play=True, **common))
     rows = summary_rows([pair, solo])
     assert [r["run"] for r in rows] == ["pair (1T x 1S, pop 2)", "solo (self-play, pop 2)"]
+    for bad in (
+        {"run_dirs": str(pair)},
+        {"run_dirs": [pair], "last": float("nan")},
+        {"run_dirs": [pair], "last": 0},
+    ):
+        with pytest.raises(ValueError, match="summary_rows takes a list of run folders and 0 < last <= 1"):
+            summary_rows(**bad)
     history = [json.loads(line) for line in (solo / "metrics.jsonl").read_text().splitlines()]
     assert rows[1]["generations"] == 3
     assert rows[1]["student solve rate"] == pytest.approx(history[-1]["solve_rate"])  # last third of 3
