@@ -72,13 +72,18 @@ class RolloutConfig:
     part of the action the env parses and of the prompt the learner sees, not of the trained completion."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        # (True passed as 1, to be refused by generate once an episode had begun: a robustness review)
+        if (
+            not isinstance(self.max_new_tokens, int)
+            or isinstance(self.max_new_tokens, bool)
+            or self.max_new_tokens < 1
+        ):
             raise ValueError(f"RolloutConfig.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"RolloutConfig.temperature must be finite and >= 0, got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"RolloutConfig.top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.seed, int) or self.seed < 0:
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"RolloutConfig.seed must be an int >= 0, got {self.seed!r}")
 
 
@@ -232,7 +237,13 @@ class RolloutCollector:
             raise KeyError(f"unknown adapter(s) {unknown}; the population has {list(names)}")
 
     def collect(self, env: Any, episodes: int = 1, seed: int | None = None) -> list[EpisodeRollout]:
-        """Plays ``episodes`` episodes; episode ``i`` resets the env with ``seed + i`` (as ``play`` does)."""
+        """Plays ``episodes`` episodes; episode ``i`` resets the env with ``seed + i`` (as ``play`` does).
+
+        Raises:
+            ValueError: ``episodes`` is not an int >= 0 (-3 gave an empty list).
+        """
+        if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 0:
+            raise ValueError(f"episodes must be an int >= 0, got {episodes!r}")
         return [self.episode(env, None if seed is None else seed + i) for i in range(episodes)]
 
     def episode(self, env: Any, seed: int | None = None) -> EpisodeRollout:

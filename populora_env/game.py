@@ -120,6 +120,9 @@ _INT_MINIMUMS = {
     "induction_min_inputs": 2, "induction_max_inputs": 2, "max_action_chars": 256, "max_prompt_chars": 256,
     "n_slots": 1, "n_candidates": 2,
 }  # fmt: skip
+# text caps: the action and observation spaces' lengths (10**20 made a text space's sample fail in numpy's int64:
+# a robustness review)
+_INT_MAXIMUMS = {"max_action_chars": 10**9, "max_prompt_chars": 10**9}
 _REWARD_FIELDS = ("teacher_extreme_reward", "teacher_invalid_penalty", "teacher_format_penalty",
                   "student_correct_reward", "student_wrong_reward", "student_format_penalty")  # fmt: skip
 
@@ -198,6 +201,8 @@ class TeacherStudentConfig:
             value = getattr(self, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+            if value > _INT_MAXIMUMS.get(name, value):
+                raise ValueError(f"{name} must be at most {_INT_MAXIMUMS[name]}, got {value!r}")
             object.__setattr__(self, name, int(value))
         for name in _REWARD_FIELDS:
             value = getattr(self, name)

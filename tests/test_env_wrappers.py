@@ -36,6 +36,16 @@ def _teacher_env(verifier, **kw):
     return SingleRoleEnv(env, "teacher_0", {"student_0": ExecutingStudent(env, 0.5, seed=0)})
 
 
+def test_single_role_env_refuses_no_resets_at_all(verifier):
+    """``max_empty_resets=0`` was accepted, then every reset failed with "got no turn in 0 episodes"."""
+    env = _structured(verifier)
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError, match=rf"max_empty_resets must be an int >= 1, got {bad!r}"):
+            SingleRoleEnv(
+                env, "student_0", {"teacher_0": ScriptedTeacher(env, 0.5, seed=0)}, max_empty_resets=bad
+            )
+
+
 @pytest.fixture(autouse=True)
 def _quiet():
     with warnings.catch_warnings():

@@ -74,6 +74,10 @@ def test_teacher_reward_table(config, solve_rate, reward):
         # the bare induction teacher prompt: a shorter cap cut the answer format out of it
         ({"max_prompt_chars": 300}, "max_prompt_chars must be >= 460 in text mode"),
         ({"max_action_chars": 300.5}, "max_action_chars must be an int >= 256"),
+        (
+            {"max_action_chars": 10**20},
+            "max_action_chars must be at most 1000000000",
+        ),  # (a text space sampled in int64)
         ({"induction_max_inputs": 2.5}, "induction_max_inputs must be an int >= 2"),
         ({"induction_max_inputs": 1}, "induction_max_inputs must be an int >= 2"),
         # structured inputs are consecutive entries of a 16-input table: a 17th repeats a shown one

@@ -291,6 +291,11 @@ def test_collector_rejects_bad_setups(verifier: Any) -> None:
         RolloutCollector(fake, {"teacher_0": "nope", "student_0": "S"})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_new_tokens"):
         RolloutConfig(max_new_tokens=0)
+    # refused when made, not once an episode has begun, nor silently empty (a robustness review)
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1, got True"):
+        RolloutConfig(max_new_tokens=True)
+    with pytest.raises(ValueError, match="episodes must be an int >= 0, got -3"):
+        RolloutCollector(fake, {"teacher_0": "T", "student_0": "S"}).collect(env, episodes=-3)  # type: ignore[arg-type]
     structured = make_env(verifier, n_teachers=1, n_students=1, mode="structured")
     with pytest.raises(ValueError, match="text-mode"):
         RolloutCollector(fake, {"teacher_0": "T", "student_0": "S"}).episode(structured, seed=0)  # type: ignore[arg-type]
