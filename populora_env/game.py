@@ -201,7 +201,7 @@ class TeacherStudentConfig:
             value = getattr(self, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
-            if value > _INT_MAXIMUMS.get(name, value):
+            if name in _INT_MAXIMUMS and int(value) > _INT_MAXIMUMS[name]:
                 raise ValueError(f"{name} must be at most {_INT_MAXIMUMS[name]}, got {value!r}")
             object.__setattr__(self, name, int(value))
         for name in _REWARD_FIELDS:
