@@ -309,19 +309,21 @@ def build_tiny_base(
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     key = tiny_base_key(config)
     final = root / f"tiny-base-{key}"
-    if final.exists():
+    if os.path.lexists(
+        final
+    ):  # (a dangling link does not `exist`: a whole build then failed to rename onto it)
         damage = _damage(final)
         if damage is None:
             return final
         # a cached base damaged after its build (builds are renamed into place whole): built again
         logger.warning("the cached tiny base %s is damaged (%s): building it again", final, damage)
         aside = root / f".tmp-{key}-{os.getpid()}-damaged"
-        shutil.rmtree(aside, ignore_errors=True)
+        _remove(aside)
         try:
             os.rename(final, aside)
         except FileNotFoundError:
             pass  # another process sharing the cache moved it first (and builds it too; the rename decides)
-        shutil.rmtree(aside, ignore_errors=True)
+        _remove(aside)
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_builds(root, key)
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-{os.getpid()}-", dir=root))
@@ -351,11 +353,16 @@ _BASE_FILES = (
 
 
 def _damage(folder: Path) -> str | None:
-    """What is wrong with a cached tiny base (None: nothing found): a missing file, weights whose header
-    does not cover the file (safetensors checks that on opening), a tokenizer that does not parse."""
+    """What is wrong with a cached tiny base (None: nothing found): not a folder (a file, a dangling link), a
+    missing file, weights whose header does not cover the file (safetensors checks that on opening), a
+    tokenizer that does not parse, a JSON file that is not an object (``config.json`` a model's config)."""
     from safetensors import safe_open
     from tokenizers import Tokenizer
 
+    if not folder.is_dir():
+        return "not a folder" + (
+            " (a link to nothing)" if folder.is_symlink() and not folder.exists() else ""
+        )
     for name in _BASE_FILES:
         if not (folder / name).is_file():
             return f"no {name}"
@@ -363,10 +370,24 @@ def _damage(folder: Path) -> str | None:
         with safe_open(folder / "model.safetensors", "pt"):
             pass
         Tokenizer.from_file(str(folder / "tokenizer.json"))
-        json.loads((folder / "config.json").read_text())
+        for name in ("config.json", "tokenizer_config.json", "populora_tiny_base.json"):
+            # (a damaged tokenizer_config.json, or a config.json of `{}`, was taken for whole, and the load's
+            # error blamed transformers: a robustness review)
+            data = json.loads((folder / name).read_text())
+            if not isinstance(data, dict) or (name == "config.json" and "model_type" not in data):
+                return f"{name} is not a {'model config' if name == 'config.json' else 'JSON object'}"
     except Exception as error:  # safetensors, tokenizers and json each raise their own kind
         return f"{type(error).__name__}: {str(error)[:200]}"
     return None
+
+
+def _remove(path: Path) -> None:
+    """Removes what ``path`` is, a folder, a file or a link (``rmtree`` left files and links behind)."""
+    if path.is_symlink() or path.is_file():
+        with contextlib.suppress(OSError):
+            path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _remove_stale_builds(root: Path, key: str) -> None:
@@ -376,7 +397,7 @@ def _remove_stale_builds(root: Path, key: str) -> None:
             pid = int(path.name.split("-")[2])
             os.kill(pid, 0)
         except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
         except (ValueError, IndexError, PermissionError):
             continue
 

@@ -6,6 +6,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -120,8 +121,20 @@ def test_build_tiny_base_reuses_cache_and_cleans_stale_builds(tmp_path: Path) ->
     # damaged after its build (truncated weights, a lost tokenizer): built again, not served as it is
     # (it failed every later load, and the error's advice led back to the same folder)
     weights = built / "model.safetensors"
+
+    # and (a robustness review) a tokenizer_config.json that is not JSON, a config.json of `{}`, a file or a
+    # link to nothing in the base's place: taken for whole, or a whole build failed to rename onto the link
+    # and left a file behind
+    def replaced(make: Any) -> None:
+        shutil.rmtree(built)
+        make()
+
     for damage in (lambda: weights.write_bytes(weights.read_bytes()[:1000]),
-                   lambda: (built / "tokenizer.json").unlink()):  # fmt: skip
+                   lambda: (built / "tokenizer.json").unlink(),
+                   lambda: (built / "tokenizer_config.json").write_text("not json"),
+                   lambda: (built / "config.json").write_text("{}"),
+                   lambda: replaced(lambda: built.write_text("a file")),
+                   lambda: replaced(lambda: built.symlink_to(tmp_path / "nowhere"))):  # fmt: skip
         damage()
         assert build_tiny_base(tmp_path, config, progress=False, num_threads=1) == built
         load_base(built)  # whole again
@@ -170,7 +183,6 @@ def test_a_cached_base_that_fails_to_load_is_called_damaged_only_when_it_is(
 ) -> None:
     """A whole tiny base that the installed transformers cannot load (one older than the package needs)
     was said to be damaged, to be deleted and rebuilt: which fails the same way."""
-    import shutil
 
     whole = tmp_path / "whole"
     shutil.copytree(tiny_base_dir, whole)
