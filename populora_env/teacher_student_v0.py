@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import gymnasium
@@ -78,7 +79,7 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
 from pettingzoo.utils import wrappers
-from pettingzoo.utils.conversions import turn_based_aec_to_parallel
+from pettingzoo.utils.conversions import turn_based_aec_to_parallel_wrapper
 
 from populora_env import dsl
 from populora_env.game import _INDEX_TYPES, Game, TeacherStudentConfig, Turn
@@ -157,8 +158,27 @@ def env(**kwargs: Any) -> AECEnv:
 
 
 def parallel_env(**kwargs: Any) -> Any:
-    """A ``ParallelEnv`` through PettingZoo's turn-based conversion (one agent acts per step)."""
-    return turn_based_aec_to_parallel(raw_env(**kwargs))
+    """A ``ParallelEnv`` through PettingZoo's turn-based conversion (one agent acts per step: ``step`` takes
+    a dict holding the acting agent's action, ``infos[agent]["active_agent"]`` names it)."""
+    return _TurnBasedParallel(raw_env(**kwargs))
+
+
+class _TurnBasedParallel(turn_based_aec_to_parallel_wrapper):
+    """PettingZoo's turn-based wrapper, with clear errors where it raised bare ones (a robustness review: a
+    ``KeyError`` for a dict without the acting agent, a ``TypeError`` for a string, an ``AttributeError`` for a
+    step before ``reset``)."""
+
+    def step(self, actions: Any) -> Any:
+        if getattr(self, "agents", None) is None:
+            raise RuntimeError("step() before reset(): call reset() first")
+        if not isinstance(actions, Mapping):
+            raise TypeError(f"actions must be a dict of agent -> action, got a {type(actions).__name__}")
+        if self.agents and (acting := self.aec_env.agent_selection) not in actions:
+            raise ValueError(
+                f"actions must hold the acting agent {acting!r} (one agent acts per step; "
+                f"infos[agent]['active_agent'] names it), got {sorted(map(repr, actions))[:5]}"
+            )
+        return super().step(actions)
 
 
 _VERIFIER_METHODS = ("run_many", "check_deduction", "check_abduction", "check_induction")

@@ -74,6 +74,20 @@ def test_parallel_api(verifier, mode, extra):
     parallel_api_test(teacher_student_v0.parallel_env(**_kwargs(verifier, mode, extra)), num_cycles=40)
 
 
+def test_parallel_env_says_what_its_step_takes(verifier):
+    """PettingZoo's turn-based wrapper raised a bare KeyError, TypeError or AttributeError (a robustness review)."""
+    env = teacher_student_v0.parallel_env(**_kwargs(verifier, "text", {}))
+    with pytest.raises(RuntimeError, match=r"step\(\) before reset\(\)"):
+        env.step({"teacher_0": "x"})
+    env.reset(seed=0)
+    with pytest.raises(TypeError, match="actions must be a dict of agent -> action, got a str"):
+        env.step("x")
+    with pytest.raises(ValueError, match="actions must hold the acting agent 'teacher_0'"):
+        env.step({"nobody": "x"})
+    observations, rewards, *_ = env.step({"teacher_0": "not a proposal"})  # a format error, played
+    assert rewards["teacher_0"] == 0.0 and "teacher_0" in observations
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("extra", CONFIGS)
 def test_render(verifier, mode, extra):
