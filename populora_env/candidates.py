@@ -30,8 +30,10 @@ def make_candidates(task: Task, verifier: Any, rng: random.Random, k: int) -> tu
     keeps that shortcut near chance). Correctness is
     decided by running through the verifier and comparing canonical literals, never by text identity:
     a distractor that happens to be right (``1`` vs ``True``, a second input with the same output, an
-    equivalent program) is marked correct. All runs of one task go to the verifier in one batch.
-    Every random draw (the variants, then the order) comes from ``rng``.
+    equivalent program) is marked correct, and an induction distractor that the shown pairs cannot tell wrong
+    (it fails only hidden pairs) is dropped. All runs of one task go to the verifier in one batch.
+    Every random draw comes from ``rng`` (the variants, then a seed of the order, which is drawn with the
+    task's id).
     """
     base = task.program_dsl
     if base is None:
@@ -55,9 +57,16 @@ def make_candidates(task: Task, verifier: Any, rng: random.Random, k: int) -> tu
             programs.append(
                 None if slots is None else dsl.DslProgram(base.input_type, base.input_index, slots)
             )
-    flags = _correct_flags(task, texts, verifier)
-    candidates = [Candidate(t, ok, p) for t, ok, p in zip(texts, flags, programs, strict=True)]
-    rng.shuffle(candidates)
+    flags, unseen = _correct_flags(task, texts, verifier)
+    candidates = [
+        Candidate(t, ok, p)
+        for t, ok, p, hidden in zip(texts, flags, programs, unseen, strict=True)
+        if ok or not hidden
+    ]
+    # the order is drawn from rng *and* the task: from rng alone, an env reset with the same seed every episode
+    # drew about the same permutation whatever the task (the draws before it hardly depend on the program),
+    # and "round r -> index j" found the right candidate in up to 100% of tasks (a red-team review, round 45)
+    random.Random(f"{rng.getrandbits(64)}:{task.task_id}").shuffle(candidates)
     return tuple(candidates)
 
 
@@ -99,18 +108,24 @@ def _decoy(base: dsl.DslProgram, rng: random.Random) -> dsl.DslProgram:
     return dsl.DslProgram(base.input_type, base.input_index, slots)
 
 
-def _correct_flags(task: Task, texts: list[str], verifier: Any) -> list[bool]:
+def _correct_flags(task: Task, texts: list[str], verifier: Any) -> tuple[list[bool], list[bool]]:
+    """Whether each candidate is right, and whether what tells it wrong is hidden from the student: an induction
+    candidate that gives the shown pairs' outputs and fails a hidden one (``make_candidates`` drops it). With it,
+    no student could do better than a guess among such candidates, and a teacher was paid for tasks that are
+    underdetermined, not hard (a guard false on the shown inputs, true on a hidden one: the best possible student
+    solved about half of them; a red-team review, round 45)."""
     if task.task_type == "deduction":
-        return [_outputs_equal(t, task.outputs[0]) for t in texts]
+        return [_outputs_equal(t, task.outputs[0]) for t in texts], [False] * len(texts)
     if task.task_type == "abduction":
         runs = run_all(verifier, [(task.program, t) for t in texts])
-        return [_produced(r, task.outputs[0]) for r in runs]
-    hidden = task.hidden_pairs
-    runs = run_all(verifier, [(t, args) for t in texts for args, _ in hidden])
-    expected = [out for _, out in hidden] * len(texts)
-    produced = list(map(_produced, runs, expected))
-    n = len(hidden)  # produced[i * n : (i + 1) * n] are text i's runs on the hidden pairs
-    return [all(produced[i * n : (i + 1) * n]) for i in range(len(texts))]
+        return [_produced(r, task.outputs[0]) for r in runs], [False] * len(texts)
+    pairs = (*task.shown_pairs, *task.hidden_pairs)
+    runs = run_all(verifier, [(t, args) for t in texts for args, _ in pairs])
+    produced = list(map(_produced, runs, [out for _, out in pairs] * len(texts)))
+    n, shown = len(pairs), len(task.shown_pairs)  # produced[i * n : (i + 1) * n]: text i's runs, shown first
+    flags = [all(produced[i * n : (i + 1) * n]) for i in range(len(texts))]
+    looks_right = [all(produced[i * n : i * n + shown]) for i in range(len(texts))]
+    return flags, [seen and not ok for seen, ok in zip(looks_right, flags, strict=True)]
 
 
 def _produced(run: Any, expected: str) -> bool:

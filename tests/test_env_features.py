@@ -303,3 +303,51 @@ def test_deduction_candidates_are_told_apart_by_the_observation(verifier):
         assert len(set(rows)) == len(rows), [(c.text, c.correct) for c in candidates]
         clipped += sum(int(c.text) > dsl.VALUE_CLIP for c in candidates if not c.correct)
     assert clipped == 0  # every wrong candidate above the clip would share the right one's row
+
+
+def test_candidates_are_told_right_or_wrong_by_what_a_student_sees_and_ordered_by_the_task(verifier):
+    """Red-team round 45. An induction distractor that gives the shown pairs' outputs and fails a hidden pair
+    cannot be told wrong by any student: a teacher was paid for such underdetermined tasks (the best possible
+    student solved about half of a crafted family); such distractors are dropped. And the order was drawn from
+    the env's generator alone, so an env reset with one seed every episode put the right candidate at about the
+    same index whatever the task (up to 100%): it depends on the task now."""
+    import collections
+    import random
+
+    from populora_env import dsl
+    from populora_env.candidates import make_candidates
+    from populora_env.tasks import Task, task_id_for
+
+    space = np.random.default_rng(2)
+    nvec = teacher_student_v0.raw_env(mode="structured", n_slots=3).action_space("teacher_0").nvec
+    positions: dict[str, collections.Counter] = {
+        t: collections.Counter() for t in ("deduction", "abduction", "induction")
+    }
+    checked = 0
+    while sum(sum(c.values()) for c in positions.values()) < 240:
+        program = dsl.decode(space.integers(0, nvec), 3)
+        source, _ = dsl.render(program)
+        inputs = dsl.induction_inputs(program, 6)
+        runs = verifier.run_many([(source, args) for args in inputs])
+        if any(r.status != "ok" for r in runs):
+            continue
+        outputs = tuple(str(r.output) for r in runs)
+        for task_type in positions:
+            task_inputs, task_outputs = (
+                (inputs, outputs) if task_type == "induction" else (inputs[:1], outputs[:1])
+            )
+            task = Task(task_id_for(task_type, source, task_inputs), task_type, source, task_inputs, task_outputs,
+                        n_shown=3 if task_type == "induction" else 1, program_dsl=program)  # fmt: skip
+            candidates = make_candidates(task, verifier, random.Random(7), 4)  # the same seed for every task
+            if task_type == "induction":
+                wrong = [c for c in candidates if not c.correct]
+                shown = verifier.run_many([(c.text, args) for c in wrong for args, _ in task.shown_pairs])
+                for i, c in enumerate(wrong):
+                    mine = [str(r.output) for r in shown[i * 3 : i * 3 + 3]]
+                    assert mine != [out for _, out in task.shown_pairs], (source, c.text)
+                    checked += 1
+            if len(candidates) == 4 and sum(c.correct for c in candidates) == 1:
+                positions[task_type][next(i for i, c in enumerate(candidates) if c.correct)] += 1
+    assert checked > 40
+    for task_type, counts in positions.items():
+        assert max(counts.values()) / sum(counts.values()) < 0.5, (task_type, counts)  # 0.25 by chance
