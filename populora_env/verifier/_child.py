@@ -399,12 +399,7 @@ def _guard_copy() -> None:
         # of each instance), so a program read and wrote private attributes through it (a red-team review).
         # copy's own recursion passes the memo made below.
         if memo is None:
-            if (
-                _program_hook(type(x), "__deepcopy__")
-                or _instance_hook(x, "__deepcopy__")
-                or type(x) is _Augmented
-            ):
-                _refuse_at_run_time("populora.copy_hook", type(x).__name__)
+            _refuse_a_deepcopy_hook(x)
             memo = {}
             made.append(memo)
             try:
@@ -413,14 +408,7 @@ def _guard_copy() -> None:
                 made.pop()
         if not any(memo is mine for mine in made):
             _refuse_at_run_time("populora.copy_memo", type(memo).__name__)
-        # a __deepcopy__ of the program's (a run-time class's) is handed copy's own memo, the originals in it;
-        # the proxy of an augmented assignment answers any name with what the program chooses (round 41)
-        if (
-            _program_hook(type(x), "__deepcopy__")
-            or _instance_hook(x, "__deepcopy__")
-            or type(x) is _Augmented
-        ):
-            _refuse_at_run_time("populora.copy_hook", type(x).__name__)
+        _refuse_a_deepcopy_hook(x)
         return deepcopy(x, memo, _nil)
 
     copy.deepcopy = guarded_deepcopy  # type: ignore[attr-defined]
@@ -433,6 +421,14 @@ def _guard_copy() -> None:
     # (round 26: those copies went past every check of guarded_deepcopy)
     if (reconstruct.__kwdefaults__ or {}).get("deepcopy") is deepcopy:
         reconstruct.__kwdefaults__ = {**reconstruct.__kwdefaults__, "deepcopy": guarded_deepcopy}
+
+
+def _refuse_a_deepcopy_hook(x: Any) -> None:
+    """Refuses (event ``populora.copy_hook``) a deep copy of ``x`` whose ``__deepcopy__`` would be handed copy's
+    own memo, the originals in it: one of the program's (a run-time class's, or planted in the instance's dict),
+    or the proxy of an augmented assignment, which answers any name with what the program chooses (round 41)."""
+    if _program_hook(type(x), "__deepcopy__") or _instance_hook(x, "__deepcopy__") or type(x) is _Augmented:
+        _refuse_at_run_time("populora.copy_hook", type(x).__name__)
 
 
 def _guard_collections() -> None:
