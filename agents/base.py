@@ -309,9 +309,8 @@ def build_tiny_base(
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     key = tiny_base_key(config)
     final = root / f"tiny-base-{key}"
-    if os.path.lexists(
-        final
-    ):  # (a dangling link does not `exist`: a whole build then failed to rename onto it)
+    # lexists: a link to nothing does not `exist`, and a whole build then failed to rename onto it
+    if os.path.lexists(final):
         damage = _damage(final)
         if damage is None:
             return final
@@ -359,10 +358,10 @@ def _damage(folder: Path) -> str | None:
     from safetensors import safe_open
     from tokenizers import Tokenizer
 
+    if folder.is_symlink() and not folder.exists():
+        return "a link to nothing"
     if not folder.is_dir():
-        return "not a folder" + (
-            " (a link to nothing)" if folder.is_symlink() and not folder.exists() else ""
-        )
+        return "not a folder"
     for name in _BASE_FILES:
         if not (folder / name).is_file():
             return f"no {name}"

@@ -73,18 +73,19 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         # (True passed as 1, to be refused by generate once an episode had begun: a robustness review)
-        if (
-            not isinstance(self.max_new_tokens, int)
-            or isinstance(self.max_new_tokens, bool)
-            or self.max_new_tokens < 1
-        ):
+        if not _is_count(self.max_new_tokens, 1):
             raise ValueError(f"RolloutConfig.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"RolloutConfig.temperature must be finite and >= 0, got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"RolloutConfig.top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+        if not _is_count(self.seed, 0):
             raise ValueError(f"RolloutConfig.seed must be an int >= 0, got {self.seed!r}")
+
+
+def _is_count(value: Any, least: int) -> bool:
+    """A Python int (not a bool) that is at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,7 @@ class RolloutCollector:
         Raises:
             ValueError: ``episodes`` is not an int >= 0 (-3 gave an empty list).
         """
-        if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 0:
+        if not _is_count(episodes, 0):
             raise ValueError(f"episodes must be an int >= 0, got {episodes!r}")
         return [self.episode(env, None if seed is None else seed + i) for i in range(episodes)]
 

@@ -199,14 +199,7 @@ def _label(run_dir: Path, name: str | None = None) -> str:
         config = json.loads((run_dir / "config.json").read_text())
         env = config["env"]
         setup = "self-play" if config.get("self_play") else f"{env['n_teachers']}T x {env['n_students']}S"
-    except (
-        OSError,
-        ValueError,
-        KeyError,
-        TypeError,
-        AttributeError,
-        RecursionError,
-    ):  # (any damage: the name)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):  # any damage: the name
         return name
     return f"{name} ({setup}, pop {config.get('population', '?')})"
 

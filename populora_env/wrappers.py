@@ -46,14 +46,13 @@ class SingleRoleEnv(gymnasium.Env):
             raise ValueError(f"agent must be one of {aec_env.possible_agents}, got {agent!r}")
         if missing := sorted(others - set(policies)):
             raise ValueError(f"policies must cover every other agent; missing {missing}")
+        # (0 was accepted, and every reset then failed: "got no turn in 0 episodes")
         if (
             not isinstance(max_empty_resets, int)
             or isinstance(max_empty_resets, bool)
             or max_empty_resets < 1
         ):
-            raise ValueError(
-                f"max_empty_resets must be an int >= 1, got {max_empty_resets!r}"
-            )  # (0: reset failed)
+            raise ValueError(f"max_empty_resets must be an int >= 1, got {max_empty_resets!r}")
         self.aec_env = aec_env
         self.agent = agent
         self.policies = dict(policies)
