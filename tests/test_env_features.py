@@ -228,6 +228,18 @@ def test_teachers_see_k_distinct_reference_tasks_of_their_type(verifier, mode, k
         env.step("junk" if mode == "text" else env.action_space(turn.agent).sample())
 
 
+def _induction_io(verifier, program):
+    """``(source, inputs, outputs)`` of a DSL program on its six induction inputs, or ``None`` where a run fails."""
+    from populora_env import dsl
+
+    source, _ = dsl.render(program)
+    inputs = dsl.induction_inputs(program, 6)
+    runs = verifier.run_many([(source, args) for args in inputs])
+    if any(r.status != "ok" for r in runs):
+        return None
+    return source, inputs, tuple(str(r.output) for r in runs)
+
+
 @pytest.mark.parametrize("teacher", ["random_program", "random_action"])
 def test_induction_candidates_do_not_give_the_answer_away(verifier, teacher):
     """The right program must not be findable without the pairs: picking the candidate closest to all the
@@ -258,12 +270,10 @@ def test_induction_candidates_do_not_give_the_answer_away(verifier, teacher):
             program = dsl.random_program(rng, 6, rng.random())
         else:
             program = dsl.decode(space.integers(0, nvec), 6)
-        source, _ = dsl.render(program)
-        inputs = dsl.induction_inputs(program, 6)
-        runs = verifier.run_many([(source, args) for args in inputs])
-        if any(r.status != "ok" for r in runs):
+        verified = _induction_io(verifier, program)
+        if verified is None:
             continue
-        outputs = tuple(str(r.output) for r in runs)
+        source, inputs, outputs = verified
         task = Task(task_id_for("induction", source, inputs), "induction", source, inputs, outputs, n_shown=3,
                     program_dsl=program)  # fmt: skip
         candidates = make_candidates(task, verifier, random.Random(n), 4)
@@ -326,12 +336,10 @@ def test_candidates_are_told_right_or_wrong_by_what_a_student_sees_and_ordered_b
     checked = 0
     while sum(sum(c.values()) for c in positions.values()) < 240:
         program = dsl.decode(space.integers(0, nvec), 3)
-        source, _ = dsl.render(program)
-        inputs = dsl.induction_inputs(program, 6)
-        runs = verifier.run_many([(source, args) for args in inputs])
-        if any(r.status != "ok" for r in runs):
+        verified = _induction_io(verifier, program)
+        if verified is None:
             continue
-        outputs = tuple(str(r.output) for r in runs)
+        source, inputs, outputs = verified
         for task_type in positions:
             task_inputs, task_outputs = (
                 (inputs, outputs) if task_type == "induction" else (inputs[:1], outputs[:1])
