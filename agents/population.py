@@ -612,6 +612,15 @@ def _check_generate_args(
         raise ValueError(f"need one adapter per prompt: {len(prompts)} prompts, {len(adapters)} adapters")
     if bad := [i for i, prompt in enumerate(prompts) if not isinstance(prompt, str)]:
         raise TypeError(f"prompts must be strings; prompt {bad[0]} is {type(prompts[bad[0]]).__name__}")
+    for i, prompt in enumerate(prompts):  # a lone surrogate: the tokenizer's own error names neither
+        if not prompt.isascii():
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise ValueError(
+                    f"prompt {i} is not valid Unicode: a lone surrogate {prompt[error.start]!r} at character "
+                    f"{error.start} (text decoded with errors='surrogateescape'?); no tokenizer encodes it"
+                ) from None
     if not _is_int(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if not (_is_real(temperature) and temperature >= 0 and math.isfinite(temperature)):

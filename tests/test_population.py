@@ -566,6 +566,7 @@ def test_top_p_keeps_the_smallest_nucleus() -> None:
         ({"strategy": "magic"}, ValueError),
         ({"prompts": "one string"}, TypeError),
         ({"prompts": ["a", None]}, TypeError),
+        ({"prompts": ["a", "caf\udce9"]}, ValueError),
         ({"max_new_tokens": 2.5}, ValueError),
         ({"max_new_tokens": True}, ValueError),
         ({"temperature": "0.5"}, ValueError),
@@ -577,8 +578,10 @@ def test_top_p_keeps_the_smallest_nucleus() -> None:
 def test_generate_rejects_bad_arguments(pop: LoRAPopulation, kwargs: dict, error: type) -> None:
     args = {"prompts": ["a", "b"], "adapters": ["student_0", "teacher_0"], "max_new_tokens": 2,
             "temperature": 0.0, "seed": 0, **kwargs}  # fmt: skip
-    with pytest.raises(error):
+    with pytest.raises(error) as raised:
         pop.generate(**args)
+    if "\udce9" in str(kwargs):
+        assert "prompt 1 is not valid Unicode" in str(raised.value) and "character 3" in str(raised.value)
 
 
 def test_generate_edge_cases(pop: LoRAPopulation) -> None:
