@@ -173,9 +173,15 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if hashlib.sha256(payload).hexdigest() != digest:
         raise CheckpointError(f"{path}: checksum mismatch (corrupt payload); {DELETE_IT}")
     try:
-        return torch.load(io.BytesIO(payload), weights_only=True)
+        state = torch.load(io.BytesIO(payload), weights_only=True)
     except Exception as error:  # intact bytes of a state this version refuses to unpickle
         raise CheckpointError(f"{path}: cannot be loaded safely: {_reason(error)}") from None
+    if isinstance(state, dict) and "generation" in state and header.get("generation") != state["generation"]:
+        raise CheckpointError(  # the payload is intact, so the header was edited (or written by other code)
+            f"{path}: the header says generation {header.get('generation')!r}, the state it checksums "
+            f"{state['generation']!r} (an edited header); {DELETE_IT}"
+        )
+    return state
 
 
 def _reason(error: Exception) -> str:

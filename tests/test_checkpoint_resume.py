@@ -552,3 +552,17 @@ def test_a_checkpoint_edited_and_saved_again_is_refused_naming_the_file(tmp_path
     path = save_checkpoint(checkpoints, 2, state)
     with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))}: .*{message}.*delete it to resume"):
         run_pbt(tiny_config(str(run_dir), generations=3))
+
+
+def test_a_header_edited_to_another_generation_is_refused(tmp_path: Path) -> None:
+    """The payload is checksummed, the header is not: a header that says another generation than its
+    (intact) state was loaded as if it agreed."""
+    path = save_checkpoint(tmp_path, 3, {"generation": 3, "t": torch.arange(2)})
+    data = path.read_bytes()
+    edited = data.replace(b'"generation": 3', b'"generation": 5', 1)
+    assert edited != data
+    path.write_bytes(edited)
+    with pytest.raises(
+        CheckpointError, match=r"gen_000003\.ckpt: the header says generation 5, the state it"
+    ):
+        load_checkpoint(path)
