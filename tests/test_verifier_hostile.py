@@ -3026,3 +3026,58 @@ def test_programs_per_request_is_checked():
     for bad in (0, 9):
         with pytest.raises(ValueError, match="programs_per_request"):
             VerifierConfig(programs_per_request=bad)
+
+
+# A suspended generator that holds itself is freed only by the cyclic collector, whose `finally` then writes into
+# the returned value; the 44 nested lists keep enough of the renderer's containers alive for a collection to start
+# while the value is rendered. `flag` says what `out[39]` was when `f` returned (computed with no allocation after).
+_FINALLY_WRITES_THE_VALUE = """def f(n):
+    deep = []
+    for _ in range(44):
+        deep = [deep]
+    out = [deep] + [[i] for i in range(1, 40)]
+    nines = [999]
+    def g():
+        me = yield
+        try:
+            yield
+        finally:
+            out[39] = [999]
+    gen = g()
+    next(gen)
+    gen.send(gen)
+    del gen
+    pad = [[] for _ in range(n)]
+    result = [out, pad, None]
+    result[2] = out[39] == nines
+    return result
+"""
+
+
+def test_the_program_s_finalizers_do_not_change_its_value_while_it_is_rendered(verifier, bare_verifier):
+    """Red-team round 46: the collector ran as the verdict was rendered, and a finalizer changed the value being
+    rendered: `ok` with an output no run of the program returns (a gold answer no student can work out)."""
+    rendered = 0
+    for v in (verifier, bare_verifier):
+        for n in range(200, 680, 40):
+            execution = v.run(_FINALLY_WRITES_THE_VALUE, str(n))
+            assert execution.status in ("ok", "nondeterministic"), execution
+            if execution.status == "ok":
+                out, _, flag = ast.literal_eval(execution.output)
+                assert (out[39] == [999]) == flag, (n, execution.output[-40:])
+                rendered += 1
+    assert rendered  # (the collector runs at the same count in both runs of a call here: most calls are `ok`)
+
+
+def test_an_output_that_counts_to_the_first_collection_is_nondeterministic(verifier, bare_verifier):
+    """Red-team round 46: each child starts the collector from zero, so a count of the containers made before a
+    cycle's finalizer fired came out alike in both runs (689 here, 553 in a fresh interpreter): the shifted pool's
+    children now start it 101 containers on."""
+    program = (
+        "def f(x):\n    box = []\n    def g():\n        me = yield\n        try:\n            yield\n"
+        "        finally:\n            box.append(1)\n    gen = g()\n    next(gen)\n    gen.send(gen)\n"
+        "    del gen\n    keep = []\n    n = 0\n    while not box:\n        keep.append([])\n        n += 1\n"
+        "    return n"
+    )
+    for v in (verifier, bare_verifier):
+        assert v.run(program, "0").status == "nondeterministic"

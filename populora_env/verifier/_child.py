@@ -11,6 +11,7 @@ from __future__ import annotations
 import _ast
 import _string
 import builtins
+import gc
 import os
 import sys
 
@@ -1906,9 +1907,26 @@ def _arguments(args: Any, glb: dict[str, Any], mode: str) -> tuple[Any, ...]:
     return eval(args, {**glb, "__populora_pack__": _pack})  # compiled by the worker
 
 
-def _call(f: Any, args_in: Any, glb: dict[str, Any], mode: str, max_output: int, max_depth: int) -> bytes:
+def _call(
+    f: Any,
+    args_in: Any,
+    glb: dict[str, Any],
+    mode: str,
+    max_output: int,
+    max_depth: int,
+    stop_collector: Callable[[], None] = gc.disable,  # bound here, as run_program's
+) -> bytes:
+    """One call of ``f`` and its verdict. The cyclic collector stops as the program's code ends (``f``
+    returns or raises; in ``"literalize"`` mode, its arguments are evaluated): the collector would otherwise
+    run as the verdict is rendered, and the finalizers of the program's garbage (a suspended generator's
+    ``finally``) with it, changing the value being rendered: an ``ok`` verdict whose output no run of the
+    program returns (red-team round 46). The child ends after its verdict; ``Worker._warm_up`` restarts it."""
     try:
-        args = _arguments(args_in, glb, mode)
+        try:
+            args = _arguments(args_in, glb, mode)
+        finally:
+            if mode == "literalize":
+                stop_collector()
     except (literals.LiteralError, TypeError, SyntaxError) as e:
         return _line("bad_input", None, str(e))
     except MemoryError:
@@ -1920,7 +1938,10 @@ def _call(f: Any, args_in: Any, glb: dict[str, Any], mode: str, max_output: int,
             lambda: ", ".join(literals.canonical_text(a, max_depth=max_depth) for a in args), max_output
         )
     try:
-        value = f(*args)
+        try:
+            value = f(*args)
+        finally:
+            stop_collector()
     except MemoryError:
         return _line("memory", None, "MemoryError")
     except BaseException as e:  # SystemExit, KeyboardInterrupt and custom BaseExceptions included

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 _SHIFT_SIZES = tuple(range(2, 480, 16))  # bytes objects of every small-object size class from 48 to 512 bytes
 _GATED = 8  # children forked in a row, each waiting at its gate (``Worker.handle``)
+_COLLECTOR_SHIFT = 101  # containers a shifted pool's child holds before its program runs (`_start_child`)
 
 _SIGNAL_NAMES = {
     getattr(_signal, name): name for name in dir(_signal) if name.startswith("SIG") and "_" not in name
@@ -161,6 +162,7 @@ class Worker:
             prepared = _child.prepare("def f(*a):\n    return a", calls, mode=mode, allowed=self.allowed)
             for _ in range(16):
                 _child.run_program(prepared, self.devnull, max_output=10_000, max_depth=50, mode=mode)
+                gc.enable()  # each call stops the collector as its program's code ends (`_child._call`)
         _child.disarm_frame_guard()  # a guarded warm-up call left it on: the worker itself reads no frames
 
     def handle(self, request: dict[str, Any]) -> bytes:
@@ -237,11 +239,16 @@ class Worker:
                 # red-team review).
                 gc.freeze()
                 gc.collect()
+                # and in a shifted pool, the collector's count starts past zero: an output that depends on
+                # when the collector first runs (how many containers a loop makes before a cycle's finalizer
+                # fires) is this build's and this code path's, not one a student can work out, and now
+                # differs between the determinism check's two runs (red-team round 46)
+                counted: list[list[Any]] = [[] for _ in range(_COLLECTOR_SHIFT)] if self._held else []
                 _child.run_program(
                     prepared, write_fd, max_output=int(request["max_output"]),
                     max_depth=int(request["max_depth"]), mode=mode,
                 )  # fmt: skip
-                del held
+                del held, counted
             finally:
                 os._exit(0)
         os.close(write_fd)
