@@ -923,23 +923,46 @@ _FUNCTION = type(_describe_name)
 _MODULE = type(sys)
 
 
-def _supplied_by_a_module(value: Any) -> bool:
+def _supplied_by_a_module(value: Any, files: frozenset[str] | None = None) -> bool:
     """Whether ``value``, a callable or descriptor in the namespace of a class made while a module is imported,
     is what a module's own code puts there: a function written in a file (a program's are
     ``<program>``/``<args>``, those compiled from strings ``<string>``), or a ``classmethod``,
-    ``staticmethod`` or ``property`` of such functions (classes are judged by name: ``_made_by_a_module``)."""
+    ``staticmethod`` or ``property`` of such functions (classes are judged by name: ``_made_by_a_module``).
+    With ``files`` (``_files_on_the_stack``), only functions written in one of those files count."""
     kind = type(value)
     if kind is _FUNCTION:
         filename = value.__code__.co_filename
-        return type(filename) is str and (filename[:1] == "/" or filename[:8] == "<frozen ")
+        return (
+            type(filename) is str
+            and (filename[:1] == "/" or filename[:8] == "<frozen ")
+            and (files is None or filename in files)
+        )
     if kind is classmethod or kind is staticmethod:
         inner = value.__func__
-        return _supplied_by_a_module(inner)
+        return _supplied_by_a_module(inner, files)
     if kind is property:
         return all(
-            part is None or _supplied_by_a_module(part) for part in (value.fget, value.fset, value.fdel)
+            part is None or _supplied_by_a_module(part, files)
+            for part in (value.fget, value.fset, value.fdel)
         )
     return False
+
+
+def _files_on_the_stack() -> frozenset[str]:
+    """The files of the code running the class being made (``_made_by_a_module``): every frame's up to the first
+    of a program's. A module's class holds, under a name the program rules refuse, functions of the module
+    being imported or of the standard library code making the class for it (an ``Enum``'s from ``enum``),
+    never those of a module that is not running: a program's C callables, run during an import, could
+    otherwise make a class whose hooks are any function of the standard library (red-team round 46's lead)."""
+    files = set()
+    frame = current_frame()
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename in _PROGRAM_FILES:
+            break
+        files.add(filename)
+        frame = frame.f_back
+    return frozenset(files)
 
 
 def _hook(value: Any) -> bool:
@@ -970,6 +993,7 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
     ):
         return False
     meta = any(any(cls is type for cls in _REAL_MRO(b)) for b in bases)
+    files = _files_on_the_stack()
     slots = dict.get(namespace, "__slots__", ())
     slots = (slots,) if type(slots) is str else list(dict.keys(slots)) if type(slots) is dict else slots
     if type(slots) not in (tuple, list) or not all(type(n) is str and n not in _HOOK_NAMES for n in slots):
@@ -986,7 +1010,7 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
             alias = (
                 key == "__class_getitem__" and type(value) is classmethod and _a_held_class(value.__func__)
             )
-            if not (value is None or names or alias or _supplied_by_a_module(value)):
+            if not (value is None or names or alias or _supplied_by_a_module(value, files)):
                 return False
         elif key in ALLOWED_SPECIAL_METHODS and _hook(value):
             # the special methods a program may define too, but a standard class's are trusted (the copy
@@ -999,7 +1023,7 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
                 or _a_held_class(value)  # `_TypedDictMeta.__call__ = dict`
             ):
                 return False
-        elif meta and key != "__classcell__" and _hook(value) and not _supplied_by_a_module(value):
+        elif meta and key != "__classcell__" and _hook(value) and not _supplied_by_a_module(value, files):
             return False  # a metaclass's methods (its `mro`) are a module's
     return True
 
