@@ -3091,12 +3091,15 @@ def test_a_class_made_during_an_import_holds_hooks_only_of_the_code_running_it(v
     under a name the program rules refuse was any function written in a standard-library file; a program's C
     callables, run from ``re``'s pattern cache during an import, made one with ``textwrap.dedent`` as its
     ``__getattr__`` and it was recorded as ``re.E``. Only functions of files running the class's making count."""
-    program = _made_during_an_import(
-        "textwrap",
-        "def f(x):\n    make(['E'], [(object,)], [{'_' + '_getattr__': textwrap.dedent}])\n    return repr(L)\n",
-    )
-    assert verifier.run(program, "1") == Execution(
-        "forbidden",
-        None,
-        "the program made a class holding the name '__getattr__' (at run time or through the standard library)",
-    )
+    for hook in ("textwrap.dedent", "collections.UserString.format"):  # (round 47: the child's own guards)
+        program = _made_during_an_import(
+            "textwrap, collections",
+            f"def f(x):\n    make(['E'], [(object,)], [{{'_' + '_getattr__': {hook}, 'data': 'got {{0}}'}}])\n"
+            "    return [repr(L), L[0]().zzz]\n",
+        )
+        assert verifier.run(program, "1") == Execution(
+            "forbidden",
+            None,
+            "the program made a class holding the name '__getattr__' (at run time or through the standard "
+            "library)",
+        ), hook
