@@ -32,6 +32,7 @@ from agents.batched_lora import lora_linear_layers, stacked_lora
 from agents.generation import decode_tokens, texts_of
 from agents.policy import LoRAPolicy
 from evolve.checkpoint import atomic_write_bytes, fsync_tree
+from populora_env.text_format import lone_surrogate
 
 Strategy = Literal["stacked", "peft_mixed", "loop"]
 MANIFEST = "population.json"
@@ -612,15 +613,12 @@ def _check_generate_args(
         raise ValueError(f"need one adapter per prompt: {len(prompts)} prompts, {len(adapters)} adapters")
     if bad := [i for i, prompt in enumerate(prompts) if not isinstance(prompt, str)]:
         raise TypeError(f"prompts must be strings; prompt {bad[0]} is {type(prompts[bad[0]]).__name__}")
-    for i, prompt in enumerate(prompts):  # a lone surrogate: the tokenizer's own error names neither
-        if not prompt.isascii():
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as error:
-                raise ValueError(
-                    f"prompt {i} is not valid Unicode: a lone surrogate {prompt[error.start]!r} at character "
-                    f"{error.start} (text decoded with errors='surrogateescape'?); no tokenizer encodes it"
-                ) from None
+    for i, prompt in enumerate(prompts):  # the tokenizer's own error names neither prompt nor character
+        if (at := lone_surrogate(prompt)) is not None:
+            raise ValueError(
+                f"prompt {i} is not valid Unicode: a lone surrogate {prompt[at]!r} at character {at} (text "
+                "decoded with errors='surrogateescape'?); no tokenizer encodes it"
+            )
     if not _is_int(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if not (_is_real(temperature) and temperature >= 0 and math.isfinite(temperature)):

@@ -74,13 +74,16 @@ def sanitize(text: str, max_chars: int) -> str:
     return _NON_CHARSET.sub("?", text)
 
 
-def _encodes(text: str) -> bool:
-    """Whether ``text`` is valid Unicode, i.e. encodes as UTF-8 (lone surrogates do not)."""
+def lone_surrogate(text: str) -> int | None:
+    """The index of the first character of ``text`` that UTF-8 cannot encode (a lone surrogate, as text decoded
+    with ``errors="surrogateescape"`` holds), or ``None`` where ``text`` is valid Unicode."""
+    if text.isascii():
+        return None
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    except UnicodeEncodeError as error:
+        return error.start
+    return None
 
 
 def _blocks(text: str, max_chars: int) -> dict[str, list[str]] | FormatError:
@@ -103,7 +106,7 @@ def _blocks(text: str, max_chars: int) -> dict[str, list[str]] | FormatError:
         return FormatError("no_answer")
     found: dict[str, list[str]] = {}
     for tag, body in _BLOCK.findall(text, start, end):
-        if not body.isascii() and not _encodes(body):  # a lone surrogate: no tokenizer takes it on
+        if lone_surrogate(body) is not None:  # no tokenizer takes it on
             return FormatError("not_utf8")  # (other players' prompts show the blocks of valid tasks)
         found.setdefault(tag.lower(), []).append(body.strip("\n"))
     return found
