@@ -948,6 +948,7 @@ def _supplied_by_a_module(value: Any, files: frozenset[str] | None = None) -> bo
     return False
 
 
+# _child's and sandbox's files, as their code objects name them (what `_files_on_the_stack` collects)
 _VERIFIER_FILES = frozenset({_describe_name.__code__.co_filename, current_frame.__code__.co_filename})
 
 
@@ -998,11 +999,11 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
     ):
         return False
     meta = any(any(cls is type for cls in _REAL_MRO(b)) for b in bases)
-    files = _files_on_the_stack()
     slots = dict.get(namespace, "__slots__", ())
     slots = (slots,) if type(slots) is str else list(dict.keys(slots)) if type(slots) is dict else slots
     if type(slots) not in (tuple, list) or not all(type(n) is str and n not in _HOOK_NAMES for n in slots):
         return False  # (a slot named as a special method is one whose value each instance sets)
+    files = _files_on_the_stack()
     for key, value in dict.items(namespace):
         if type(key) is not str:
             return False
