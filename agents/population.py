@@ -109,6 +109,17 @@ class LoRAPopulation:
         if Path(base_ref).expanduser().is_dir():
             base_ref = str(Path(base_ref).expanduser().resolve())
         model, tokenizer = load_base(base_ref, dtype=dtype, device=device)
+        # A LoRA update B @ A of a linear layer has rank at most min(in, out): a rank above every linear
+        # layer's is no adapter at all, only memory (rank 100000 asked for tens of GB)
+        widest = max(
+            (min(m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear)),
+            default=0,
+        )
+        if widest and rank > widest:
+            raise ValueError(
+                f"rank {rank} is above min(in, out) = {widest} of every linear layer of the base (the largest "
+                "rank a LoRA update of it can have)"
+            )
         targets = (
             target_modules
             if target_modules is None or isinstance(target_modules, str)

@@ -45,7 +45,7 @@ class VerifyArgs:
     path: Annotated[
         Path | None, tyro.conf.Positional, tyro.conf.arg(metavar="[PATH]", help_behavior_hint="")
     ] = None
-    """JSONL file to check (CRUXEval/AZR format). Omit it with --examples."""
+    """JSONL file to check (CRUXEval/AZR format); `-` reads standard input. Omit it with --examples."""
     examples: bool = False
     """Check the built-in example set (good and hostile programs) instead of a file."""
     timeout: float = 2.0
@@ -271,9 +271,9 @@ def _as_flags(message: str) -> str:
     return message
 
 
-def _summary_table(run_dir: Path) -> str:
-    """One line per generation of ``metrics.jsonl``."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+def _summary_table(rows: list[dict[str, Any]]) -> str:
+    """One line per generation of ``metrics.jsonl``'s records, with why proposals were rejected and which
+    learners raised."""
     header = f"{'gen':>3}  {'solve':>5}  {'teacher':>7}  {'student':>7}  {'invalid':>7}  {'depth':>5}  " \
              f"{'lines':>5}  {'children':>8}"  # fmt: skip
     lines = [header, "-" * len(header)]
@@ -293,7 +293,21 @@ def _summary_table(run_dir: Path) -> str:
         total = sum(rejections.values())
         common = ", ".join(f"{reason} {count / total:.0%}" for reason, count in rejections.most_common(6))
         lines.append(f"\nwhy proposals were rejected ({total} in all): {common}")
+    failed, updates = _learner_failures(rows)
+    if failed:
+        first = failed[0]
+        lines.append(
+            f"\nlearner failures: {len(failed)} of {updates} updates raised and were undone (first: generation "
+            f"{first['generation']}, member {first['member']}: {first['error']}: {first['message']})"
+        )
     return "\n".join(lines)
+
+
+def _learner_failures(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The learner failures of a run's metrics records, and the number of updates tried (those that ran
+    have a loss, those that raised a failure)."""
+    failed = [f for r in rows for f in r.get("learner_failures", [])]
+    return failed, len(failed) + sum(len(r.get("losses", {})) for r in rows)
 
 
 def train(args: TrainArgs) -> int:
@@ -340,7 +354,12 @@ def train(args: TrainArgs) -> int:
             built = build_tiny_base(args.cache_dir)  # its pretraining batches use every core
             # absolute, so that the run resumes (and its base loads) from any folder
             base = _recorded_base(Path(args.run_dir), built) or os.path.abspath(built)
-        else:
+        elif Path(args.base).expanduser().is_dir():
+            # a local folder is recorded absolute: a resume from another folder loads this model, not one
+            # of the same relative name there
+            local = Path(os.path.abspath(Path(args.base).expanduser()))
+            base = _recorded_base(Path(args.run_dir), local) or str(local)
+        else:  # a Hub id
             base = args.base
         torch.set_num_threads(args.threads)
         config = _train_config(args, base)
@@ -358,6 +377,12 @@ def train(args: TrainArgs) -> int:
         print(f"populora train: {error}{hint}", file=sys.stderr)
         _remove_if_made_and_empty(Path(args.run_dir), made)
         return 2
+    except Exception as error:  # inside the run: out of memory, a CUDA error, a bug of ours
+        if not started:  # the checks before the run raise the errors above: anything else is a bug there
+            raise
+        print(f"populora train: {_failure(error, Path(args.run_dir))}; {_resume_hint(Path(args.run_dir))}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     except (KeyboardInterrupt, _Terminated) as stop:
         name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"
         print(f"populora train: stopped by {name}; {_resume_hint(Path(args.run_dir))}", file=sys.stderr)
@@ -366,8 +391,10 @@ def train(args: TrainArgs) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     elapsed = time.perf_counter() - start
-    print(_summary_table(run_dir))
-    print(f"\n{args.preset} run of {config.generations} generations in {run_dir} ({elapsed:.0f} s):")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    print(_summary_table(rows))
+    plural = "" if config.generations == 1 else "s"
+    print(f"\n{args.preset} run of {config.generations} generation{plural} in {run_dir} ({elapsed:.0f} s):")
     print(f"  metrics      {run_dir / 'metrics.jsonl'} (one record per generation)")
     print(f"  lineage      {run_dir / 'lineage.jsonl'}")
     if args.tensorboard:
@@ -378,13 +405,36 @@ def train(args: TrainArgs) -> int:
         print(f"  curves       not drawn ({error})")
     print(f"  checkpoints  {run_dir / 'checkpoints'} (rerun the same command to resume, with a larger "
           "--generations to extend)")  # fmt: skip
+    failed, updates = _learner_failures(rows)
+    if failed and len(failed) == updates:  # a run that went through every generation and trained nothing
+        print(f"populora train: every learner update raised ({updates} of {updates}): nothing was trained; "
+              "see the learner failures above", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 
+def _failure(error: Exception, run_dir: Path) -> str:
+    """One line on an error that stopped a run: what it was, where it was raised, and where its traceback
+    went (``error.log`` in the run folder; printed here when that cannot be written)."""
+    import traceback
+
+    where = traceback.extract_tb(error.__traceback__)[-1]
+    text = "".join(traceback.format_exception(error))
+    log = run_dir / "error.log"
+    try:
+        log.write_text(text)
+        kept = f"traceback in {log}"
+    except OSError:
+        print(text, file=sys.stderr, end="")
+        kept = "traceback above"
+    message = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {message} (at {where.filename}:{where.lineno}; {kept})"
+
+
 def _recorded_base(run_dir: Path, built: Path) -> str | None:
-    """The base path the run in ``run_dir`` recorded, when it names the folder just built by another path
-    (a cache reached through a link, a relative ``--cache-dir``): a run records its base by path, and the
-    same base under another name read as another config."""
+    """The base path the run in ``run_dir`` recorded, when it names the folder just built (or given) by
+    another path (a cache reached through a link, a relative ``--cache-dir``): a run records its base by
+    path, and the same base under another name read as another config."""
     try:
         saved = json.loads((run_dir / "config.json").read_text())["member_options"]["lora"]["base"]
         if isinstance(saved, str) and os.path.samefile(saved, built):

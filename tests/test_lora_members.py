@@ -405,6 +405,84 @@ def test_populora_train_resumes_when_the_cached_base_is_reached_by_another_path(
     assert Path(saved).is_absolute() and os.path.samefile(saved, tiny_base_dir)
 
 
+def test_populora_train_records_a_relative_base_by_its_absolute_path(
+    tmp_path: Path, tiny_base_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A relative --base was recorded as typed: the same command from another folder, where that name is
+    another model, resumed the run on it as if nothing had changed."""
+    for folder in ("here", "elsewhere"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "here" / "base").symlink_to(tiny_base_dir)
+    (tmp_path / "elsewhere" / "base").mkdir()  # another folder of the same relative name
+    run_dir = tmp_path / "run"
+    argv = ["train", "--preset", "self-play", "--base", "base", "--run-dir", str(run_dir), "--generations",
+            "1", "--max-new-tokens", "4", "--rank", "2", "--no-tensorboard"]  # fmt: skip
+    monkeypatch.chdir(tmp_path / "here")
+    assert main(argv) == 0
+    saved = json.loads((run_dir / "config.json").read_text())["member_options"]["lora"]["base"]
+    assert saved == str(tmp_path / "here" / "base")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "another config" in capsys.readouterr().err
+    # the same model by another relative path resumes the run: it is the config it recorded
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv[:4], "here/base", *argv[5:8], "2", *argv[9:]]) == 0, capsys.readouterr().err
+    assert len(records(run_dir / "metrics.jsonl")) == 2
+
+
+def test_populora_train_reports_an_error_inside_the_run_in_one_line(
+    tmp_path: Path, tiny_base_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error other than a bad option inside the run (out of memory, a CUDA error) was a raw traceback:
+    it is one line naming the error, where it was raised and the checkpoint to resume from; the traceback
+    is kept in the run folder. A --rank no linear layer of the base can hold is refused."""
+    real = pbt.run_generation
+
+    def out_of_memory_in_the_second(population: Any, backend: Any, config: Any, generation: int) -> Any:
+        if generation == 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail")
+        return real(population, backend, config, generation)
+
+    monkeypatch.setattr(pbt, "run_generation", out_of_memory_in_the_second)
+    run_dir = tmp_path / "run"
+    argv = ["train", "--preset", "self-play", "--base", str(tiny_base_dir), "--run-dir", str(run_dir),
+            "--generations", "2", "--max-new-tokens", "4", "--rank", "2", "--no-tensorboard"]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert (
+        f"populora train: RuntimeError: CUDA out of memory. Tried to allocate 20.00 GiB (at {__file__}:"
+        in err
+    )
+    assert f"traceback in {run_dir / 'error.log'}); the same command resumes it from " \
+           f"{run_dir / 'checkpoints' / 'gen_000001.ckpt'}" in err  # fmt: skip
+    assert "out_of_memory_in_the_second" in (run_dir / "error.log").read_text()
+    monkeypatch.setattr(pbt, "run_generation", real)
+    assert main(argv) == 0  # resumed
+    assert len(records(run_dir / "metrics.jsonl")) == 2
+    assert main([*argv[:-3], "--rank", "100000", "--no-tensorboard", "--run-dir", str(tmp_path / "big")]) == 2
+    assert "rank 100000 is above min(in, out) = " in capsys.readouterr().err
+
+
+def test_populora_train_says_when_learners_raised_and_fails_when_all_did(
+    tmp_path: Path, tiny_base_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A learning rate that overflows the weights: every update raised and was undone, and the run ended
+    with status 0 and a table like any other. The summary counts the failures; none trained: status 1."""
+    run_dir = tmp_path / "run"
+    argv = ["train", "--preset", "self-play", "--base", str(tiny_base_dir), "--run-dir", str(run_dir),
+            "--generations", "2", "--max-new-tokens", "4", "--rank", "2", "--no-tensorboard",
+            "--learning-rate", "1e300"]  # fmt: skip
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    failures = [f for r in records(run_dir / "metrics.jsonl") for f in r["learner_failures"]]
+    assert failures, "no learner raised: the test does not test"
+    assert f"learner failures: {len(failures)} of {len(failures)} updates raised and were undone (first: " \
+           "generation 0, member 0: " in out  # fmt: skip
+    assert f"every learner update raised ({len(failures)} of {len(failures)}): nothing was trained" in err
+
+
 def test_lora_options_take_numpy_numbers_as_python_ones() -> None:
     import numpy as np
 
