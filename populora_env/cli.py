@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -255,20 +256,33 @@ def _train_config(args: TrainArgs, base: str) -> Any:
 
 _FLAGS = {  # config fields the train command sets from an option of another name
     "episodes_per_generation": "--episodes",
+    "teacher_group_size": "--group-size",
+    "student_group_size": "--group-size",
     "member_options['lora']['rank']": "--rank",
     "member_options['lora']['max_new_tokens']": "--max-new-tokens",
     "member_options['grpo']['learning_rate']": "--learning-rate",
-    "teacher_group_size": "--group-size",
-    "student_group_size": "--group-size",
+    # as a resumed run's config differences name them
+    "env.teacher_group_size": "--group-size",
+    "env.student_group_size": "--group-size",
+    "env.rounds": "--rounds",
+    "member_options.lora.base": "--base",
+    "member_options.lora.rank": "--rank",
+    "member_options.lora.max_new_tokens": "--max-new-tokens",
+    "member_options.grpo.learning_rate": "--learning-rate",
+    "member_options.grpo.deterministic": "--deterministic",
 }
+# each field alone, not inside a longer path (`env.teacher_group_size` names its flag once)
+_FLAG_FIELDS = re.compile(
+    r"(?<![\w.'\]])("
+    + "|".join(re.escape(f) for f in sorted(_FLAGS, key=len, reverse=True))
+    + r")(?![\w'\[])"
+)
 
 
 def _as_flags(message: str) -> str:
     """``message`` with the config fields that ``populora train`` options set named as those options too
     (``episodes_per_generation`` was all a user of ``--episodes`` read)."""
-    for field, flag in _FLAGS.items():
-        message = message.replace(field, f"{flag} ({field})")
-    return message
+    return _FLAG_FIELDS.sub(lambda m: f"{_FLAGS[m[1]]} ({m[1]})", message)
 
 
 def _summary_table(rows: list[dict[str, Any]]) -> str:
@@ -329,8 +343,7 @@ def train(args: TrainArgs) -> int:
     try:
         # Every option is checked before the tiny base is built (minutes on a fresh machine): the base's
         # path is the only part of the config that waits for it.
-        if not isinstance(args.threads, int) or args.threads < 1:
-            raise ValueError(f"threads must be an int >= 1, got {args.threads!r}")
+        _check_threads(args.threads)
         if not isinstance(args.group_size, int) or args.group_size < 2:  # named as the option, not the env's
             raise ValueError(  # two fields
                 f"group_size must be an int >= 2 (GRPO's advantages are relative to the group: a group of one "
@@ -411,6 +424,14 @@ def train(args: TrainArgs) -> int:
               "see the learner failures above", file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def _check_threads(threads: Any) -> None:
+    """``--threads``: at least one, at most this machine's CPUs (torch's thread pool took 100 000 without a
+    word, and the first parallel product crashed the process: SIGSEGV)."""
+    cpus = os.cpu_count() or 1
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= cpus:
+        raise ValueError(f"threads must be an int from 1 to {cpus} (this machine's CPUs), got {threads!r}")
 
 
 def _failure(error: Exception, run_dir: Path) -> str:
@@ -512,8 +533,8 @@ def base(args: BaseArgs) -> int:
     from agents.base import TinyBaseConfig, build_tiny_base
 
     try:
-        if args.threads is not None and (not isinstance(args.threads, int) or args.threads < 1):
-            raise ValueError(f"threads must be None or an int >= 1, got {args.threads!r}")
+        if args.threads is not None:
+            _check_threads(args.threads)
         warmup = min(TinyBaseConfig.warmup_steps, max(args.steps, 0))  # a short build warms up less
         config = TinyBaseConfig(
             steps=args.steps, warmup_steps=warmup, corpus_documents=args.corpus_documents, seed=args.seed

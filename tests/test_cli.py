@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -215,6 +216,9 @@ def test_base_build_caches_the_tiny_base_and_names_bad_values(tmp_path, capsys):
     assert main(args) == 0 and Path(capsys.readouterr().out.strip()) == built  # from the cache
     assert main(["base", "build", "--steps", "0", "--cache-dir", str(tmp_path)]) == 2
     assert "steps" in capsys.readouterr().err
-    for threads in ("0", "-1"):  # -1 was a RuntimeError traceback, 0 the default in silence
+    # -1 was a RuntimeError traceback, 0 the default in silence, 100000 a SIGSEGV in the first product
+    for threads in ("0", "-1", "100000"):
         assert main([*args[:-4], "--threads", threads, "--cache-dir", str(tmp_path)]) == 2
-        assert f"threads must be None or an int >= 1, got {threads}" in capsys.readouterr().err
+        cpus = os.cpu_count()
+        assert f"threads must be an int from 1 to {cpus} (this machine's CPUs), got {threads}" in \
+            capsys.readouterr().err  # fmt: skip

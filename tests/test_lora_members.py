@@ -326,7 +326,8 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
         "1",
     ]
     assert main([*argv[:-3], "--rank", "4", "--no-tensorboard"]) == 2  # another config in that folder
-    assert "another config" in capsys.readouterr().err
+    assert "another config (fields ['member_options'] differ: --rank (member_options.lora.rank): saved 2, " \
+           "now 4)" in capsys.readouterr().err  # fmt: skip
     # the run is saved before its figure is drawn: a figure that cannot be written is said, not a failure
     (run_dir / "curves.png").unlink()
     (run_dir / "curves.png").mkdir()
@@ -349,7 +350,8 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
     a_file.write_text("")
     for extra, message in (
         (["--population", "0"], "population must be an int >= 1, got 0"),
-        (["--threads", "0"], "threads must be an int >= 1, got 0"),
+        (["--threads", "0"], "threads must be an int from 1 to "),
+        (["--threads", "100000"], f"threads must be an int from 1 to {os.cpu_count()} (this machine's CPUs)"),
         (["--rank", "0"], "--rank (member_options['lora']['rank']) must be an int >= 1, got 0"),
         (["--episodes", "1"], "--episodes (episodes_per_generation) * seats (1 * 1) must be >= population"),
         (["--learning-rate", "-1"], "learning_rate must be"),
@@ -424,7 +426,10 @@ def test_populora_train_records_a_relative_base_by_its_absolute_path(
     monkeypatch.chdir(tmp_path / "elsewhere")
     capsys.readouterr()
     assert main(argv) == 2
-    assert "another config" in capsys.readouterr().err
+    assert (
+        f'--base (member_options.lora.base): saved "{tmp_path / "here" / "base"}", now'
+        in capsys.readouterr().err
+    )
     # the same model by another relative path resumes the run: it is the config it recorded
     monkeypatch.chdir(tmp_path)
     assert main([*argv[:4], "here/base", *argv[5:8], "2", *argv[9:]]) == 0, capsys.readouterr().err
