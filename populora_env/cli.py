@@ -7,6 +7,7 @@ Subcommands import their heavy dependencies (torch, ``agents``, ``evolve``) insi
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import math
@@ -480,12 +481,22 @@ def _main_thread() -> bool:
 
 
 def _remove_if_made_and_empty(run_dir: Path, made: bool) -> None:
-    """The run folder this command made, if a failure before the run left it empty (a tiny base that could
-    not be built; a run that began holds its lock file there, which is never removed: another run may
-    hold it by now)."""
-    if made:
-        with contextlib.suppress(OSError):  # not empty, or gone: left as it is
-            run_dir.rmdir()
+    """The run folder this command made, if a failure before the run's first file left it empty but for
+    its lock file (a base that did not load): removed with that file, under the lock, so that a run that
+    took the folder meanwhile keeps it (it holds the lock)."""
+    from evolve.pbt import LOCK_FILE
+
+    if not made:
+        return
+    with contextlib.suppress(OSError):  # gone, or not empty: left as it is
+        if [p.name for p in run_dir.iterdir()] == [LOCK_FILE]:
+            fd = os.open(run_dir / LOCK_FILE, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: another run holds it
+                (run_dir / LOCK_FILE).unlink()
+            finally:
+                os.close(fd)
+        run_dir.rmdir()
 
 
 def _resume_hint(run_dir: Path) -> str:

@@ -373,6 +373,13 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
     err = capsys.readouterr().err
     assert "no such model folder" in err and "the same command" not in err, err
     assert not (tmp_path / "run-nobase").exists()  # found before any folder is made
+    # a folder that is no model: found as the run starts, and the folder made for it is removed, lock file
+    # and all (it was left holding the lock file alone)
+    (tmp_path / "not-a-model").mkdir()
+    argv = ["train", "--run-dir", str(tmp_path / "run-nobase"), "--base", str(tmp_path / "not-a-model")]
+    assert main(argv) == 2
+    assert "cannot load base model" in capsys.readouterr().err
+    assert not (tmp_path / "run-nobase").exists()
 
 
 def test_populora_train_resumes_when_the_cached_base_is_reached_by_another_path(
