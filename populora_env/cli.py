@@ -550,10 +550,18 @@ def base(args: BaseArgs) -> int:
         config = TinyBaseConfig(
             steps=args.steps, warmup_steps=warmup, corpus_documents=args.corpus_documents, seed=args.seed
         )
-        print(build_tiny_base(args.cache_dir, config, num_threads=args.threads))
+        previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if _main_thread() else None
+        try:  # SIGTERM as Ctrl-C: the build's staging folder is removed on the way out
+            print(build_tiny_base(args.cache_dir, config, num_threads=args.threads))
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
     except (OSError, ValueError) as error:
         print(f"populora base: {error}", file=sys.stderr)
         return 2
+    except _Terminated:
+        print("populora base: stopped by SIGTERM (nothing was cached)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     return 0
 
 

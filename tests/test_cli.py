@@ -204,6 +204,31 @@ def test_verify_into_a_closed_pipe_exits_quietly():
     assert len(done.stdout.splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
 
 
+def test_base_build_stopped_by_sigterm_leaves_nothing_in_the_cache(tmp_path, capsys, monkeypatch):
+    """SIGTERM killed the build where it stood and left its staging folder in the cache (until the next
+    build); it stops like Ctrl-C: the staging folder is removed, one line says so, status 143."""
+    import signal
+
+    import agents.base
+
+    def terminated(out_dir, *args):
+        (out_dir / "weights.partial").write_text("")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def not_handled(signum, frame):  # (the default action would end pytest)
+        raise AssertionError("SIGTERM reached the handler from before the build")
+
+    monkeypatch.setattr(agents.base, "_build_into", terminated)
+    before = signal.signal(signal.SIGTERM, not_handled)
+    try:
+        assert main(["base", "build", "--steps", "2", "--cache-dir", str(tmp_path)]) == 128 + signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is not_handled
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert "populora base: stopped by SIGTERM (nothing was cached)" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_base_build_caches_the_tiny_base_and_names_bad_values(tmp_path, capsys):
     """`populora base build` with a shortened pretraining: a Hugging Face model directory, reused from the
     cache on the second call; a bad value is exit status 2 naming the field."""
