@@ -387,15 +387,16 @@ def train(args: TrainArgs) -> int:
         _remove_if_made_and_empty(Path(args.run_dir), made)
         return 2
     except OSError as error:  # an unwritable --run-dir or --cache-dir, a full disk
-        hint = f"; {_resume_hint(Path(args.run_dir))}" if started else ""  # once the run has begun
+        # once the run has begun (the error may stay until mended: a full disk, a file where a folder goes)
+        hint = f"; once mended, {_resume_hint(Path(args.run_dir))}" if started else ""
         print(f"populora train: {error}{hint}", file=sys.stderr)
         _remove_if_made_and_empty(Path(args.run_dir), made)
         return 2
     except Exception as error:  # inside the run: out of memory, a CUDA error, a bug of ours
         if not started:  # the checks before the run raise the errors above: anything else is a bug there
             raise
-        print(f"populora train: {_failure(error, Path(args.run_dir))}; {_resume_hint(Path(args.run_dir))}",
-              file=sys.stderr)  # fmt: skip
+        failure, hint = _failure(error, Path(args.run_dir)), _resume_hint(Path(args.run_dir))
+        print(f"populora train: {failure}; once mended, {hint}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, _Terminated) as stop:
         name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"

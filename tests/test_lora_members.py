@@ -467,7 +467,7 @@ def test_populora_train_reports_an_error_inside_the_run_in_one_line(
         f"populora train: RuntimeError: CUDA out of memory. Tried to allocate 20.00 GiB (at {__file__}:"
         in err
     )
-    assert f"traceback in {run_dir / 'error.log'}); the same command resumes it from " \
+    assert f"traceback in {run_dir / 'error.log'}); once mended, the same command resumes it from " \
            f"{run_dir / 'checkpoints' / 'gen_000001.ckpt'}" in err  # fmt: skip
     assert "out_of_memory_in_the_second" in (run_dir / "error.log").read_text()
     monkeypatch.setattr(pbt, "run_generation", real)
