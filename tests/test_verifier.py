@@ -636,20 +636,45 @@ def test_when_the_collector_runs_does_not_depend_on_what_the_worker_served_befor
             assert [r.output for r in later[served:]] == [fresh.output] * 2, served
 
 
-def test_one_program_per_request_keeps_an_output_from_depending_on_the_others():
-    """The worker compiles a request's programs before forking, which interns their names and constants: a
-    program can test whether a string it builds was interned already and so learn what the other programs
-    of its request hold (a red-team review; README, "Not guaranteed"). ``programs_per_request=1`` sends
-    each program alone: batched, such a program gives what it gives alone."""
+@pytest.mark.parametrize("programs_per_request", [None, 1])
+def test_an_output_does_not_depend_on_the_programs_of_its_request(programs_per_request):
+    """Compiling interns a program's names and identifier-like constants, and a program can test whether a
+    string it builds was interned already (``namedtuple`` interns its field names; ``is``): with the
+    worker holding a request's compiled programs as it forked, a program learnt what the others held and
+    its output changed with its batch, alike in both pools (red-team reviews, round 48 among them). The
+    worker keeps compiled code as marshal bytes; each child loads its own."""
     spy = (
         "import collections\ndef f(x):\n    s = ''.join([x, 'xw', 'sec', 'ret'])\n"
         "    P = collections.namedtuple('P', [s])\n    return [k for k in dir(P) if k == s][0] is s\n"
     )
-    victim = "def f(x):\n    return 'zqxwsecret'\n"
+    victim = "def f(x):\n    zqxwsecret = x\n    return 'zqxwsecret'\n"
     filler = [(f"def f(x):\n    return {i}", "1") for i in range(20)]  # a long queue: full requests
-    with Verifier(workers=1, cache_size=0, programs_per_request=1) as v:
+    config = {} if programs_per_request is None else {"programs_per_request": programs_per_request}
+    with Verifier(workers=1, cache_size=0, **config) as v:
         assert v.run(spy, "'zq'") == Execution("ok", "True", "")
-        assert v.run_many([(victim, "1"), (spy, "'zq'"), *filler])[1] == Execution("ok", "True", "")
+        batched = v.run_many([(victim, "1"), (spy, "'zq'"), *filler, (spy + "# 2\n", "'zq'")])
+        assert [batched[1], batched[-1]] == [Execution("ok", "True", "")] * 2
+
+
+@pytest.mark.parametrize("expression_args", [False, True])
+def test_argument_strings_are_interned_as_a_compiled_call_s_constants(verifier, expression_args):
+    """``f('abc')`` written out interns its constant, as the program's own ``'abc'``: Python says
+    ``a is b``. Arguments parsed as literals came un-interned (``False``; expression mode said ``True``),
+    an ``ok`` output no run of the program gives (red-team round 48). Strings of other characters are not
+    interned by Python either."""
+    same = "def f(a, l, c):\n    b = 'abc'\n    d = 'a b'\n    return [a is b, l[0] is b, c is d]"
+    args = "'abc', ['abc'], 'a b'"
+    assert verifier.run(same, args, expression_args=expression_args) == Execution(
+        "ok", "[True, True, False]", ""
+    )
+    nested = (
+        "def f(d):\n    k = 'key_1'\n"
+        "    return [x is k for x in [*d, *d.values(), *d['t'], *d['t'][1]] if x == k]"
+    )
+    nested_args = "{'key_1': 'key_1', 't': ('key_1', {'key_1'})}"
+    assert verifier.run(nested, nested_args, expression_args=expression_args) == Execution(
+        "ok", "[True, True, True, True]", ""
+    )
 
 
 def test_the_memory_a_program_gets_does_not_depend_on_what_the_worker_served_before():

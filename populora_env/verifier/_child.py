@@ -12,6 +12,7 @@ import _ast
 import _string
 import builtins
 import gc
+import marshal
 import os
 import sys
 
@@ -1806,6 +1807,23 @@ def _compile(text: str, filename: str, mode: str, guarded: bool) -> Any:
     return compile(_with_checks(tree), filename, mode, dont_inherit=True)
 
 
+class Compiled:
+    """Code compiled by the worker, kept as its ``marshal`` bytes until the child loads it (``_load``).
+
+    Compiling interns every identifier, and every constant string made of name characters, in the
+    interpreter's table of interned strings, which children inherit; a program can tell whether a string
+    of its own making is in that table (``namedtuple(s, ...).__name__ is s``: namedtuple interns its name).
+    Code objects held in the worker while it forks kept the names and constants of every program of a
+    request in that table: a program read the other programs' identifiers, and its output changed with the
+    programs it was batched with (red-team round 48). The bytes intern nothing; each child loads only its
+    own program."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, code: Any) -> None:
+        self.data: bytes = marshal.dumps(code)
+
+
 class Prepared:
     """What the worker computes before forking, so the child touches (and copies) as little as possible:
     the compiled program, the arguments (parsed literals, or compiled argument expressions) and the
@@ -1814,7 +1832,7 @@ class Prepared:
     __slots__ = ("args", "code", "error", "guarded", "table")
 
     def __init__(self, table: dict[str, Any], guarded: bool) -> None:
-        self.code: Any = None
+        self.code: Compiled | None = None
         self.error = b""
         self.args: list[Any] = []
         self.table = table
@@ -1847,7 +1865,7 @@ def prepare(
         _TABLES[guards] = safe_builtins(allowed) if allowed is not None else dict(vars(builtins))
     prepared = Prepared(_TABLES[guards], guards)
     try:
-        prepared.code = _compile(program, "<program>", "exec", guards)
+        prepared.code = Compiled(_compile(program, "<program>", "exec", guards))
     except MemoryError:
         prepared.error = _line("memory", None, "MemoryError while compiling the program")
         prepared.args = [None] * len(calls)
@@ -1861,7 +1879,9 @@ def prepare(
         return prepared
     for text in calls:
         try:
-            prepared.args.append(_compile(f"__populora_pack__(\n{text}\n)", "<args>", "eval", guards))
+            prepared.args.append(
+                Compiled(_compile(f"__populora_pack__(\n{text}\n)", "<args>", "eval", guards))
+            )
         except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
             prepared.args.append(_line("bad_input", None, f"args are not valid Python: {_describe(e)}"))
     return prepared
@@ -1902,9 +1922,16 @@ def run_program(
 
 def _define_and_call(prepared: Prepared, args: Any, mode: str, max_output: int, max_depth: int) -> bytes:
     """One call's verdict line: runs the module code in fresh globals, then calls its ``f``."""
-    code, table = prepared.code, prepared.table
+    table = prepared.table
     if isinstance(args, bytes):  # an argument text that did not compile: its verdict is ready
         return args
+    # Loaded here, before the program's module code runs, as a compiler interns a call's constants with
+    # the program's: the interned strings are this program's own and the worker's
+    try:
+        code = marshal.loads(prepared.code.data)  # type: ignore[union-attr]  # (no error: code is set)
+        args = marshal.loads(args.data) if mode != "literal" else _interned(args)
+    except MemoryError:
+        return _line("memory", None, "MemoryError while loading the program")
     # The program's globals are a module's, listed in sys.modules: dataclasses (and typing.get_type_hints)
     # look string annotations (`from __future__ import annotations`) up there, by the class's __module__.
     program = type(sys)("__program__")  # types.ModuleType, without importing `types` into the worker
@@ -1929,6 +1956,31 @@ def _define_and_call(prepared: Prepared, args: Any, mode: str, max_output: int, 
 
 def _pack(*args: Any) -> tuple[Any, ...]:
     return args
+
+
+def _interned(value: Any) -> Any:
+    """Arguments parsed as literals, with every string made of ASCII letters, digits and ``_`` interned, as
+    CPython's compiler interns such constants in a call written out (``f('abc')``): literal-mode strings
+    came un-interned, and ``a is 'abc'`` was ``False`` where Python and expression mode say ``True`` (red-
+    team round 48). The host parsed them: plain built-in types only, nested 50 deep at most."""
+    kind = type(value)
+    if kind is str:
+        return (
+            sys.intern(value)
+            if value.isascii() and (not value or value.replace("_", "a").isalnum())
+            else value
+        )
+    if kind is tuple:
+        return tuple([_interned(item) for item in value])
+    if kind is list:
+        return [_interned(item) for item in value]
+    if kind is dict:
+        return {_interned(key): _interned(item) for key, item in value.items()}
+    if kind is set:
+        return {_interned(item) for item in value}
+    if kind is frozenset:
+        return frozenset([_interned(item) for item in value])
+    return value
 
 
 def _arguments(args: Any, glb: dict[str, Any], mode: str) -> tuple[Any, ...]:
