@@ -323,7 +323,7 @@ def build_tiny_base(
         except FileNotFoundError:
             pass  # another process sharing the cache moved it first (and builds it too; the rename decides)
         _remove(aside)
-    root.mkdir(parents=True, exist_ok=True)
+    _make_cache_folder(root)
     _remove_stale_builds(root, key)
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-{os.getpid()}-", dir=root))
     threads = torch.get_num_threads()
@@ -340,6 +340,21 @@ def build_tiny_base(
         torch.set_num_threads(threads)
         shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+def _make_cache_folder(root: Path) -> None:
+    """``root`` made if missing; ``OSError`` naming it and what stands in the way (was ``[Errno 17] File
+    exists: '...'`` for a file or a link to nothing there, with no word of the cache)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        if root.is_symlink() and not root.exists():
+            why = f"it is a link to nothing ({os.readlink(root)})"
+        elif root.exists() and not root.is_dir():
+            why = "it is a file"
+        else:
+            why = error.strerror or str(error)  # no permission; a part of its path that is a file
+        raise OSError(f"the tiny-base cache folder {root} cannot be made: {why}") from error
 
 
 _BASE_FILES = (

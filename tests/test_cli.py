@@ -204,6 +204,21 @@ def test_verify_into_a_closed_pipe_exits_quietly():
     assert len(done.stdout.splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
 
 
+def test_a_cache_dir_that_cannot_be_a_folder_is_named_with_what_is_there(tmp_path, capsys):
+    """A file or a link to nothing at --cache-dir was `[Errno 17] File exists: '...'`, no word of the cache."""
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for name, why in (
+        ("a-file", "it is a file"),
+        ("dangling", f"it is a link to nothing ({tmp_path / 'nowhere'})"),
+    ):
+        for command in (["base", "build"], ["train", "--run-dir", str(tmp_path / "run")]):
+            assert main([*command, "--cache-dir", str(tmp_path / name)]) == 2
+            err = capsys.readouterr().err
+            assert f"the tiny-base cache folder {tmp_path / name} cannot be made: {why}" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_base_build_stopped_by_sigterm_leaves_nothing_in_the_cache(tmp_path, capsys, monkeypatch):
     """SIGTERM killed the build where it stood and left its staging folder in the cache (until the next
     build); it stops like Ctrl-C: the staging folder is removed, one line says so, status 143."""
