@@ -441,7 +441,8 @@ def _failure(error: Exception, run_dir: Path) -> str:
     went (``error.log`` in the run folder; printed here when that cannot be written)."""
     import traceback
 
-    where = traceback.extract_tb(error.__traceback__)[-1]
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f"at {frames[-1].filename}:{frames[-1].lineno}; " if frames else ""
     text = "".join(traceback.format_exception(error))
     log = run_dir / "error.log"
     try:
@@ -451,7 +452,7 @@ def _failure(error: Exception, run_dir: Path) -> str:
         print(text, file=sys.stderr, end="")
         kept = "traceback above"
     message = str(error).splitlines()[0] if str(error) else ""
-    return f"{type(error).__name__}: {message} (at {where.filename}:{where.lineno}; {kept})"
+    return f"{type(error).__name__}: {message} ({where}{kept})"
 
 
 def _recorded_base(run_dir: Path, built: Path) -> str | None:
