@@ -1808,26 +1808,60 @@ def _compile(text: str, filename: str, mode: str, guarded: bool) -> Any:
 
 
 class Compiled:
-    """Code compiled by the worker, kept as its ``marshal`` bytes until the child loads it (``_load``).
+    """A program compiled by the worker, kept as its ``marshal`` bytes until its child loads it (``load``).
 
     Compiling interns every identifier, and every constant string made of name characters, in the
     interpreter's table of interned strings, which children inherit; a program can tell whether a string
     of its own making is in that table (``namedtuple(s, ...).__name__ is s``: namedtuple interns its name).
-    Code objects held in the worker while it forks kept the names and constants of every program of a
-    request in that table: a program read the other programs' identifiers, and its output changed with the
-    programs it was batched with (red-team round 48). The bytes intern nothing; each child loads only its
-    own program."""
+    Code objects held in the worker while it forked kept the names and constants of every program of a
+    request there: a program read the others' identifiers, and its output changed with its batch (red-team
+    rounds, 48 among them). The bytes intern nothing; each child loads its own program. (Compiling each
+    program between the forks instead cost ~10% of CRUXEval programs per second, measured here: the
+    compiler's writes after a fork are copy-on-write faults.)
 
-    __slots__ = ("data",)
+    ``marshal`` rebuilds a frozenset constant element by element, which can move colliding entries:
+    ``for x in {7, 15}`` iterated ``15, 7`` (red-team round 49). A program with a frozenset constant that
+    does not come back in its order keeps its text instead, and its child compiles it (rare: one of
+    CRUXEval's 800 programs has a frozenset constant at all)."""
 
-    def __init__(self, code: Any) -> None:
-        self.data: bytes = marshal.dumps(code)
+    __slots__ = ("data", "source")
+
+    def __init__(self, source: str, filename: str, mode: str, guarded: bool) -> None:
+        """Compiles ``source`` (``_compile``'s errors propagate)."""
+        code = _compile(source, filename, mode, guarded)
+        data = marshal.dumps(code)
+        self.data: bytes | None = data if all(_survives(f) for f in _frozensets(code)) else None
+        self.source = (source, filename, mode, guarded) if self.data is None else None
+
+    def load(self) -> Any:
+        """The code object, in the child."""
+        if self.data is not None:
+            return marshal.loads(self.data)
+        return _compile(*self.source)  # type: ignore[misc]  # (kept when there are no bytes)
+
+
+def _frozensets(code: Any) -> Any:
+    """The frozenset constants of ``code`` and of the code nested in it."""
+    for const in code.co_consts:
+        if type(const) is frozenset:
+            yield const
+        elif type(const) is type(code):
+            yield from _frozensets(const)
+
+
+def _survives(constant: frozenset[Any]) -> bool:
+    """Whether ``marshal`` gives ``constant`` back in its iteration order (elements equal and of one type)."""
+    back = list(marshal.loads(marshal.dumps(constant)))
+    return all(type(a) is type(b) and a == b for a, b in zip(constant, back, strict=True))
 
 
 class Prepared:
     """What the worker computes before forking, so the child touches (and copies) as little as possible:
-    the compiled program, the arguments (parsed literals, or compiled argument expressions) and the
-    built-ins table. No program code runs."""
+    the compiled program and argument lists (``Compiled``: arguments in every mode, literal ones checked by
+    the host to be literals only, so that their values are built as Python builds a call's constants:
+    equal constants shared, name-like strings interned, sets in a set display's order; values sent
+    ready-made came un-interned, unshared and in the order of their rebuilds, red-team rounds 48 and 49)
+    and the built-ins table. No program code runs."""
 
     __slots__ = ("args", "code", "error", "guarded", "table")
 
@@ -1848,16 +1882,14 @@ class Prepared:
 
 def prepare(
     program: str,
-    calls: list[Any],
+    calls: list[str],
     *,
-    mode: str,
     allowed: frozenset[str] | None,
 ) -> Prepared:
-    """Compiles ``program`` and, outside literal mode, each argument expression.
+    """Compiles ``program`` and each call's argument-list text (in ``"literal"`` mode checked by the host to
+    be literals only).
 
     Args:
-        calls: In ``"literal"`` mode the argument tuples, already parsed (and checked) by the host; else the
-            argument-list texts, compiled here and evaluated in the child, in the program's namespace.
         allowed: The module allowlist of the guarded built-ins; ``None`` leaves the built-ins whole.
     """
     guards = allowed is not None
@@ -1865,7 +1897,7 @@ def prepare(
         _TABLES[guards] = safe_builtins(allowed) if allowed is not None else dict(vars(builtins))
     prepared = Prepared(_TABLES[guards], guards)
     try:
-        prepared.code = Compiled(_compile(program, "<program>", "exec", guards))
+        prepared.code = Compiled(program, "<program>", "exec", guards)
     except MemoryError:
         prepared.error = _line("memory", None, "MemoryError while compiling the program")
         prepared.args = [None] * len(calls)
@@ -1874,14 +1906,9 @@ def prepare(
         prepared.error = _line("syntax", None, _describe(e))
         prepared.args = [None] * len(calls)  # one verdict per call (the count is all the child needs)
         return prepared
-    if mode == "literal":
-        prepared.args = list(calls)
-        return prepared
     for text in calls:
         try:
-            prepared.args.append(
-                Compiled(_compile(f"__populora_pack__(\n{text}\n)", "<args>", "eval", guards))
-            )
+            prepared.args.append(Compiled(f"__populora_pack__(\n{text}\n)", "<args>", "eval", guards))
         except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
             prepared.args.append(_line("bad_input", None, f"args are not valid Python: {_describe(e)}"))
     return prepared
@@ -1925,13 +1952,13 @@ def _define_and_call(prepared: Prepared, args: Any, mode: str, max_output: int, 
     table = prepared.table
     if isinstance(args, bytes):  # an argument text that did not compile: its verdict is ready
         return args
-    # Loaded here, before the program's module code runs, as a compiler interns a call's constants with
-    # the program's: the interned strings are this program's own and the worker's
-    try:
-        code = marshal.loads(prepared.code.data)  # type: ignore[union-attr]  # (no error: code is set)
-        args = marshal.loads(args.data) if mode != "literal" else _interned(args)
+    try:  # (the program and the arguments compiled in the worker: a text compiled again here compiles)
+        code = prepared.code.load()  # type: ignore[union-attr]  # (set: no error)
+        args = args.load()
     except MemoryError:
         return _line("memory", None, "MemoryError while loading the program")
+    except (SyntaxError, ValueError, RecursionError, OverflowError) as e:  # (a lower recursion limit here)
+        return _line("syntax", None, _describe(e))
     # The program's globals are a module's, listed in sys.modules: dataclasses (and typing.get_type_hints)
     # look string annotations (`from __future__ import annotations`) up there, by the class's __module__.
     program = type(sys)("__program__")  # types.ModuleType, without importing `types` into the worker
@@ -1958,35 +1985,13 @@ def _pack(*args: Any) -> tuple[Any, ...]:
     return args
 
 
-def _interned(value: Any) -> Any:
-    """Arguments parsed as literals, with every string made of ASCII letters, digits and ``_`` interned, as
-    CPython's compiler interns such constants in a call written out (``f('abc')``): literal-mode strings
-    came un-interned, and ``a is 'abc'`` was ``False`` where Python and expression mode say ``True`` (red-
-    team round 48). The host parsed them: plain built-in types only, nested 50 deep at most."""
-    kind = type(value)
-    if kind is str:
-        return (
-            sys.intern(value)
-            if value.isascii() and (not value or value.replace("_", "a").isalnum())
-            else value
-        )
-    if kind is tuple:
-        return tuple([_interned(item) for item in value])
-    if kind is list:
-        return [_interned(item) for item in value]
-    if kind is dict:
-        return {_interned(key): _interned(item) for key, item in value.items()}
-    if kind is set:
-        return {_interned(item) for item in value}
-    if kind is frozenset:
-        return frozenset([_interned(item) for item in value])
-    return value
-
-
 def _arguments(args: Any, glb: dict[str, Any], mode: str) -> tuple[Any, ...]:
+    """The call's arguments from their code (compiled by the worker): literals (the host checked) in a
+    namespace of their own, where the one name a literal may hold, ``set`` of ``set()``, is the built-in;
+    expressions in the program's namespace."""
     if mode == "literal":
-        return args  # parsed by the host
-    return eval(args, {**glb, "__populora_pack__": _pack})  # compiled by the worker
+        return eval(args, {"__builtins__": {}, "__populora_pack__": _pack, "set": set})
+    return eval(args, {**glb, "__populora_pack__": _pack})
 
 
 def _call(

@@ -155,11 +155,11 @@ class Worker:
         copying them."""
         values = "1, -2.5, 'a', b'b', None, True, [1], (1, 2), {'k': 1}, {1, 2}, frozenset({'x'}), 1j"
         for mode, calls in (
-            ("literal", [(1,), ("s", [1.5])]),
+            ("literal", ["1", "'s', [1.5], {'k': (1, 2)}, {1, 2, 3}, set()"]),
             ("expression", [values]),
             ("literalize", [values]),
         ):
-            prepared = _child.prepare("def f(*a):\n    return a", calls, mode=mode, allowed=self.allowed)
+            prepared = _child.prepare("def f(*a):\n    return a", calls, allowed=self.allowed)
             for _ in range(16):
                 _child.run_program(prepared, self.devnull, max_output=10_000, max_depth=50, mode=mode)
                 gc.enable()  # each call stops the collector as its program's code ends (`_child._call`)
@@ -173,18 +173,19 @@ class Worker:
         the calls before it, which the determinism re-run cannot see for every order (a red-team review).
 
         After a fork every page this process writes costs it a page fault (a copy while a child lives),
-        so the writes are bunched: all programs of the request are compiled first (a compile writes a
-        hundred-odd pages), then up to ``_GATED`` children are forked in a row, each waiting at its gate,
-        fully isolated, until the worker opens it; only then does its program run, alone, under its
-        wall-clock limit. Serving the children in turn then costs the worker its faults about once per
-        request instead of once per program (measured here, worker page faults per CRUXEval program: ~150
-        one program at a time, ~100 with the compiles bunched, ~60 with the children forked in a row too).
+        so the writes are bunched: all programs and argument lists of the request are compiled first (a
+        compile writes a hundred-odd pages; each is kept as ``marshal`` bytes, so that no child finds
+        another program's or call's names among the interned strings, ``_child.Compiled``), then up to
+        ``_GATED`` children are forked in a row, each waiting at its gate, fully isolated, until the worker
+        opens it; only then does its program run, alone, under its wall-clock limit. Serving the children
+        in turn then costs the worker its faults about once per request instead of once per program
+        (measured here, worker page faults per CRUXEval program: ~150 one program at a time, ~100 with the
+        compiles bunched, ~60 with the children forked in a row too; compiling each call's arguments just
+        before its fork cost ~10% of the programs per second).
         """
-        mode = str(request.get("mode", "literal"))
         allowed = self.allowed if request.get("guards", True) else None
-        jobs: list[Any] = request["jobs"]
-        prepared = [_child.prepare(program, calls, mode=mode, allowed=allowed) for program, calls in jobs]
-        units = [job.call(index) for job in prepared for index in range(len(job.args))]
+        jobs = [_child.prepare(program, calls, allowed=allowed) for program, calls in request["jobs"]]
+        units = [job.call(index) for job in jobs for index in range(len(job.args))]
         # Once per request, so that each child's own collection (`_start_child`) finds little to free: a
         # full collection empties the free lists of tuples, lists, dicts and floats, ~50 page faults in
         # every child when they are full (measured here), a few here.

@@ -77,7 +77,6 @@ class Verifier:
         self._lock = threading.RLock()
         self._cache: OrderedDict[tuple[str, str, str], Execution] = OrderedDict()  # (program, args, mode)
         self._cache_chars = 0  # characters held by the cache's keys and verdicts
-        self._parsed: dict[str, tuple[Any, ...]] = {}  # literal args text -> values, for the call in progress
         self._closed = False
         n = config.workers or min(os.cpu_count() or 1, MAX_WORKERS)  # (a given count is checked against it)
         seeds = config.hash_seeds if config.check_determinism else config.hash_seeds[:1]
@@ -184,7 +183,6 @@ class Verifier:
         with self._lock:
             if self._closed:
                 raise RuntimeError("this Verifier is closed; create a new one")
-            self._parsed.clear()
             known: list[Execution | None] = [self._cached(p, a, mode) for p, a in items]
             pending: dict[str, dict[str, None]] = {}  # program -> its distinct argument texts, in order
             for (program, args), verdict in zip(items, known):
@@ -210,11 +208,9 @@ class Verifier:
         static = prefilter(program) if cfg.language_guards else compile_guard(program)
         if static.status != "ok":
             return Execution(static.status, None, static.detail)
-        if mode == "literal":
+        if mode == "literal":  # the worker compiles the text, checked here to be literals only
             try:
-                self._parsed[args] = parse_args(
-                    args, max_chars=cfg.max_literal_chars, max_depth=cfg.max_depth
-                )
+                parse_args(args, max_chars=cfg.max_literal_chars, max_depth=cfg.max_depth)
             except LiteralError as e:
                 return Execution("bad_input", None, str(e))
             return None
@@ -411,11 +407,8 @@ class Verifier:
     ) -> None:
         cfg = self.config
         jobs = []
-        for task in batch:
-            calls: list[Any] = task.calls
-            if task.mode == "literal":  # parsed (and checked) in _precheck: the worker has no parser
-                calls = [self._parsed[a] for a in calls]
-            jobs.append((task.program, calls))
+        for task in batch:  # (literal argument texts were checked in _precheck: literals only)
+            jobs.append((task.program, list(task.calls)))
         request = {
             "jobs": jobs, "timeout": cfg.timeout, "memory_mb": cfg.memory_mb,
             "max_output": cfg.max_output_chars, "max_depth": cfg.max_depth, "recursion_limit": cfg.recursion_limit,
