@@ -40,6 +40,12 @@ __all__ = [
 ]
 
 
+def _help(text: str, **arg: Any) -> Any:
+    """``tyro.conf.arg`` with ``text`` as the option's help on one line (tyro kept a field docstring's first
+    line break, and ``--help`` broke the text there mid-sentence)."""
+    return tyro.conf.arg(help=" ".join(text.split()), **arg)
+
+
 @dataclass(frozen=True)
 class VerifyArgs:
     """Check a JSONL file of {"code", "input"[, "output"]} records with the hardened verifier."""
@@ -56,9 +62,11 @@ class VerifyArgs:
     """Evaluate inputs as expressions inside the sandbox (CRUXEval has inputs like `dict(a=1)`)."""
     json: bool = False
     """Print one JSON object per record, then the summary, instead of text."""
-    strict: bool = False
-    """Exit with status 1 when any record errors or mismatches its claimed output, a line is malformed, or
-    the file holds no records."""
+    strict: Annotated[
+        bool,
+        _help("""Exit with status 1 when any record errors or mismatches its claimed output, a line is
+        malformed, or the file holds no records."""),
+    ] = False
     workers: Annotated[
         int | None, tyro.conf.arg(metavar="INT", help_behavior_hint="(default: number of CPUs, at most 256)")
     ] = None
@@ -174,21 +182,32 @@ class TrainArgs:
     Rerunning the same command with the same --run-dir resumes the run from its last checkpoint.
     """
 
-    preset: Preset = "population"
-    """population: 1 teacher x 1 student seat, 4 evolving members per role (PopuLoRA at CPU size);
-    self-play: one member plays both seats of a 1x1 game (AZR's baseline); 1t1s: one teacher and one
-    student member; 4t8s: 4 teacher and 8 student seats, 8 members per role, PFSP matching (GPU-sized)."""
+    preset: Annotated[
+        Preset,
+        _help("""population: 1 teacher x 1 student seat, 4 evolving members per role (PopuLoRA at CPU size);
+        self-play: one member plays both seats of a 1x1 game (AZR's baseline); 1t1s: one teacher and one
+        student member; 4t8s: 4 teacher and 8 student seats, 8 members per role, PFSP matching
+        (GPU-sized)."""),
+    ] = "population"
     run_dir: Path = Path("runs/populora-train")
     """Run folder: metrics.jsonl, lineage.jsonl, tb/ (TensorBoard), checkpoints/."""
-    generations: int = 10
-    """PBT generations (play, GRPO update, rate, replace the weakest by crossover and mutation); raise it
-    on an existing --run-dir to extend that run."""
+    generations: Annotated[
+        int,
+        _help("""PBT generations (play, GRPO update, rate, replace the weakest by crossover and mutation);
+        raise it on an existing --run-dir to extend that run."""),
+    ] = 10
     seed: int = 0
     """Seed of everything random in the run."""
-    base: Annotated[str | None, tyro.conf.arg(metavar="STR", help_behavior_hint="")] = None
-    """Base model: a local Hugging Face directory or a Hub id; default: the tiny offline base (built and
-    cached on first use: a few CPU-minutes). The tiny base demonstrates the mechanics; research runs use a
-    real base (e.g. Qwen2.5-Coder) on a GPU."""
+    base: Annotated[
+        str | None,
+        _help(
+            """Base model: a local Hugging Face directory or a Hub id; default: the tiny offline base (built
+            and cached on first use: a few CPU-minutes). The tiny base demonstrates the mechanics; research
+            runs use a real base (e.g. Qwen2.5-Coder) on a GPU.""",
+            metavar="STR",
+            help_behavior_hint="",
+        ),
+    ] = None
     population: Annotated[
         int | None, tyro.conf.arg(metavar="INT", help_behavior_hint="(default: the preset's)")
     ] = None
@@ -208,9 +227,11 @@ class TrainArgs:
     """LoRA rank."""
     learning_rate: float = 1e-2
     """AdamW learning rate of the adapters."""
-    threads: int = 1
-    """Torch threads while training (a model as small as the tiny base gains little from more; building
-    the tiny base uses every core)."""
+    threads: Annotated[
+        int,
+        _help("""Torch threads while training (a model as small as the tiny base gains little from more;
+        building the tiny base uses every core)."""),
+    ] = 1
     cache_dir: Annotated[
         Path | None,
         tyro.conf.arg(
@@ -220,10 +241,13 @@ class TrainArgs:
     """Cache of tiny bases."""
     tensorboard: bool = True
     """Write TensorBoard scalars under run_dir/tb."""
-    deterministic: bool = True
-    """On a GPU, GRPO updates use deterministic kernels, so a rerun or a resumed run is bit-identical;
-    --no-deterministic lets CUDA pick faster kernels whose results vary in the last bits. CPU kernels are
-    deterministic either way, but the option is part of the run's config: resume with the same value."""
+    deterministic: Annotated[
+        bool,
+        _help("""On a GPU, GRPO updates use deterministic kernels, so a rerun or a resumed run is
+        bit-identical; --no-deterministic lets CUDA pick faster kernels whose results vary in the last bits.
+        CPU kernels are deterministic either way, but the option is part of the run's config: resume with
+        the same value."""),
+    ] = True
 
 
 def _train_config(args: TrainArgs, base: str) -> Any:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from populora_env.cli import main
 from populora_env.verifier.jsonl import load_records
 
@@ -217,6 +219,21 @@ def test_a_cache_dir_that_cannot_be_a_folder_is_named_with_what_is_there(tmp_pat
             err = capsys.readouterr().err
             assert f"the tiny-base cache folder {tmp_path / name} cannot be made: {why}" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_help_texts_are_not_broken_mid_sentence(capsys, monkeypatch):
+    """tyro kept a field docstring's first line break: `--help` printed "...; raise it" and "on an existing
+    --run-dir..." on two lines, at any width."""
+    monkeypatch.setenv("COLUMNS", "400")
+    for command, text in (
+        ("train", "mutation); raise it on an existing --run-dir to extend that run."),
+        ("train", "(built and cached on first use: a few CPU-minutes)"),
+        ("train", "is bit-identical; --no-deterministic lets CUDA"),
+        ("verify", "mismatches its claimed output, a line is malformed, or the file holds no records."),
+    ):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert text in capsys.readouterr().out, (command, text)
 
 
 def test_base_build_stopped_by_sigterm_leaves_nothing_in_the_cache(tmp_path, capsys, monkeypatch):
