@@ -259,6 +259,9 @@ class TinyBaseConfig:
             raise ValueError(f"TinyBaseConfig.learning_rate must be finite and > 0, got {self.learning_rate}")
         if not 0 <= self.warmup_steps <= self.steps:
             raise ValueError("TinyBaseConfig.warmup_steps must be in [0, steps]")
+        if not (isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0):
+            # as PBTConfig.seed (`populora train --seed -1` was refused, `populora base build --seed -1` built)
+            raise ValueError(f"TinyBaseConfig.seed must be an int >= 0, got {self.seed!r}")
 
 
 def default_cache_dir() -> Path:
