@@ -661,6 +661,13 @@ _AS_PYTHON_BUILDS_THEM = [
     # program keeps its text and its child compiles it (red-team round 49)
     ("def f():\n    return [x for x in {7, 15}]", ""),
     ("def f():\n    return [[x for x in {7, 15}], [y for y in {0, 8, 16, 3}]]", ""),
+    # code nested too deeply for marshal ("object too deeply nested to marshal" was a `syntax` verdict)
+    (
+        "def f():\n    g = "
+        + "lambda: " * 1000
+        + "7\n    for _ in range(1000):\n        g = g()\n    return g",
+        "",
+    ),
     ("def f(s):\n    return list(s)", "{7, 15}"),  # two elements: added in source order
     ("def f(s):\n    return list(s)", "{7, 9, 15}"),  # three or more: a frozenset constant, then an update
     ("def f(s, t):\n    return [list(s), list(t[0])]", "{15, 7}, [{0, 8, 16, 3}]"),
