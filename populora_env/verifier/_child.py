@@ -1821,8 +1821,9 @@ class Compiled:
 
     ``marshal`` rebuilds a frozenset constant element by element, which can move colliding entries:
     ``for x in {7, 15}`` iterated ``15, 7`` (red-team round 49). A program with a frozenset constant that
-    does not come back in its order, or nested too deeply for ``marshal``, keeps its text instead, and its
-    child compiles it (rare: one of CRUXEval's 800 programs has a frozenset constant at all)."""
+    does not come back in its order, or nested too deeply for ``marshal`` (an argument list as well), keeps
+    its text instead, and its child compiles it (rare: one of CRUXEval's 800 programs has a frozenset
+    constant at all)."""
 
     __slots__ = ("data", "source")
 
@@ -1955,13 +1956,12 @@ def _define_and_call(prepared: Prepared, args: Any, mode: str, max_output: int, 
     table = prepared.table
     if isinstance(args, bytes):  # an argument text that did not compile: its verdict is ready
         return args
-    try:  # (the program and the arguments compiled in the worker: a text compiled again here compiles)
-        code = prepared.code.load()  # type: ignore[union-attr]  # (set: no error)
-        args = args.load()
-    except MemoryError:
-        return _line("memory", None, "MemoryError while loading the program")
-    except (SyntaxError, ValueError, RecursionError, OverflowError) as e:  # (a lower recursion limit here)
-        return _line("syntax", None, _describe(e))
+    code, failed = _loaded(prepared.code, "the program", "syntax")  # type: ignore[arg-type]  # (no error)
+    if failed:
+        return failed
+    args, failed = _loaded(args, "the arguments", "bad_input")
+    if failed:
+        return failed
     # The program's globals are a module's, listed in sys.modules: dataclasses (and typing.get_type_hints)
     # look string annotations (`from __future__ import annotations`) up there, by the class's __module__.
     program = type(sys)("__program__")  # types.ModuleType, without importing `types` into the worker
@@ -1982,6 +1982,18 @@ def _define_and_call(prepared: Prepared, args: Any, mode: str, max_output: int, 
     if not callable(f):
         return _line("syntax", None, "the program does not define a function `f`")
     return _call(f, args, glb, mode, max_output, max_depth)
+
+
+def _loaded(compiled: Compiled, what: str, status: str) -> tuple[Any, bytes]:
+    """``compiled``'s code, or the verdict line of a child that cannot load it: compiled in the worker
+    already, a text compiled again here compiles, unless this child's recursion limit or memory cap stops
+    it."""
+    try:
+        return compiled.load(), b""
+    except MemoryError:
+        return None, _line("memory", None, f"MemoryError while loading {what}")
+    except (SyntaxError, ValueError, RecursionError, OverflowError) as e:
+        return None, _line(status, None, _describe(e))
 
 
 def _pack(*args: Any) -> tuple[Any, ...]:
