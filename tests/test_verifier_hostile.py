@@ -3103,3 +3103,24 @@ def test_a_class_made_during_an_import_holds_hooks_only_of_the_code_running_it(v
             "the program made a class holding the name '__getattr__' (at run time or through the standard "
             "library)",
         ), hook
+
+
+_PARTIALMETHOD_HOOK = "import re, functools\nL = []\ndef hook(self, name):\n    return 'hooked ' + name\nclass H:\n    mk = functools.partialmethod(type(int))\n    gh = functools.partialmethod(hook)\ndef make(names, bases, nss):\n    maker = map(H.mk, names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception as e:\n        return repr(e)\ndef f(x):\n    r = make(['E'], [(object,)], [{'_' + '_getattr__': H.gh}])\n    return [r, len(L), L[0]().zzz]\n"
+_PARTIALMETHOD_METACLASS = "import re, functools\nL = []\nG = []\ndef prep(*a, **k):\n    G.append('prepare')\n    return {'injected': 42}\ndef inst(cls, obj):\n    return True\ndef mro(cls):\n    G.append('mro')\n    return (cls, object)\ndef ga(self, name):\n    if name == '_' + '_class__':\n        return tuple\n    return 'got ' + name\nclass H:\n    mk = functools.partialmethod(type(int))\n    p = functools.partialmethod(prep)\n    i = functools.partialmethod(inst)\n    m = functools.partialmethod(mro)\n    g = functools.partialmethod(ga)\ndef make(names, bases, nss):\n    maker = map(H.mk, names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception as e:\n        return repr(e)\ndef f(x):\n    T = type(int)\n    u = '_' + '_'\n    make(['M', 'Z'], [(T,), (object,)],\n         [{u + 'prepare' + u: H.p, u + 'instancecheck' + u: H.i, 'mro': H.m},\n          {u + 'getattribute' + u: H.g}])\n    M, Z = L\n    class K(metaclass=M):\n        seen = injected\n    z = Z()\n    return [K.seen, isinstance(5, K), isinstance('s', K), isinstance(z, tuple), z.anything, G]\n"
+
+
+def test_a_standard_library_closure_holding_a_program_callable_is_no_module_s_hook(verifier):
+    """Red-team round 51: ``functools.partialmethod(c)`` read on a class gives its ``_method``, a function
+    written in ``functools.py`` whose cell holds the partialmethod and so the program's ``c``. Made into
+    classes while ``encodings.idna`` was imported (``re``'s pattern cache running the program's C callables),
+    such functions passed as the module's ``__getattr__``, and as the ``__prepare__``, ``__instancecheck__``
+    and ``mro`` of a metaclass, with an object whose ``__getattribute__`` lied about its ``__class__``: the
+    classes were recorded as the standard library's. What a function of a file holds must be what its module
+    could have given it."""
+    assert verifier.run(_PARTIALMETHOD_HOOK, "1") == Execution(
+        "forbidden", None,
+        "the program made a class holding the name '__getattr__' (at run time or through the standard library)",
+    )  # fmt: skip
+    assert verifier.run(_PARTIALMETHOD_METACLASS, "1") == Execution(
+        "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
+    )

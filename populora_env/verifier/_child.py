@@ -15,6 +15,7 @@ import gc
 import marshal
 import os
 import sys
+from _functools import _lru_cache_wrapper as _LRU_CACHE_WRAPPER
 
 import literals  # top-level in the worker process, see _worker.py
 from rules import (
@@ -924,7 +925,7 @@ _FUNCTION = type(_describe_name)
 _MODULE = type(sys)
 
 
-def _supplied_by_a_module(value: Any, files: frozenset[str] | None = None) -> bool:
+def _supplied_by_a_module(value: Any, files: frozenset[str] | None = None, depth: int = 0) -> bool:
     """Whether ``value``, a callable or descriptor in the namespace of a class made while a module is imported,
     is what a module's own code puts there: a function written in a file (a program's are
     ``<program>``/``<args>``, those compiled from strings ``<string>``), or a ``classmethod``,
@@ -937,6 +938,7 @@ def _supplied_by_a_module(value: Any, files: frozenset[str] | None = None) -> bo
             type(filename) is str
             and (filename[:1] == "/" or filename[:8] == "<frozen ")
             and (files is None or filename in files)
+            and _holds_what_a_module_holds(value, files, depth)
         )
     if kind is classmethod or kind is staticmethod:
         inner = value.__func__
@@ -947,6 +949,71 @@ def _supplied_by_a_module(value: Any, files: frozenset[str] | None = None) -> bo
             for part in (value.fget, value.fset, value.fdel)
         )
     return False
+
+
+_CONSTANTS = (str, int, float, bool, bytes, type(None))
+_CONTAINERS = (tuple, list, set, frozenset, dict)
+
+
+class _Plain:
+    """A class with nothing in it: the instance size of a plain class's objects (``_holds_nothing``)."""
+
+
+def _holds_what_a_module_holds(function: Any, files: frozenset[str] | None, depth: int) -> bool:
+    """Whether what a function written in a file holds, its closure's cells and its defaults, is what a
+    module's code could have given it (``_held_by_a_module_s``). A function the standard library makes at run
+    time holds what it was made from: ``functools.partialmethod(c)`` read on a class gave its ``_method``,
+    written in ``functools.py``, whose cell holds the partialmethod and so the program's ``c``: any program
+    callable passed as a module's hook (``__getattr__``, a metaclass's ``__prepare__`` and ``mro``) of a
+    class made during an import (red-team round 51)."""
+    held = [cell.cell_contents for cell in function.__closure__ or () if _filled(cell)]
+    held += list(function.__defaults__ or ()) + list((function.__kwdefaults__ or {}).values())
+    return all(_held_by_a_module_s(item, files, depth) for item in held)
+
+
+def _held_by_a_module_s(item: Any, files: frozenset[str] | None, depth: int) -> bool:
+    """Whether a value a module's function holds is one its module could have given it: a constant; a
+    container of such values; a built-in callable; a function ``_supplied_by_a_module`` itself, bare or
+    cached (``typing``'s ``_tp_cache``); a standard class; an object of a standard class that holds nothing
+    (a sentinel: ``object()``, ``enum``'s ``_auto_null``). Nested four deep at most."""
+    kind = type(item)
+    if kind in _CONSTANTS or kind in _BUILT_IN_CALLABLES or type(len) in _REAL_MRO(kind)[1:2]:
+        return True  # (the second: a C method with its defining class, `re.Pattern.match` bound)
+    if depth >= 4:
+        return False
+    if kind in _CONTAINERS:
+        values = [v for pair in dict.items(item) for v in pair] if kind is dict else list(item)
+        return all(_held_by_a_module_s(value, files, depth + 1) for value in values)
+    if kind is _FUNCTION:
+        return _supplied_by_a_module(item, files, depth + 1)
+    if kind is _LRU_CACHE_WRAPPER:
+        return _supplied_by_a_module(item.__wrapped__, files, depth + 1)
+    if _a_class(item):
+        return _is_standard(item)
+    return _holds_nothing(item)
+
+
+def _holds_nothing(item: Any) -> bool:
+    """Whether ``item`` is an object of a standard class with no state of its own: a plain object's size
+    (a C object's fields, a ``functools.partial``'s callable, make it larger) and an empty ``__dict__``."""
+    kind = type(item)
+    if kind is object:
+        return True
+    if kind.__basicsize__ != _Plain.__basicsize__ or not _is_standard(kind):
+        return False
+    try:
+        return object.__getattribute__(item, "__dict__") == {}  # (a standard class: no program code runs)
+    except AttributeError:
+        return False
+
+
+def _filled(cell: Any) -> bool:
+    """Whether a closure's cell holds a value (an empty one, a name not bound yet, raises on reading)."""
+    try:
+        cell.cell_contents  # noqa: B018  # (the read is the test)
+    except ValueError:
+        return False
+    return True
 
 
 # _child's and sandbox's files, as their code objects name them (what `_files_on_the_stack` collects)
