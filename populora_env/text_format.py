@@ -25,9 +25,11 @@ MAX_PROGRAM_CHARS = 4000
 MAX_LITERAL_CHARS = 1000
 MAX_MESSAGE_CHARS = 500
 _NON_CHARSET = re.compile(r"[^\t\n\x20-\x7e]")
-_OPEN = re.compile(r"<answer>", re.IGNORECASE)
-_CLOSE = re.compile(r"</answer>", re.IGNORECASE)
-_ANSWER_TAG = re.compile(r"</?answer>", re.IGNORECASE)
+# ASCII case only, as on the ASCII path (`str.lower`): Unicode case folding also took "<anſwer>" (U+017F,
+# long s) for a tag in text with other non-ASCII characters (a reward-hacking review)
+_OPEN = re.compile(r"<answer>", re.IGNORECASE | re.ASCII)
+_CLOSE = re.compile(r"</answer>", re.IGNORECASE | re.ASCII)
+_ANSWER_TAG = re.compile(r"</?answer>", re.IGNORECASE | re.ASCII)
 _BLOCK = re.compile(r"```[ \t]*([A-Za-z]+)[ \t]*\r?\n(.*?)```", re.DOTALL)
 
 

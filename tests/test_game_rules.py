@@ -179,6 +179,9 @@ def test_parse_proposal_table(text, task_type, expected):
         ("4", "deduction", FormatError("no_answer")),
         ("\udcff<answer>```output\n\u00e9\n```</answer>", "deduction", Answer("\u00e9")),
         ("<answer>```output\n\udcff\n```</answer>", "deduction", FormatError("not_utf8")),
+        # Unicode case folding took the long s (U+017F) for an "s" in a tag of non-ASCII text
+        ("\u00e9<an\u017fwer>```output\n4\n```</an\u017fwer>", "deduction", FormatError("no_answer")),
+        ("\u00e9<ANSWER>```output\n4\n```</Answer>", "deduction", Answer("4")),
     ],
 )
 def test_parse_answer_table(text, task_type, expected):
