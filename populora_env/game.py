@@ -24,7 +24,7 @@ from populora_env import dsl
 from populora_env.candidates import make_candidates
 from populora_env.matchmaking import Matchmaker
 from populora_env.metrics import EpisodeMetrics, summarize_episode
-from populora_env.tasks import TASK_TYPES, Task, TaskBuffer, TaskType, run_all, task_id_for
+from populora_env.tasks import TASK_TYPES, Task, TaskBuffer, TaskType, normal_form, run_all, task_id_for
 from populora_env.text_format import Answer, FormatError, Proposal, teacher_prompt, unshowable
 
 __all__ = ["Game", "ResolvedProposal", "StepOutcome", "TeacherStudentConfig", "Turn", "teacher_reward"]
@@ -398,6 +398,7 @@ class Game:
         self._local = random.Random(0)
         self._phase: Phase = "propose"
         self._fresh_buffer = True
+        self._forms: dict[str, str] = {}  # task_id -> normal_form, of tasks the buffer held
 
     # ----- episode control ---------------------------------------------------------------------
     def reset(self, rng: np.random.Generator) -> None:
@@ -558,6 +559,8 @@ class Game:
             source=turn.agent,
             program_dsl=program_dsl,
         )
+        if cfg.mode == "text" and self._in_the_buffer(task):
+            return None, "invalid", "duplicate"  # a copy of a reference it was shown is no new task
         if (
             cfg.mode == "text"
             and (reason := unshowable(task, cfg.max_prompt_chars, cfg.max_action_chars)) is not None
@@ -569,6 +572,22 @@ class Game:
             # than a second construction or dataclasses.replace)
             object.__setattr__(task, "candidates", candidates)
         return task, "valid", "ok"
+
+    def _in_the_buffer(self, task: Task) -> bool:
+        """Whether the buffer holds ``task`` in another spelling (``normal_form``): comments, docstrings and
+        spacing aside. Copying a reference task, shown with its output, was valid and paid like a new task
+        (a reward-hacking review)."""
+        held = self.buffer.tasks(task.task_type)
+        if len(self._forms) > 4 * self.config.buffer_capacity * len(TASK_TYPES):  # forget evicted tasks'
+            self._forms = {t.task_id: self._forms[t.task_id] for kind in TASK_TYPES
+                           for t in self.buffer.tasks(kind) if t.task_id in self._forms}  # fmt: skip
+        form = normal_form(task.task_type, task.program, task.inputs)
+        for other in held:
+            if other.task_id not in self._forms:
+                self._forms[other.task_id] = normal_form(other.task_type, other.program, other.inputs)
+            if self._forms[other.task_id] == form:
+                return True
+        return False
 
     def _solve(self, turn: Turn, action: Any) -> StepOutcome:
         cfg = self.config

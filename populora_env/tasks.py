@@ -89,6 +89,34 @@ def task_id_for(task_type: str, program: str, inputs: Sequence[str]) -> str:
     return digest.hexdigest()[:12]
 
 
+def normal_form(task_type: str, program: str, inputs: Sequence[str]) -> str:
+    """What a task is, whatever its comments, docstrings, blank lines and spacing: the task type, the
+    program's syntax tree without docstrings and each input's as call arguments (``"1, 2"`` two arguments,
+    ``"(1, 2)"`` one tuple). A copy of a task with a comment added has the same normal form (it was a new
+    task, paid as one: a reward-hacking review). The raw text where a tree cannot be made or dumped."""
+    import ast
+
+    def dumped(text: str, wrap: bool) -> str:
+        try:
+            tree = ast.parse(f"f(\n{text}\n)", mode="eval") if wrap else ast.parse(text)
+            if not wrap:
+                for node in ast.walk(tree):
+                    body = getattr(node, "body", None)
+                    if (
+                        isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                        and body
+                        and isinstance(body[0], ast.Expr)
+                        and isinstance(body[0].value, ast.Constant)
+                        and isinstance(body[0].value.value, str)
+                    ):
+                        node.body = body[1:] or [ast.Pass()]
+            return ast.dump(tree)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return text
+
+    return "\x00".join([task_type, dumped(program, False), *(dumped(text, True) for text in inputs)])
+
+
 class TaskBuffer:
     """Per-type FIFO buffer of valid tasks, deduplicated by ``task_id`` and capped.
 

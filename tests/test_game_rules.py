@@ -401,8 +401,10 @@ def test_game_move_table_and_rewards_without_the_env():
         turn = game.current
         moves.append((turn.round, turn.agent, turn.phase, turn.attempt))
         if turn.phase == "propose":
-            program = (
-                "def f(x):\n    return 1" if turn.agent == "teacher_0" else "def f(x):\n    raise ValueError"
+            program = (  # a new task each round: one the buffer holds is a duplicate
+                f"def f(x):\n    return {1 + turn.round} - {turn.round}"
+                if turn.agent == "teacher_0"
+                else "def f(x):\n    raise ValueError"
             )
             action = Proposal(program, ("0",), "")
         else:
@@ -417,6 +419,35 @@ def test_game_move_table_and_rewards_without_the_env():
     assert [(r.teacher, r.verdict, r.solve_rate) for r in game.history] == [
         ("teacher_0", "valid", 0.75), ("teacher_1", "invalid", None)
     ] * 2  # fmt: skip
+
+
+def test_a_copy_of_a_task_the_buffer_holds_is_a_duplicate():
+    """A teacher that re-emitted a reference task (shown to it with its output), verbatim or with a comment,
+    a docstring or other spacing added, had a valid task paid like a new one (a reward-hacking review): in
+    text mode such a copy is invalid ("duplicate"); another program, or the same one on another input, is
+    not."""
+    from populora_env.game import Game
+    from populora_env.text_format import Answer, Proposal
+
+    seed = _task(0, source="seed")  # def f(x): return x + 0, on 1
+    copies = [
+        seed.program,
+        seed.program + "  # a variant",
+        'def f(x):\n    """Adds."""\n\n    return (x  +  0)',
+    ]
+    others = [("def f(x):\n    return x + 2", "1"), (seed.program, "5")]
+    proposals = [Proposal(p, ("1",), "") for p in copies] + [Proposal(p, (a,), "") for p, a in others]
+    config = TeacherStudentConfig(n_teachers=1, n_students=1, rounds=1, task_types=("deduction",),
+                                  teacher_group_size=len(proposals), student_group_size=1, n_references=1)  # fmt: skip
+    game = Game(config, TableVerifier(), AllPairs(), seed_tasks=(seed,))
+    game.reset(np.random.default_rng(0))
+    while not game.done:
+        turn = game.current
+        game.step(proposals[turn.attempt] if turn.phase == "propose" else Answer("1"))
+    assert [(r.verdict, r.status) for r in game.history] == [("invalid", "duplicate")] * 3 + [
+        ("valid", "ok")
+    ] * 2
+    assert game.history[0].reward == config.teacher_invalid_penalty
 
 
 def test_every_int_and_float_config_field_is_validated():

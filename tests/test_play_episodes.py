@@ -12,11 +12,16 @@ from populora_env.text_format import format_answer, format_proposal
 
 
 class ValidThenMalformed:
-    """Attempt 0 of a round proposes the identity on 3 (valid); attempt 1 is malformed."""
+    """Attempt 0 of a round proposes the identity on 3 (valid; spelled anew each round: a task the buffer
+    holds already is a duplicate); attempt 1 is malformed."""
+
+    def __init__(self) -> None:
+        self.made = 0
 
     def act(self, observation: Any, agent: str) -> str:
         if int(observation["attempt"]) == 0:
-            return format_proposal("def f(x):\n    return x", ["3"])
+            self.made += 1
+            return format_proposal("def f(x):\n    return x" + " * 1" * (self.made - 1), ["3"])
         return "no answer block"
 
 
@@ -152,7 +157,7 @@ def test_populora_env_play_asks_batching_policies_once_per_phase(verifier: Any) 
                                   teacher_group_size=2, student_group_size=2)  # fmt: skip
     plain = {"teacher_0": ValidThenMalformed(), "student_0": RightThenWrong(), "student_1": RightThenWrong()}
     students = Batching(RightThenWrong())
-    batched = {**plain, "student_0": students, "student_1": students}
+    batched = {**plain, "teacher_0": ValidThenMalformed(), "student_0": students, "student_1": students}
     records = [
         play_env(teacher_student_v0.env(config=config, verifier=verifier), policies, episodes=2, seed=3)
         for policies in (plain, batched)

@@ -225,8 +225,8 @@ def test_collector_keeps_the_sampled_token_ids_for_the_learner(tiny_base_dir: Pa
 
 # ----- GRPO groups ----------------------------------------------------------------------------------------
 class ScriptedPopulation:
-    """Answers by row: teacher row 0 a valid identity task (input ``3``), row 1 a malformed proposal;
-    student rows alternate a correct answer and a wrong one."""
+    """Answers by row: teacher row 0 a valid identity task (input ``3``, spelled anew in each batch), row 1 a
+    malformed proposal; student rows alternate a correct answer and a wrong one."""
 
     adapter_names = ("T", "S")
 
@@ -235,7 +235,9 @@ class ScriptedPopulation:
 
     def generate(self, prompts: Sequence[str], adapters: Sequence[str], **kwargs: Any) -> list[str]:
         self.batches.append((list(prompts), list(adapters)))
-        proposals = [format_proposal("def f(x):\n    return x", ["3"]), "oops"]
+        # the identity spelled anew in each batch: a task the buffer holds already is a duplicate
+        spelling = " * 1" * sum(1 for _, batch in self.batches[:-1] if "T" in batch)
+        proposals = [format_proposal("def f(x):\n    return x" + spelling, ["3"]), "oops"]
         answers = [format_answer("deduction", "3"), format_answer("deduction", "4")]
         table = {"T": proposals, "S": answers}
         return [table[a][i % 2] for i, a in enumerate(adapters)]
