@@ -986,8 +986,8 @@ def _held_by_a_module_s(item: Any, files: frozenset[str] | None, depth: int) -> 
         return all(_held_by_a_module_s(value, files, depth + 1) for value in values)
     if kind is _FUNCTION:
         return _supplied_by_a_module(item, files, depth + 1)
-    if kind is _LRU_CACHE_WRAPPER:
-        return _supplied_by_a_module(item.__wrapped__, files, depth + 1)
+    if kind is _LRU_CACHE_WRAPPER:  # (its `__wrapped__` is in its own dict: update_wrapper put it there)
+        return _supplied_by_a_module(getattr(item, "__wrapped__", None), files, depth + 1)
     if _a_class(item):
         return _is_standard(item)
     return _holds_nothing(item)
