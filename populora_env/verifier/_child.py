@@ -959,6 +959,9 @@ class _Plain:
     """A class with nothing in it: the instance size of a plain class's objects (``_holds_nothing``)."""
 
 
+_BASICSIZE = type.__dict__["__basicsize__"].__get__
+
+
 def _holds_what_a_module_holds(function: Any, files: frozenset[str] | None, depth: int) -> bool:
     """Whether what a function written in a file holds, its closure's cells and its defaults, is what a
     module's code could have given it (``_held_by_a_module_s``). A function the standard library makes at run
@@ -999,7 +1002,7 @@ def _holds_nothing(item: Any) -> bool:
     kind = type(item)
     if kind is object:
         return True
-    if kind.__basicsize__ != _Plain.__basicsize__ or not _is_standard(kind):
+    if _BASICSIZE(kind) != _BASICSIZE(_Plain) or not _is_standard(kind):  # (type's own slot, no metaclass's)
         return False
     try:
         return object.__getattribute__(item, "__dict__") == {}  # (a standard class: no program code runs)
