@@ -3124,3 +3124,25 @@ def test_a_standard_library_closure_holding_a_program_callable_is_no_module_s_ho
     assert verifier.run(_PARTIALMETHOD_METACLASS, "1") == Execution(
         "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
     )
+
+
+_USERLIST_POP_HOOK = "import re, functools, collections\nL = []\nclass Maker:\n    index = type(int)\nclass U(collections.UserList):\n    pass\nclass P:\n    def pop(self, i):\n        return 'hooked ' + i\ndef make(names, bases, nss):\n    u = U()\n    u.data = Maker()\n    maker = map(u.index, names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception as e:\n        return repr(e)\ndef f(x):\n    r = make(['E'], [(object,)], [{'_' + '_getattr__': collections.UserList.pop, 'data': P()}])\n    return [r, len(L), L[0]().zzz]\n"
+_USERLIST_POP_METACLASS = "import re, functools, collections\nL = []\nG = []\nclass Maker:\n    index = type(int)\nclass U(collections.UserList):\n    pass\nclass A:\n    seen = 'from A'\nclass MroData:\n    def pop(self, i):\n        G.append('mro ran program code')\n        return (A, object)\nclass InstData:\n    def pop(self, obj):\n        G.append('instancecheck ' + repr(obj))\n        return True\nclass GaData:\n    def pop(self, name):\n        return 'got ' + name\ndef make(names, bases, nss):\n    u = U()\n    u.data = Maker()\n    maker = map(u.index, names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception as e:\n        return repr(e)\ndef f(x):\n    T = type(int)\n    u = '_' + '_'\n    pop = collections.UserList.pop\n    make(['M1', 'M', 'Z'], [(T,), (T,), (object,)],\n         [{'mro': pop, 'data': MroData()},\n          {u + 'instancecheck' + u: pop},\n          {u + 'getattr' + u: pop, 'data': GaData()}])\n    M1, M, Z = L\n    try:\n        class Bad(metaclass=M1):\n            pass\n    except TypeError as e:\n        G.append('Bad: ' + str(e))\n    class K(metaclass=M):\n        seen = 'from K'\n        data = InstData()\n    return [K.seen, isinstance(5, K), isinstance('s', K), Z().anything, G]\n"
+
+
+def test_a_module_s_hook_reads_only_what_a_module_put_in_the_class(verifier):
+    """Red-team round 52: with round 51's closures refused, ``collections.UserList.pop`` (``self.data.pop(i)``,
+    no closure, written in a file running the class's making) passed as a module's ``__getattr__``, and as a
+    metaclass's ``mro`` and ``__instancecheck__``, with a program object as ``data`` in the same namespace:
+    the program's ``pop`` ran as the hook of a class taken for the standard library's. The names a hook
+    reads must hold, in the namespace, what a module could have put there."""
+    assert verifier.run(_USERLIST_POP_HOOK, "1") == Execution(
+        "forbidden", None,
+        "the program made a class holding the name '__getattr__' (at run time or through the standard library)",
+    )  # fmt: skip
+    assert verifier.run(_USERLIST_POP_METACLASS, "1") == Execution(
+        "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
+    )
+    # string.Template's __init_subclass__ reads `flags`, an enum member: a module's class still
+    program = "import string\ndef f(x):\n    return string.Template('$a-$b').substitute(a=x, b=2)"
+    assert verifier.run(program, "1") == Execution("ok", "'1-2'", "")

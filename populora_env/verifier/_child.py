@@ -1089,6 +1089,8 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
             )
             if not (value is None or names or alias or _supplied_by_a_module(value, files)):
                 return False
+            if not _reads_what_a_module_holds(value, namespace, files):
+                return False
         elif key in ALLOWED_SPECIAL_METHODS and _hook(value):
             # the special methods a program may define too, but a standard class's are trusted (the copy
             # guards skip them): a module's code, a built-in one (`__hash__ = ref.__hash__`, `__call__ =
@@ -1100,9 +1102,67 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
                 or _a_held_class(value)  # `_TypedDictMeta.__call__ = dict`
             ):
                 return False
-        elif meta and key != "__classcell__" and _hook(value) and not _supplied_by_a_module(value, files):
-            return False  # a metaclass's methods (its `mro`) are a module's
+        elif (
+            meta
+            and key != "__classcell__"
+            and _hook(value)
+            # a metaclass's methods (its `mro`) are a module's, and read what a module gave them
+            and not (
+                _supplied_by_a_module(value, files) and _reads_what_a_module_holds(value, namespace, files)
+            )
+        ):
+            return False
     return True
+
+
+def _reads_what_a_module_holds(value: Any, namespace: dict[str, Any], files: frozenset[str]) -> bool:
+    """Whether the names a hook's functions read (their code's ``co_names``) hold, in the namespace of the
+    class being made, what a module could have put there (``_held_by_a_module_s``, a descriptor of such
+    functions, an enum member of a standard class). ``collections.UserList.pop``, ``self.data.pop(i)``, as a
+    ``__getattr__`` with a program object as ``data`` (and as a metaclass's ``mro`` and ``__instancecheck__``)
+    ran the program's ``pop`` as a hook of a class taken for a module's (red-team round 52)."""
+    functions = (
+        [value.__func__]
+        if type(value) in (classmethod, staticmethod)
+        else [value.fget, value.fset, value.fdel]
+        if type(value) is property
+        else [value]
+    )
+    for function in functions:
+        if type(function) is not _FUNCTION:
+            continue
+        for name in function.__code__.co_names:
+            held = dict.get(namespace, name, _ABSENT) if type(name) is str else _ABSENT
+            if held is _ABSENT or held is value:
+                continue
+            if not (
+                _held_by_a_module_s(held, files, 0) or _a_module_s_descriptor(held, files) or _a_member(held)
+            ):
+                return False
+    return True
+
+
+_ABSENT = object()
+
+
+def _a_module_s_descriptor(value: Any, files: frozenset[str]) -> bool:
+    """A ``classmethod``, ``staticmethod`` or ``property`` of functions a module supplied."""
+    return type(value) in (classmethod, staticmethod, property) and _supplied_by_a_module(value, files)
+
+
+def _a_member(value: Any) -> bool:
+    """An ``int`` or ``str`` of a standard class whose own ``__dict__`` holds constants and standard classes
+    (an enum member: ``string.Template``'s ``flags = re.IGNORECASE``)."""
+    kind = type(value)
+    if not (isinstance(value, int | str) and _is_standard(kind)):
+        return False
+    try:
+        state = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return True
+    return type(state) is dict and all(
+        type(v) in _CONSTANTS or (_a_class(v) and _is_standard(v)) for v in dict.values(state)
+    )
 
 
 _BUILT_IN_CALLABLES = (type(len), type(object.__ne__), type(str.join))
