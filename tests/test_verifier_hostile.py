@@ -2123,7 +2123,7 @@ def test_state_pairs_have_their_names_checked_like_a_dict_s():
 _DURING_AN_IMPORT = (
     "L = []\n"
     "def make(names, bases, nss):\n"
-    "    maker = map(type(int), names, bases, nss)\n"
+    "    maker = map(MAKER, names, bases, nss)\n"
     "    class X(int):\n"
     "        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n"
     "        def __hash__(self):\n"
@@ -2136,9 +2136,11 @@ _DURING_AN_IMPORT = (
 )
 
 
-def _made_during_an_import(imports: str, body: str) -> str:
-    """A program importing ``re``, ``functools`` and ``imports``, with ``make`` and ``L`` above its ``body``."""
-    return f"import re, functools, {imports}\n" + _DURING_AN_IMPORT + body
+def _made_during_an_import(imports: str, body: str, maker: str = "type(int)") -> str:
+    """A program importing ``re``, ``functools`` and ``imports``, with ``make`` and ``L`` above its ``body``;
+    ``make`` calls ``maker`` (``type`` itself, or a standard-library function forwarding to it, which puts
+    that function's file on the stack) from C while ``encodings.idna`` is imported."""
+    return f"import re, functools, {imports}\n" + _DURING_AN_IMPORT.replace("MAKER", maker) + body
 
 
 # Red-team round 36: classes made with no frame of the program's on the stack at all (`f` rebound to a
@@ -3105,8 +3107,29 @@ def test_a_class_made_during_an_import_holds_hooks_only_of_the_code_running_it(v
         ), hook
 
 
-_PARTIALMETHOD_HOOK = "import re, functools\nL = []\ndef hook(self, name):\n    return 'hooked ' + name\nclass H:\n    mk = functools.partialmethod(type(int))\n    gh = functools.partialmethod(hook)\ndef make(names, bases, nss):\n    maker = map(H.mk, names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception as e:\n        return repr(e)\ndef f(x):\n    r = make(['E'], [(object,)], [{'_' + '_getattr__': H.gh}])\n    return [r, len(L), L[0]().zzz]\n"
-_PARTIALMETHOD_METACLASS = "import re, functools\nL = []\nG = []\ndef prep(*a, **k):\n    G.append('prepare')\n    return {'injected': 42}\ndef inst(cls, obj):\n    return True\ndef mro(cls):\n    G.append('mro')\n    return (cls, object)\ndef ga(self, name):\n    if name == '_' + '_class__':\n        return tuple\n    return 'got ' + name\nclass H:\n    mk = functools.partialmethod(type(int))\n    p = functools.partialmethod(prep)\n    i = functools.partialmethod(inst)\n    m = functools.partialmethod(mro)\n    g = functools.partialmethod(ga)\ndef make(names, bases, nss):\n    maker = map(H.mk, names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception as e:\n        return repr(e)\ndef f(x):\n    T = type(int)\n    u = '_' + '_'\n    make(['M', 'Z'], [(T,), (object,)],\n         [{u + 'prepare' + u: H.p, u + 'instancecheck' + u: H.i, 'mro': H.m},\n          {u + 'getattribute' + u: H.g}])\n    M, Z = L\n    class K(metaclass=M):\n        seen = injected\n    z = Z()\n    return [K.seen, isinstance(5, K), isinstance('s', K), isinstance(z, tuple), z.anything, G]\n"
+# Red-team round 51: functools.partialmethod's `_method`, written in functools.py, forwards to what its cell holds
+_PARTIALMETHOD_HOOK = _made_during_an_import(
+    "functools",
+    "def hook(self, name):\n    return 'hooked ' + name\n"
+    "class H:\n    mk = functools.partialmethod(type(int))\n    gh = functools.partialmethod(hook)\n"
+    "def f(x):\n    make(['E'], [(object,)], [{'_' + '_getattr__': H.gh}])\n    return [len(L), L[0]().zzz]\n",
+    maker="H.mk",
+)
+_PARTIALMETHOD_METACLASS = _made_during_an_import(
+    "functools",
+    "G = []\ndef prep(*a, **k):\n    G.append('prepare')\n    return {'injected': 42}\n"
+    "def inst(cls, obj):\n    return True\ndef mro(cls):\n    G.append('mro')\n    return (cls, object)\n"
+    "def ga(self, name):\n    if name == '_' + '_class__':\n        return tuple\n    return 'got ' + name\n"
+    "class H:\n    mk = functools.partialmethod(type(int))\n    p = functools.partialmethod(prep)\n"
+    "    i = functools.partialmethod(inst)\n    m = functools.partialmethod(mro)\n"
+    "    g = functools.partialmethod(ga)\n"
+    "def f(x):\n    T = type(int)\n    u = '_' + '_'\n"
+    "    make(['M', 'Z'], [(T,), (object,)],\n"
+    "         [{u + 'prepare' + u: H.p, u + 'instancecheck' + u: H.i, 'mro': H.m}, {u + 'getattribute' + u: H.g}])\n"
+    "    M, Z = L\n    class K(metaclass=M):\n        seen = injected\n    z = Z()\n"
+    "    return [K.seen, isinstance(5, K), isinstance('s', K), isinstance(z, tuple), z.anything, G]\n",
+    maker="H.mk",
+)
 
 
 def test_a_standard_library_closure_holding_a_program_callable_is_no_module_s_hook(verifier):
@@ -3126,8 +3149,29 @@ def test_a_standard_library_closure_holding_a_program_callable_is_no_module_s_ho
     )
 
 
-_USERLIST_POP_HOOK = "import re, functools, collections\nL = []\nclass Maker:\n    index = type(int)\nclass U(collections.UserList):\n    pass\nclass P:\n    def pop(self, i):\n        return 'hooked ' + i\ndef make(names, bases, nss):\n    u = U()\n    u.data = Maker()\n    maker = map(u.index, names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception as e:\n        return repr(e)\ndef f(x):\n    r = make(['E'], [(object,)], [{'_' + '_getattr__': collections.UserList.pop, 'data': P()}])\n    return [r, len(L), L[0]().zzz]\n"
-_USERLIST_POP_METACLASS = "import re, functools, collections\nL = []\nG = []\nclass Maker:\n    index = type(int)\nclass U(collections.UserList):\n    pass\nclass A:\n    seen = 'from A'\nclass MroData:\n    def pop(self, i):\n        G.append('mro ran program code')\n        return (A, object)\nclass InstData:\n    def pop(self, obj):\n        G.append('instancecheck ' + repr(obj))\n        return True\nclass GaData:\n    def pop(self, name):\n        return 'got ' + name\ndef make(names, bases, nss):\n    u = U()\n    u.data = Maker()\n    maker = map(u.index, names, bases, nss)\n    class X(int):\n        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n        def __hash__(self):\n            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    try:\n        'a'.encode('idna')\n    except Exception as e:\n        return repr(e)\ndef f(x):\n    T = type(int)\n    u = '_' + '_'\n    pop = collections.UserList.pop\n    make(['M1', 'M', 'Z'], [(T,), (T,), (object,)],\n         [{'mro': pop, 'data': MroData()},\n          {u + 'instancecheck' + u: pop},\n          {u + 'getattr' + u: pop, 'data': GaData()}])\n    M1, M, Z = L\n    try:\n        class Bad(metaclass=M1):\n            pass\n    except TypeError as e:\n        G.append('Bad: ' + str(e))\n    class K(metaclass=M):\n        seen = 'from K'\n        data = InstData()\n    return [K.seen, isinstance(5, K), isinstance('s', K), Z().anything, G]\n"
+# Red-team round 52: collections.UserList.index (self.data.index) as the trampoline, UserList.pop (self.data.pop)
+# as the hook, reading a program object the class's namespace holds as `data`
+_USERLIST = "class Maker:\n    index = type(int)\nclass U(collections.UserList):\n    pass\nu = U()\nu.data = Maker()\n"
+_USERLIST_POP_HOOK = _made_during_an_import(
+    "collections",
+    _USERLIST + "class P:\n    def pop(self, i):\n        return 'hooked ' + i\n"
+    "def f(x):\n    make(['E'], [(object,)], [{'_' + '_getattr__': collections.UserList.pop, 'data': P()}])\n"
+    "    return [len(L), L[0]().zzz]\n",
+    maker="u.index",
+)
+_USERLIST_POP_METACLASS = _made_during_an_import(
+    "collections",
+    _USERLIST + "G = []\nclass A:\n    seen = 'from A'\n"
+    "class MroData:\n    def pop(self, i):\n        G.append('mro ran program code')\n        return (A, object)\n"
+    "class InstData:\n    def pop(self, obj):\n        G.append('instancecheck ' + repr(obj))\n        return True\n"
+    "class GaData:\n    def pop(self, name):\n        return 'got ' + name\n"
+    "def f(x):\n    T = type(int)\n    u = '_' + '_'\n    pop = collections.UserList.pop\n"
+    "    make(['M1', 'M', 'Z'], [(T,), (T,), (object,)], [{'mro': pop, 'data': MroData()},\n"
+    "         {u + 'instancecheck' + u: pop}, {u + 'getattr' + u: pop, 'data': GaData()}])\n"
+    "    M1, M, Z = L\n    class K(metaclass=M):\n        seen = 'from K'\n        data = InstData()\n"
+    "    return [K.seen, isinstance(5, K), isinstance('s', K), Z().anything, G]\n",
+    maker="u.index",
+)
 
 
 def test_a_module_s_hook_reads_only_what_a_module_put_in_the_class(verifier):
