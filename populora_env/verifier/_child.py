@@ -1117,10 +1117,11 @@ def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
 
 def _reads_what_a_module_holds(value: Any, namespace: dict[str, Any], files: frozenset[str]) -> bool:
     """Whether the names a hook's functions read (their code's ``co_names``) hold, in the namespace of the
-    class being made, what a module could have put there (``_held_by_a_module_s``, a descriptor of such
-    functions, an enum member of a standard class). ``collections.UserList.pop``, ``self.data.pop(i)``, as a
-    ``__getattr__`` with a program object as ``data`` (and as a metaclass's ``mro`` and ``__instancecheck__``)
-    ran the program's ``pop`` as a hook of a class taken for a module's (red-team round 52)."""
+    class being made, what a module could have put there (``_held_by_a_module_s``, a descriptor of a
+    module's functions, an enum member of a standard class). ``collections.UserList.pop``,
+    ``self.data.pop(i)``, as a ``__getattr__`` with a program object as ``data`` (and as a metaclass's ``mro``
+    and ``__instancecheck__``) ran the program's ``pop`` as a hook of a class taken for a module's (red-team
+    round 52)."""
     functions = (
         [value.__func__]
         if type(value) in (classmethod, staticmethod)
@@ -1135,19 +1136,15 @@ def _reads_what_a_module_holds(value: Any, namespace: dict[str, Any], files: fro
             held = dict.get(namespace, name, _ABSENT) if type(name) is str else _ABSENT
             if held is _ABSENT or held is value:
                 continue
+            # (`_supplied_by_a_module` takes a classmethod, staticmethod or property of a module's functions)
             if not (
-                _held_by_a_module_s(held, files, 0) or _a_module_s_descriptor(held, files) or _a_member(held)
+                _held_by_a_module_s(held, files, 0) or _supplied_by_a_module(held, files) or _a_member(held)
             ):
                 return False
     return True
 
 
 _ABSENT = object()
-
-
-def _a_module_s_descriptor(value: Any, files: frozenset[str]) -> bool:
-    """A ``classmethod``, ``staticmethod`` or ``property`` of functions a module supplied."""
-    return type(value) in (classmethod, staticmethod, property) and _supplied_by_a_module(value, files)
 
 
 def _a_member(value: Any) -> bool:
