@@ -3132,23 +3132,6 @@ _PARTIALMETHOD_METACLASS = _made_during_an_import(
 )
 
 
-def test_a_standard_library_closure_holding_a_program_callable_is_no_module_s_hook(verifier):
-    """Red-team round 51: ``functools.partialmethod(c)`` read on a class gives its ``_method``, a function
-    written in ``functools.py`` whose cell holds the partialmethod and so the program's ``c``. Made into
-    classes while ``encodings.idna`` was imported (``re``'s pattern cache running the program's C callables),
-    such functions passed as the module's ``__getattr__``, and as the ``__prepare__``, ``__instancecheck__``
-    and ``mro`` of a metaclass, with an object whose ``__getattribute__`` lied about its ``__class__``: the
-    classes were recorded as the standard library's. What a function of a file holds must be what its module
-    could have given it."""
-    assert verifier.run(_PARTIALMETHOD_HOOK, "1") == Execution(
-        "forbidden", None,
-        "the program made a class holding the name '__getattr__' (at run time or through the standard library)",
-    )  # fmt: skip
-    assert verifier.run(_PARTIALMETHOD_METACLASS, "1") == Execution(
-        "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
-    )
-
-
 # Red-team round 52: collections.UserList.index (self.data.index) as the trampoline, UserList.pop (self.data.pop)
 # as the hook, reading a program object the class's namespace holds as `data`
 _USERLIST = "class Maker:\n    index = type(int)\nclass U(collections.UserList):\n    pass\nu = U()\nu.data = Maker()\n"
@@ -3174,19 +3157,31 @@ _USERLIST_POP_METACLASS = _made_during_an_import(
 )
 
 
-def test_a_module_s_hook_reads_only_what_a_module_put_in_the_class(verifier):
-    """Red-team round 52: with round 51's closures refused, ``collections.UserList.pop`` (``self.data.pop(i)``,
-    no closure, written in a file running the class's making) passed as a module's ``__getattr__``, and as a
-    metaclass's ``mro`` and ``__instancecheck__``, with a program object as ``data`` in the same namespace:
-    the program's ``pop`` ran as the hook of a class taken for the standard library's. The names a hook
-    reads must hold, in the namespace, what a module could have put there."""
-    assert verifier.run(_USERLIST_POP_HOOK, "1") == Execution(
+@pytest.mark.parametrize(
+    ("hook", "metaclass"),
+    [(_PARTIALMETHOD_HOOK, _PARTIALMETHOD_METACLASS), (_USERLIST_POP_HOOK, _USERLIST_POP_METACLASS)],
+    ids=["round-51-closure", "round-52-namespace"],
+)
+def test_standard_library_code_forwarding_to_a_program_is_no_module_s_hook(verifier, hook, metaclass):
+    """Classes made while ``encodings.idna`` was imported (``re``'s pattern cache running the program's C
+    callables) were recorded as the standard library's with hooks that forward to program code, from files
+    running their making: as ``__getattr__``, and as a metaclass's ``__prepare__``, ``__instancecheck__``
+    and ``mro`` (with an object whose ``__getattribute__`` lied about its ``__class__``). Round 51:
+    ``functools.partialmethod(c)`` read on a class gives its ``_method``, written in ``functools.py``, whose
+    cell holds the program's ``c``: what a module's function holds must be what its module could have given
+    it. Round 52, with those closures refused: ``collections.UserList.pop`` (``self.data.pop(i)``, no
+    closure) with a program object as ``data`` in the same namespace: the names a hook reads must hold, in
+    the namespace, what a module could have put there."""
+    assert verifier.run(hook, "1") == Execution(
         "forbidden", None,
         "the program made a class holding the name '__getattr__' (at run time or through the standard library)",
     )  # fmt: skip
-    assert verifier.run(_USERLIST_POP_METACLASS, "1") == Execution(
+    assert verifier.run(metaclass, "1") == Execution(
         "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
     )
-    # string.Template's __init_subclass__ reads `flags`, an enum member: a module's class still
+
+
+def test_a_module_s_hook_reading_an_enum_member_of_its_class_is_still_the_module_s(verifier):
+    """``string.Template``'s ``__init_subclass__`` reads ``flags``, an enum member (round 52's check)."""
     program = "import string\ndef f(x):\n    return string.Template('$a-$b').substitute(a=x, b=2)"
     assert verifier.run(program, "1") == Execution("ok", "'1-2'", "")
