@@ -152,9 +152,15 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     """Reads and verifies a checkpoint.
 
     Raises:
-        CheckpointError: wrong magic, unreadable header, wrong length (truncated) or wrong SHA-256.
+        CheckpointError: not a readable file, wrong magic, unreadable header, wrong length (truncated) or
+            wrong SHA-256.
     """
-    data = Path(path).read_bytes()
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:  # (a folder of a checkpoint's name was a raw IsADirectoryError: a review)
+        raise CheckpointError(
+            f"{path}: cannot be read ({error.strerror or error}); move it away to resume"
+        ) from None
     if not data.startswith(MAGIC):
         raise CheckpointError(f"{path}: not a populora evolve checkpoint (bad magic); {DELETE_IT}")
     end = data.find(b"\n", len(MAGIC))

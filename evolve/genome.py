@@ -7,10 +7,11 @@ import ctypes
 import functools
 import inspect
 import math
+import numbers
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,11 +31,14 @@ extrapolation (noise can make a running variance negative), pass ``dict(module.n
 # `get_peft_model_state_dict`; a raw `model.state_dict()` carries the adapter name in between
 # (`<module>.lora_A.default.weight`). An adapted nn.Embedding has `<module>.lora_embedding_A` (r x vocab)
 # and `<module>.lora_embedding_B` (dim x r), no `.weight` (raw: `...lora_embedding_A.default`); its
-# ΔW = B @ A is the embedding matrix's change transposed, a product like any other. All are recognised.
+# ΔW = B @ A is the embedding matrix's change transposed, a product like any other. All are recognised,
+# also with no module in front: one LoRA layer's own `state_dict()` (`lora_A.default.weight` beside
+# `base_layer.weight`) was taken for a plain genome, its factors averaged entry by entry and its frozen base
+# weight mutated (a review).
 _A_TAG = ".lora_A."
 _B_TAG = ".lora_B."
-_EMBEDDING_A = re.compile(r"(.+)\.lora_embedding_A(\.[^.]+)?")
-_EMBEDDING_B = re.compile(r"(.+)\.lora_embedding_B(\.[^.]+)?")
+_EMBEDDING_A = re.compile(r"(?:(.+)\.)?lora_embedding_A(\.[^.]+)?")
+_EMBEDDING_B = re.compile(r"(?:.+\.)?lora_embedding_B(\.[^.]+)?")
 
 
 @dataclass(frozen=True)
@@ -63,17 +67,20 @@ class PairBatch:
 
 
 def _split_a_key(key: str) -> tuple[str, str] | None:
-    """``(module, key of B)`` for the key of an ``A`` factor; None for any other key."""
-    if _A_TAG in key and key.endswith(".weight"):
-        head, _, tail = key.rpartition(_A_TAG)
-        return head, head + _B_TAG + tail
+    """``(module, key of B)`` for the key of an ``A`` factor; None for any other key. The module of a bare
+    layer's factors (``lora_A.weight``) is ``""``."""
+    if key.endswith(".weight") and (_A_TAG in key or key.startswith(_A_TAG[1:])):
+        head, _, tail = ("." + key).rpartition(_A_TAG)
+        return head[1:], (head + _B_TAG)[1:] + tail
     if match := _EMBEDDING_A.fullmatch(key):
-        return match[1], f"{match[1]}.lora_embedding_B{match[2] or ''}"
+        head = match[1] or ""
+        return head, f"{head}{'.' if head else ''}lora_embedding_B{match[2] or ''}"
     return None
 
 
 def _is_b_key(key: str) -> bool:
-    return (_B_TAG in key and key.endswith(".weight")) or _EMBEDDING_B.fullmatch(key) is not None
+    bare_or_tagged = _B_TAG in key or key.startswith(_B_TAG[1:])
+    return (bare_or_tagged and key.endswith(".weight")) or _EMBEDDING_B.fullmatch(key) is not None
 
 
 def lora_pairs(genome: Genome) -> tuple[LoraPair, ...]:
@@ -87,7 +94,7 @@ def lora_pairs(genome: Genome) -> tuple[LoraPair, ...]:
 
     Raises:
         ValueError: A factor without its partner, a factor that is not 2-D, ``A``/``B`` ranks that
-            disagree, or rank 0; the message names the key.
+            disagree, rank 0, or no input or output features; the message names the key.
         TypeError: A factor that is not a floating-point tensor; the message names the key.
     """
     pairs = []
@@ -118,6 +125,11 @@ def lora_pairs(genome: Genome) -> tuple[LoraPair, ...]:
             )
         if a.shape[0] == 0:
             raise ValueError(f"LoRA factors of {head!r} have rank 0 (A {tuple(a.shape)}, B {tuple(b.shape)})")
+        if a.shape[1] == 0 or b.shape[0] == 0:  # (failed inside the decompositions, naming no key)
+            raise ValueError(
+                f"LoRA factors of {head!r} adapt a layer with no {'inputs' if a.shape[1] == 0 else 'outputs'} "
+                f"(A {tuple(a.shape)}, B {tuple(b.shape)})"
+            )
         pairs.append(LoraPair(module=head, a_key=key, b_key=b_key))
     if b_keys:
         raise ValueError(f"LoRA factor {sorted(b_keys)[0]!r} has no lora_A partner")
@@ -155,8 +167,9 @@ def detached(
 def detached(
     operator: _Operator | None = None, *, checks_its_child: bool = False, checks_its_parents: bool = False
 ) -> _Operator | Callable[[_Operator], _Operator]:
-    """Runs ``operator`` on detached views of its genome or parents (and of any genome given by keyword,
-    e.g. ``dare``'s ``base``), after checking that their floating-point tensors are finite.
+    """Runs ``operator`` on detached views of its genome or parents (and of a genome given by keyword,
+    ``dare``'s ``base``), after checking that their floating-point tensors are finite and that ``rng`` is a
+    ``torch.Generator``.
 
     A genome of parameters that require grad (``dict(module.named_parameters())``) then gives a child of
     plain tensors: no autograd graph holding the parents alive, and no failure in the operators that
@@ -206,11 +219,20 @@ def detached(
             genomes = _detach(genomes)
         elif first == "genome":
             raise TypeError(f"{name}: genome must be a dict of tensors, got a {type(genomes).__name__}")
+        if "rng" in kwargs and not isinstance(kwargs["rng"], torch.Generator):  # (failed reading `.device`)
+            raise TypeError(f"{name}: rng must be a torch.Generator, got a {type(kwargs['rng']).__name__}")
         for key, value in kwargs.items():
-            if isinstance(value, Mapping):
+            if key in _GENOME_KEYWORDS and value is not None and not isinstance(value, Mapping):
+                raise TypeError(
+                    f"{name}: {key} must be a genome (a dict of tensors), got a {type(value).__name__}"
+                )
+            if key in _GENOME_KEYWORDS and isinstance(value, Mapping):
                 check_tensors(value, key)
                 check_finite(value, key)
-        kwargs = {k: _detach(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()}
+        kwargs = {
+            k: _detach(v) if k in _GENOME_KEYWORDS and isinstance(v, Mapping) else v
+            for k, v in kwargs.items()
+        }
         try:
             child = operator(genomes, *args, **kwargs)
         except ProductOverflow as error:
@@ -224,6 +246,12 @@ def detached(
         return child
 
     return run  # type: ignore[return-value]
+
+
+_GENOME_KEYWORDS = frozenset({"base"})
+"""The keyword arguments of operators that take a genome (``dare``'s ``base``): checked and detached like the
+parents. Others that are mappings are not genomes: a ``fitness`` given as a dict was reported as a genome
+holding floats."""
 
 
 def overflowing_child(operator: str) -> str:
@@ -308,7 +336,7 @@ def check_parents(
         for key, tensor in first.items():
             theirs = other[key]
             if theirs.shape != tensor.shape:
-                rank = " (LoRA rank differs)" if ".lora_" in key else ""
+                rank = " (LoRA rank differs)" if "lora_" in key else ""
                 raise ValueError(
                     f"parents differ at key {key!r}: shape {tuple(tensor.shape)} in {label[0]}, "
                     f"{tuple(theirs.shape)} in {label[index]}{rank}"
@@ -337,9 +365,15 @@ def check_fitness(fitness: Sequence[float] | torch.Tensor | None, count: int) ->
         raise ValueError(
             f"fitness: need a 1-D tensor (one value per parent), got shape {tuple(fitness.shape)}"
         )
+    if isinstance(fitness, str | bytes | Mapping | Set) or not isinstance(fitness, Sequence | torch.Tensor):
+        # ("12" was read as [1.0, 2.0], a set in no order, a dict by its keys)
+        raise ValueError(
+            f"fitness: need a sequence of numbers in the parents' order (a list, tuple or 1-D tensor), got a "
+            f"{type(fitness).__name__}"
+        )
     try:
         values = [float(f) for f in (fitness.tolist() if isinstance(fitness, torch.Tensor) else fitness)]
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, OverflowError) as error:
         raise ValueError(
             f"fitness: need one number per parent ({count}), got {fitness!r:.100} ({error})"
         ) from None
@@ -354,11 +388,18 @@ def check_strength(strength: float, name: str = "strength") -> float:
     """Validate a non-negative finite operator strength.
 
     Raises:
-        ValueError: Negative or non-finite; the message names the argument.
+        TypeError: Not a real number (``None``, a string, a bool); the message names the argument.
+        ValueError: Negative or non-finite (or beyond the float range); the message names the argument.
     """
-    if not (math.isfinite(strength) and strength >= 0):
-        raise ValueError(f"{name}: must be a finite number >= 0, got {strength}")
-    return float(strength)
+    if isinstance(strength, bool) or not isinstance(strength, numbers.Real):
+        raise TypeError(f"{name}: must be a number, got {type(strength).__name__} {strength!r:.60}")
+    try:
+        value = float(strength)
+    except OverflowError:
+        value = math.inf
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name}: must be a finite number >= 0, got {strength!r:.60}")
+    return value
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

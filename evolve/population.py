@@ -6,9 +6,10 @@ import copy
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import numpy as np
 import torch
@@ -146,6 +147,13 @@ class Population:
         """
         self.generation = int(state["generation"])
         self.next_id = int(state["next_id"])
+        history = _saved_json(state, "history")
+        if not isinstance(history, list) or len(history) != self.generation:
+            # (`[]` resumed and rewrote metrics.jsonl to the generations after it: a review)
+            raise ValueError(
+                f"checkpoint's history holds {len(history) if isinstance(history, list) else 'no list of'} "
+                f"generations' records, its generation is {self.generation}"
+            )
         if set(state["groups"]) != set(self.groups):
             raise ValueError(
                 f"checkpoint has the roles {sorted(state['groups'])}, the config {sorted(self.groups)}"
@@ -161,18 +169,46 @@ class Population:
                     raise ValueError(f"checkpoint gives member id {member.id} twice")
                 ids.add(member.id)
                 if member.learner is not None:
-                    # a genome edited to NaN loaded and played (a robustness review)
+                    # a genome edited to NaN loaded and played (a robustness review), one of int64 was cast
                     check_finite(entry["genome"], f"{role} member {member.id}'s genome")
+                    _check_dtypes(entry["genome"], member.policy.get_genome(), f"{role} member {member.id}")
                     member.policy.set_genome(entry["genome"])
                     member.learner.reset()
                     member.learner.load_state_dict(entry["learner"])
-        self.table.ratings = RatingTable.from_state(
-            {int(k): tuple(v) for k, v in json.loads(state["ratings"]).items()}
-        ).ratings
+        ratings = {int(k): tuple(v) for k, v in _saved_json(state, "ratings").items()}
+        if bad := [k for k, (_mu, sigma) in ratings.items() if not sigma > 0]:
+            raise ValueError(f"checkpoint's rating of member {bad[0]} has sigma {ratings[bad[0]][1]!r}")
+        self.table.ratings = RatingTable.from_state(ratings).ratings
         self.rng.bit_generator.state = json.loads(state["rng"])
         self.torch_rng.set_state(state["torch_rng"])
-        self.history = json.loads(state["history"])
-        self.lineage = [LineageRecord.from_json(r) for r in json.loads(state["lineage"])]
+        self.history = history
+        self.lineage = [LineageRecord.from_json(r) for r in _saved_json(state, "lineage")]
+        if (seen := max([*ids, *(r.member for r in self.lineage)], default=-1)) >= self.next_id:
+            # (0 gave the next children the ids of the first members: lineage.jsonl ambiguous, a review)
+            raise ValueError(
+                f"checkpoint's next member id is {self.next_id}, but member {seen} exists already"
+            )
+
+
+def _saved_json(state: Mapping[str, Any], field: str) -> Any:
+    """A JSON field of a checkpoint, refusing NaN and infinities (a run writes none: edited, they resumed and
+    wrote NaN into metrics.jsonl, which is no JSON, a review)."""
+
+    def refuse(constant: str) -> NoReturn:
+        raise ValueError(f"checkpoint's {field} holds {constant}, which no run writes")
+
+    def finite(text: str) -> float:
+        value = float(text)
+        return value if math.isfinite(value) else refuse(text)
+
+    return json.loads(state[field], parse_constant=refuse, parse_float=finite)
+
+
+def _check_dtypes(saved: Mapping[str, Any], own: Mapping[str, torch.Tensor], member: str) -> None:
+    """``ValueError`` naming the first tensor of a saved genome whose dtype is not the member's own."""
+    for key, value in saved.items():
+        if key in own and isinstance(value, torch.Tensor) and value.dtype != own[key].dtype:
+            raise ValueError(f"{member}'s genome holds {key!r} as {value.dtype}, the member {own[key].dtype}")
 
 
 # ----- one generation ---------------------------------------------------------------------------------
@@ -245,7 +281,15 @@ def _replace(pop: Population, role: str, fitness: list[float | None], generation
                 rng=pop.torch_rng,
                 fitness=[fitness[p] for p in step.parents],
             )
-        child = operators.MUTATIONS[step.mutation](child, rng=pop.torch_rng, strength=cfg.mutation_strength)
+        try:
+            child = operators.MUTATIONS[step.mutation](
+                child, rng=pop.torch_rng, strength=cfg.mutation_strength
+            )
+        except ValueError as error:  # (1e300 overflowed the child, naming no setting: a review)
+            raise ValueError(
+                f"generation {generation}: mutation {step.mutation!r} at mutation_strength "
+                f"{cfg.mutation_strength:g} made no {role} child ({error}); lower mutation_strength"
+            ) from error
         children.append((step, child))
     records = []
     for step, child in children:

@@ -502,6 +502,17 @@ def test_a_checkpoint_whose_name_says_another_generation_is_refused(tmp_path: Pa
         run_pbt(tiny_config(str(run_dir), generations=2))
 
 
+def test_a_folder_of_a_checkpoint_s_name_is_reported_naming_it(tmp_path: Path) -> None:
+    """A folder named like the newest checkpoint was a raw IsADirectoryError (a review)."""
+    run_dir = tmp_path / "run"
+    run_pbt(tiny_config(str(run_dir), generations=1))
+    (run_dir / "checkpoints" / "gen_000009.ckpt").mkdir()
+    with pytest.raises(
+        CheckpointError, match=r"gen_000009\.ckpt: cannot be read \(Is a directory\); move it away"
+    ):
+        run_pbt(tiny_config(str(run_dir), generations=2))
+
+
 def test_a_file_system_without_locks_runs_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -523,6 +534,11 @@ def _edits() -> dict[str, Any]:
         genome = state["groups"]["teacher"][0]["genome"]
         genome[next(iter(genome))].view(-1)[0] = float("nan")
 
+    def int64_genome(state: dict[str, Any]) -> None:
+        genome = state["groups"]["teacher"][0]["genome"]
+        key = next(iter(genome))
+        genome[key] = genome[key].long()
+
     def twice(state: dict[str, Any]) -> None:
         state["groups"]["teacher"][1]["id"] = state["groups"]["teacher"][0]["id"]
 
@@ -534,6 +550,16 @@ def _edits() -> dict[str, Any]:
         "another role": (lambda state: state["groups"].update(wizard=[]), r"the roles \['student', 'teacher', 'wizard'\]"),
         "no config": (lambda state: state.pop("config"), r"holds no run config \(KeyError: 'config'\)"),
         "broken history": (lambda state: state.update(history="[{"), r"not a state this run can resume \(JSONDecodeError"),
+        # (a review: each resumed; the next children took the first members' ids, metrics.jsonl held NaN or
+        # lost its first generations, an int64 genome was cast)
+        "next id 0": (lambda state: state.update(next_id=0), r"next member id is 0, but member \d+ exists already"),
+        "a NaN rating": (lambda state: state.update(ratings=state["ratings"].replace("[", "[NaN, ", 1)),
+                         r"checkpoint's ratings holds NaN, which no run writes"),
+        "a zero sigma": (lambda state: state.update(ratings=json.dumps({k: [25.0, 0.0] for k in json.loads(state["ratings"])})),
+                         r"checkpoint's rating of member \d+ has sigma 0.0"),
+        "no history": (lambda state: state.update(history="[]"),
+                       r"history holds 0 generations' records, its generation is 2"),
+        "an int64 genome": (int64_genome, r"teacher member \d+'s genome holds '.*' as torch.int64, the member torch.float32"),
     }  # fmt: skip
 
 

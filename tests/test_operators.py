@@ -308,6 +308,27 @@ def test_wrong_argument_types_say_what_was_expected():
         ValueError, match=r"down_proj.*dtype torch.float32 in parent 0, torch.float64 in base"
     ):
         cross("dare", [parent, lora_genome(3)], base=other)
+    # (a review: "12" was read as [1.0, 2.0], a set in no order, a dict called a genome holding floats, an
+    # int too large for a float an OverflowError; rng=None an AttributeError, base=[...] one naming nothing)
+    for fitness in ("12", {5.0, 1.0}, {0: 1.0, 1: 2.0}):
+        with pytest.raises(
+            ValueError, match=rf"fitness: need a sequence of numbers .* got a {type(fitness).__name__}"
+        ):
+            cross("es", [parent, lora_genome(2)], fitness=fitness)
+    with pytest.raises(ValueError, match=r"fitness: need one number per parent \(2\)"):
+        cross("es", [parent, lora_genome(2)], fitness=[10**400, 1])
+    for strength, error, message in ((None, TypeError, "must be a number, got NoneType"),
+                                     ("0.1", TypeError, "must be a number, got str"),
+                                     (10**400, ValueError, "must be a finite number >= 0")):  # fmt: skip
+        with pytest.raises(error, match=f"strength: {message}"):
+            mutate("gaussian", parent, strength=strength)
+    for rng in (None, 0):
+        with pytest.raises(TypeError, match=f"rng must be a torch.Generator, got a {type(rng).__name__}"):
+            operators.MUTATIONS["gaussian"](parent, rng=rng)
+        with pytest.raises(TypeError, match=f"es: rng must be a torch.Generator, got a {type(rng).__name__}"):
+            operators.CROSSOVERS["es"]([parent, parent], rng=rng, fitness=[1.0, 0.0])
+    with pytest.raises(TypeError, match=r"dare: base must be a genome .*, got a list"):
+        cross("dare", [parent, lora_genome(3)], base=[parent])
 
 
 def test_an_adapter_with_a_zero_a_keeps_a_trainable_child():
@@ -367,6 +388,33 @@ def test_lora_only_operators_reject_a_plain_genome(name):
             mutate(name, genome)
         else:
             cross(name, [genome, plain_net(1).state_dict()])
+
+
+def test_a_bare_lora_layer_s_factors_are_lora_pairs():
+    """One LoRA layer's own parameters have no module in front (``lora_A.weight``; its ``state_dict()``:
+    ``lora_A.default.weight`` beside ``base_layer.weight``): they were taken for a plain genome, averaged entry
+    by entry, and mutations changed the frozen base weight (a review)."""
+    g = torch.Generator().manual_seed(0)
+    layer = {"base_layer.weight": torch.randn(6, 5, generator=g), "lora_A.default.weight": torch.randn(2, 5, generator=g),
+             "lora_B.default.weight": torch.randn(6, 2, generator=g)}  # fmt: skip
+    (pair,) = lora_pairs(layer)
+    assert (pair.module, pair.a_key, pair.b_key) == ("", "lora_A.default.weight", "lora_B.default.weight")
+    for name in operators.MUTATIONS:
+        child = mutate(name, layer, strength=0.1)
+        assert torch.equal(child["base_layer.weight"], layer["base_layer.weight"]), name
+    gauge = torch.diag(torch.tensor([2.0, 0.5]))  # the same ΔW in another gauge: B M⁻¹ · M A
+    ours = {key.replace(".default", ""): value for key, value in layer.items() if "lora" in key}
+    theirs = {
+        "lora_A.weight": gauge @ ours["lora_A.weight"],
+        "lora_B.weight": ours["lora_B.weight"] @ gauge.inverse(),
+    }
+    assert [p.module for p in lora_pairs(ours)] == [""]
+    assert_same_delta(cross("interpolate", [ours, theirs], weight=0.5), ours)  # factors averaged: 1.125 ΔW
+    embedding = {
+        "lora_embedding_A": torch.randn(2, 9, generator=g),
+        "lora_embedding_B": torch.randn(4, 2, generator=g),
+    }
+    assert [(p.module, p.b_key) for p in lora_pairs(embedding)] == [("", "lora_embedding_B")]
 
 
 def test_pair_discovery_accepts_adapter_names_and_rejects_orphans():
@@ -1044,6 +1092,10 @@ BAD_FACTORS = {
     "rank 0": ({"m.lora_A.weight": torch.zeros(0, 5), "m.lora_B.weight": torch.zeros(4, 0)},
                ValueError, r"LoRA factors of 'm' have rank 0"),
     "a list": ({"w": [1.0, 2.0]}, TypeError, r"must map names to torch tensors: 'w' holds a list"),
+    "no inputs": ({"m.lora_A.weight": torch.zeros(4, 0), "m.lora_B.weight": torch.ones(6, 4)},
+                  ValueError, r"LoRA factors of 'm' adapt a layer with no inputs \(A \(4, 0\), B \(6, 4\)\)"),
+    "no outputs": ({"m.lora_A.weight": torch.ones(4, 8), "m.lora_B.weight": torch.zeros(0, 4)},
+                   ValueError, r"LoRA factors of 'm' adapt a layer with no outputs"),
 }  # fmt: skip
 
 
@@ -1051,7 +1103,8 @@ BAD_FACTORS = {
 def test_factors_no_operator_can_use_are_refused_naming_the_key(bad):
     """Integer LoRA factors gave children truncated back to integers (one rank component lost), rank-0 factors
     a ZeroDivisionError, IndexError or RuntimeError by operator, a list an AttributeError naming no key (a
-    robustness review): every operator refuses them with the key named."""
+    robustness review), zero-width factors a ZeroDivisionError or a reshape error (a review): every operator
+    refuses them with the key named."""
     genome_, error, message = BAD_FACTORS[bad]
     for name in operators.MUTATIONS:
         with pytest.raises(error, match=message):

@@ -216,6 +216,17 @@ def test_n_parents_must_suit_every_crossover(tmp_path: Path) -> None:
     assert PBTConfig(run_dir=str(tmp_path), n_parents=3, crossovers=("dare", "es", "uniform")).n_parents == 3
 
 
+def test_a_mutation_strength_no_child_survives_is_named_in_the_error(tmp_path: Path) -> None:
+    """``mutation_strength=1e300`` overflowed the first child: the error named the operator and a key, not the
+    setting to change (a review)."""
+    config = PBTConfig(run_dir=str(tmp_path / "run"), generations=2, population=2, episodes_per_generation=1,
+                       env=_env(), mutations=("gaussian",), mutation_strength=1e300, replace_fraction=0.5, progress=False,
+                       tensorboard=False)  # fmt: skip
+    with pytest.raises(ValueError, match=r"generation 0: mutation 'gaussian' at mutation_strength 1e\+300 made no "
+                       r"teacher child \(gaussian's child .* overflows .*\); lower mutation_strength"):  # fmt: skip
+        run_pbt(config)
+
+
 def test_unknown_operator_or_learner_name_raises_key_error_listing_registry(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match=r"registered: .*interpolate"):
         PBTConfig(run_dir=str(tmp_path), crossovers=("nope",))
