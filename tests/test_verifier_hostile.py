@@ -2119,7 +2119,9 @@ def test_state_pairs_have_their_names_checked_like_a_dict_s():
 # How red-team rounds 34 to 40 ran a program's callables below no frame of its own: `make(names, bases,
 # namespaces)` plants a key in re's pattern cache whose __eq__ is a functools.partial over map(type, ...), and
 # encodings.idna, imported for 'a'.encode('idna'), compiles the same pattern: the classes are made during that
-# import and appended to L.
+# import and appended to L. Since round 53 such classes are the program's (made from a lookup, not a call:
+# `_child._made_by_calls`), so the tests below check end results; `_made_by_a_module`'s own checks, which these
+# attacks reached until then, are tested white-box (test_a_module_s_class_is_judged_by_what_it_holds...).
 _DURING_AN_IMPORT = (
     "L = []\n"
     "def make(names, bases, nss):\n"
@@ -2292,13 +2294,11 @@ def test_round_38_copy_reads_real_types_and_state_pairs(verifier):
     """A class made during an import that sets ``__class__`` is not the module's, and copy's guards judge objects
     by their real type, never ``isinstance`` (a state of pairs has its names checked like a dict's too: a second
     line no program reaches without such a class). Since round 46's lead, a function of a module that is not
-    running the import (``typing.assert_type``) makes no class a module's, so both are refused as they are made."""
+    running the import (``typing.assert_type``) makes no class a module's; since round 53, a class made from
+    ``re``'s cache lookup is the program's: both are refused as their metaclass is made."""
     for program in (ROUND_38_CLASS, ROUND_38_PAIRS):
         assert verifier.run(program, "0") == Execution(
-            "forbidden",
-            None,
-            "the program made a class holding the name '__reduce_ex__' (at run time or through the standard "
-            "library)",
+            "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
         )
 
 
@@ -3185,3 +3185,80 @@ def test_a_module_s_hook_reading_an_enum_member_of_its_class_is_still_the_module
     """``string.Template``'s ``__init_subclass__`` reads ``flags``, an enum member (round 52's check)."""
     program = "import string\ndef f(x):\n    return string.Template('$a-$b').substitute(a=x, b=2)"
     assert verifier.run(program, "1") == Execution("ok", "'1-2'", "")
+
+
+# Red-team round 53: enum's member-value cache is a driver of its own. `re.RegexFlag(X(66))` leaves the program's
+# X(66) as the key of 66 in `RegexFlag._value2member_map_`; `re.VERBOSE | re.IGNORECASE`, computed when `fractions`,
+# `string` or `statistics` is imported, looks 66 up there and calls X's `__eq__` (a partial over `map(type, ...)`)
+# from C, during the import.
+_ENUM_DRIVER = (
+    "import re, functools\nL = []\n"
+    "def make(names, bases, nss):\n"
+    "    maker = map(MAKER, names, bases, nss)\n"
+    "    class X(int):\n"
+    "        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n"
+    "        def __hash__(self):\n"
+    "            return 66\n"
+    "    re.RegexFlag(X(66))\n"
+    "    import fractions\n"
+)
+_BARE_METACLASS = "def f(x):\n    make(['M'], [(type(int),)], [{}])\n    return [c.__name__ for c in L]\n"
+_TRAMPOLINE = "class H:\n    mk = functools.partialmethod(type(int))\n"
+
+
+@pytest.mark.parametrize("trampoline", [False, True], ids=["type", "partialmethod"])
+@pytest.mark.parametrize("driver", ["re-cache", "enum-values"])
+def test_a_class_made_from_a_lookup_during_an_import_is_the_program_s(verifier, driver, trampoline):
+    """A metaclass with nothing in it, made by the program's callables from a cache lookup during an import
+    (``re``'s pattern cache, rounds 34 to 52; ``enum``'s ``_value2member_map_``, round 53), was vouched for by
+    ``_made_by_a_module`` and recorded as the standard library's. Every frame between a class a module makes and
+    the import system's is running a call (``_child._made_by_calls``); a lookup is not one, also when a
+    standard-library function calls ``type`` for the program above it (``functools.partialmethod``'s)."""
+    maker = "H.mk" if trampoline else "type(int)"
+    body = (_TRAMPOLINE if trampoline else "") + _BARE_METACLASS
+    if driver == "re-cache":
+        program = _made_during_an_import("copy", body, maker=maker)
+    else:
+        program = _ENUM_DRIVER.replace("MAKER", maker) + body
+    assert verifier.run(program, "1") == Execution(
+        "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
+    )
+
+
+def test_a_module_s_class_is_judged_by_what_it_holds_and_the_files_running_its_making():
+    """``_child._made_by_a_module`` white-box, in a fresh interpreter: since round 53 the drivers of rounds 34 to
+    52 no longer reach it (their classes are refused as made from a lookup), and it stays the check of classes
+    a module's calls make. ``running`` puts those modules' files on the stack, as their import would."""
+    script = (
+        "import collections, functools, re, string, textwrap\nimport _child\n_child.register_standard()\n"
+        "class Prog:\n    def pop(self, i):\n        return i\nProg.__module__ = '__program__'\n"
+        "def hook(self, name):\n    return name\nclass H:\n    gh = functools.partialmethod(hook)\n"
+        "def judged(namespace, bases=(object,), running=()):\n"
+        "    def call():\n        return _child._made_by_a_module(type, ('K', bases, namespace))\n"
+        "    for module in running:\n        scope = {'inner': call}\n"
+        "        exec(compile('def outer():\\n    return inner()\\n', module.__file__, 'exec'), scope)\n"
+        "        call = scope['outer']\n    return call()\n"
+        "pop, u = collections.UserList.pop, '_' + '_'\n"
+        "print([judged({'x': 1}), judged({u + 'getattr' + u: textwrap.dedent}, running=[textwrap]),\n"
+        "       judged({u + 'init_subclass' + u: vars(string.Template)[u + 'init_subclass' + u], 'flags': re.I},\n"
+        "              running=[string]),\n"
+        "       judged({u + 'eq' + u: collections.UserList.__eq__}),\n"
+        "       judged({u + 'getattr' + u: pop, 'data': []}, running=[collections]),\n"
+        "       judged({}, bases=(type,))])\n"
+        "print([judged({u + 'getattr' + u: textwrap.dedent}), judged({u + 'getattr' + u: len}),\n"
+        "       judged({u + 'deepcopy' + u: dict}), judged({u + 'class' + u: property(len)}),\n"
+        "       judged({u + 'getattr' + u: H.gh}, running=[functools]),\n"
+        "       judged({u + 'getattr' + u: pop, 'data': Prog()}, running=[collections]),\n"
+        "       judged({'mro': pop, 'data': Prog()}, bases=(type,), running=[collections]),\n"
+        "       judged({u + 'instancecheck' + u: len}, bases=(type,)), judged({u + 'slots' + u: (u + 'eq' + u,)})])\n"
+    )
+    accepted, refused = _in_a_fresh_interpreter(script)
+    # a plain class; a hook of a module running the making (round 46); an enum member read by string.Template's
+    # __init_subclass__ (round 52); a module's special method; a module's function reading a list it was given;
+    # a bare metaclass (the making's caller is a module's call)
+    assert accepted == "[True, True, True, True, True, True]"
+    # a hook of a module not running (round 46); a C callable (round 34); a class as a hook (round 36); a class
+    # lying about its __class__ (round 38); functools.partialmethod's _method holding the program's function
+    # (round 51); UserList.pop reading a program object as `data`, as a hook and a metaclass's mro (round 52); a
+    # metaclass's C __instancecheck__ (round 35); a slot named as a special method
+    assert refused == "[False, False, False, False, False, False, False, False, False]"

@@ -13,6 +13,7 @@ import _string
 import builtins
 import gc
 import marshal
+import opcode
 import os
 import sys
 from _functools import _lru_cache_wrapper as _LRU_CACHE_WRAPPER
@@ -1052,6 +1053,46 @@ def _hook(value: Any) -> bool:
     )
 
 
+#: The call instructions of this interpreter's bytecode (3.10's, 3.11's, 3.12's and 3.13's names)
+_CALLS = frozenset(
+    opcode.opmap[name]
+    for name in (
+        "CALL",
+        "PRECALL",
+        "CALL_FUNCTION_EX",
+        "CALL_KW",
+        "CALL_FUNCTION",
+        "CALL_FUNCTION_KW",
+        "CALL_METHOD",
+    )
+    if name in opcode.opmap
+)
+
+
+def _made_by_calls() -> bool:
+    """Whether every Python frame between the class being made and the import system's nearest frame (the
+    verifier's own aside) is running a call: a module's code makes its classes by calls (a class statement,
+    ``type(...)``, a metaclass's ``super().__new__(...)``, a C module's init run by the import system), down
+    from the module's own frame. A program's callables run during an import from C where a module's code
+    looks up or compares a value (a cache holding a program's key compares it with the program's ``__eq__``,
+    a ``functools.partial`` over ``map(type, ...)``): in ``re``'s pattern cache (``_cache[key]`` in
+    ``re._compile``; red-team rounds 34 to 52) and ``enum``'s ``_value2member_map_`` (``Enum.__new__``,
+    reached by ``re.VERBOSE | re.IGNORECASE`` at the import of ``fractions``, ``string`` or ``json``: round
+    53). A class made there is checked as the program's, also when a standard-library function between
+    (``functools.partialmethod``'s, ``UserList.index``) calls ``type`` for it."""
+    frame = current_frame()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename in _IMPORT_FILES:
+            return True
+        if code.co_filename not in _VERIFIER_FILES:
+            at, instructions = frame.f_lasti, code.co_code
+            if not (0 <= at < len(instructions) and instructions[at] in _CALLS):
+                return False
+        frame = frame.f_back
+    return False
+
+
 def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
     """Whether a class made while a module is imported (the import system's frames met before any program
     frame) is that module's: its metaclass and bases are standard classes, and under each name the program
@@ -1214,7 +1255,7 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
     # In a guarded call, a class made below no frame of the program's nor of the import system's comes from C code
     # running a program's callables from the child's own frames (`f` rebound to a functools.partial, a partial as
     # an exception's __str__: red-team rounds 36 and 37): checked as the program's.
-    if maker == "import" and _made_by_a_module(metatype, args):
+    if maker == "import" and _made_by_calls() and _made_by_a_module(metatype, args):
         return False
     _name, bases, namespace = args
     if type(bases) is not tuple:  # (a tuple subclass passed type_new and skipped the loop below: round 30)
