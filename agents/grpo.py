@@ -14,7 +14,8 @@ import contextlib
 import copy
 import logging
 import math
-from collections.abc import Callable, Hashable, Sequence
+import numbers
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -174,13 +175,14 @@ class GRPOLearner:
 
         Returns:
             The update's statistics; `skipped=True` (adapter untouched) on a non-finite reward, loss or
-            gradient norm.
+            gradient norm, or weights an optimizer step left non-finite.
 
         Raises:
             KeyError: unknown adapter name.
             ValueError: inputs of different lengths, an empty batch, missing task_keys, or a
                 completion_ids row that is empty or holds something other than the tokenizer's ids.
-            TypeError: a single string where a sequence is expected.
+            TypeError: a single string, a dict, set or iterator where a sequence is expected, a reward that
+                is not a number, or a group id or task key that is not hashable.
         """
         cfg = self.config
         self._check_inputs(adapter, prompts, completions, rewards, group_ids, task_keys, completion_ids)
@@ -259,8 +261,9 @@ class GRPOLearner:
     ) -> UpdateStats:
         cfg = self.config
         slot = self._optimizers[adapter]
-        # Later epochs step after earlier ones; keep a copy so a non-finite value can be rolled back.
-        snapshot = _Snapshot.take(slot) if cfg.num_inner_epochs > 1 else None
+        # A copy to roll back to: later epochs step after earlier ones, and a step can leave non-finite weights
+        # from finite gradients (an extreme learning rate)
+        snapshot = _Snapshot.take(slot)
         losses, norms = [], []
         # token-weighted over every micro-batch and epoch: the stats do not depend on grad_accum_steps
         kl_sum = clipped_tokens = tokens = 0.0
@@ -299,7 +302,21 @@ class GRPOLearner:
                 return self._abort(
                     adapter, slot, snapshot, "non_finite_grad_norm", where, len(advantages), mean_reward
                 )
-            slot.optimizer.step()
+            try:
+                slot.optimizer.step()
+            except RuntimeError as error:  # AdamW's step size, lr / (1 - beta1 ** t), past float32's range
+                if "overflow" not in str(error):
+                    snapshot.restore(slot)
+                    raise
+                where = f"the optimizer step of inner epoch {epoch} overflowed: {error}"
+                return self._abort(
+                    adapter, slot, snapshot, "non_finite_weights", where, len(advantages), mean_reward
+                )
+            if not _finite_tensors(slot.params):
+                where = f"after the optimizer step of inner epoch {epoch}"
+                return self._abort(
+                    adapter, slot, snapshot, "non_finite_weights", where, len(advantages), mean_reward
+                )
             losses.append(step_loss)
             norms.append(norm)
         slot.optimizer.zero_grad(set_to_none=True)
@@ -389,6 +406,19 @@ class GRPOLearner:
             columns["completion_ids"] = completion_ids
         if strings := [name for name, column in columns.items() if isinstance(column, str | bytes)]:
             raise TypeError(f"{strings[0]} must be a sequence with one entry per completion, not a string")
+        # (a dict of rewards was read by its keys, {0: 1.0, 1: 0.0} as [0, 1]: the advantages reversed)
+        if unordered := [n for n, column in columns.items() if isinstance(column, Mapping | Set | Iterator)]:
+            kind = type(columns[unordered[0]]).__name__
+            raise TypeError(f"{unordered[0]} must be a sequence with one entry per completion, not a {kind}")
+        for i, reward in enumerate(rewards):
+            if isinstance(reward, str | bytes) or not isinstance(reward, numbers.Real | torch.Tensor):
+                raise TypeError(
+                    f"rewards[{i}] must be a number, got a {type(reward).__name__}: {reward!r:.60}"
+                )
+        for name in ("group_ids", "task_keys"):
+            for i, key in enumerate(columns.get(name, ())):
+                if not isinstance(key, Hashable) or not _hashes(key):
+                    raise TypeError(f"{name}[{i}] must be hashable (it names a group), got {key!r:.60}")
         if len({len(column) for column in columns.values()}) != 1:
             given = ", ".join(f"{name} {len(column)}" for name, column in columns.items())
             raise ValueError(f"every argument must have one entry per completion; got lengths {given}")
@@ -483,6 +513,24 @@ class _Snapshot:
             for p, saved in zip(slot.params, self.tensors, strict=True):
                 p.copy_(saved)
         slot.optimizer.load_state_dict(self.optimizer_state)
+
+
+def _hashes(key: object) -> bool:
+    try:
+        hash(key)
+    except TypeError:  # (a tuple holding a list)
+        return False
+    return True
+
+
+def _finite_tensors(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether every value of ``tensors`` is finite (one sum each: NaN and inf propagate; a sum that overflows
+    is looked at entry by entry)."""
+    with torch.no_grad():
+        sums = torch.stack([t.detach().sum(dtype=torch.float32) for t in tensors])
+        if bool(torch.isfinite(sums).all()):
+            return True
+        return all(bool(torch.isfinite(t.detach()).all()) for t in tensors)
 
 
 def _output_rows(model: Any) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,7 +20,7 @@ __all__ = [
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
 ScaleRewards = Literal["group", "batch", "none", "task_relative"]
-SkipReason = Literal["non_finite_reward", "non_finite_loss", "non_finite_grad_norm"]
+SkipReason = Literal["non_finite_reward", "non_finite_loss", "non_finite_grad_norm", "non_finite_weights"]
 
 LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none", "task_relative")
@@ -75,6 +76,21 @@ class GRPOConfig:
     run-to-run varying kernels. No effect on CPU, whose kernels are deterministic already."""
 
     def __post_init__(self) -> None:
+        for name in (
+            _FLOATS + _INTS
+        ):  # numpy's numbers as Python's (a value read from an array), bools refused
+            value = getattr(self, name)
+            if isinstance(value, numbers.Real) and not isinstance(value, bool | int | float):
+                object.__setattr__(
+                    self, name, int(value) if isinstance(value, numbers.Integral) else float(value)
+                )
+            elif isinstance(value, bool):
+                raise ValueError(f"GRPOConfig.{name} must be a number, not a bool, got {value!r}")
+        for (
+            name
+        ) in _FLOATS:  # the optimizer and the loss compute in float32 (1e39 raised inside AdamW's step)
+            value = getattr(self, name)
+            _check(not _finite(value) or abs(value) <= _FLOAT32_MAX, name, "within float32's range", value)
         _check(self.loss_type in LOSS_TYPES, "loss_type", f"one of {LOSS_TYPES}", self.loss_type)
         _check(
             self.scale_rewards in SCALE_REWARDS,
@@ -87,6 +103,14 @@ class GRPOConfig:
         )
         _check(
             _finite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay
+        )
+        # AdamW multiplies the weights by 1 - learning_rate * weight_decay each step: below 0 they flip sign and
+        # grow (1e300 gave infinite weights from an update reported as done)
+        _check(
+            self.learning_rate * self.weight_decay <= 1,
+            "weight_decay",
+            f"<= 1 / learning_rate = {1 / self.learning_rate:g}",
+            self.weight_decay,
         )
         _check(
             _finite(self.epsilon_low) and 0 <= self.epsilon_low < 1,
@@ -117,12 +141,28 @@ class GRPOConfig:
             f">= {MIN_TEMPERATURE:g}",
             self.temperature,
         )
-        _check(isinstance(self.seed, int) and self.seed >= 0, "seed", "an int >= 0", self.seed)
+        # (generation seeds seed + the step count; 2**64 was refused by the first `step`)
+        _check(
+            isinstance(self.seed, int) and 0 <= self.seed < 2**63, "seed", "an int in [0, 2**63)", self.seed
+        )
         _check(isinstance(self.deterministic, bool), "deterministic", "a bool", self.deterministic)
 
 
+_FLOATS = (
+    "learning_rate",
+    "weight_decay",
+    "epsilon_low",
+    "epsilon_high",
+    "beta",
+    "max_grad_norm",
+    "temperature",
+)
+_INTS = ("num_inner_epochs", "grad_accum_steps", "max_new_tokens", "group_size", "seed")
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check(ok: bool, name: str, allowed: str, value: object) -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from agents._checks import is_int, is_number
 from agents.generation import texts_of
 from populora_env.tasks import TASK_TYPES
 from populora_env.text_format import format_answer, format_proposal
@@ -132,12 +132,15 @@ class LoRAPolicy:
         names = getattr(population, "adapter_names", None)
         if names is not None and adapter not in names:
             raise KeyError(f"unknown adapter {adapter!r}; the population has {list(names)}")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        if not (is_int(max_new_tokens) and max_new_tokens >= 0):
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if not (math.isfinite(temperature) and temperature >= 0):
+        if not (is_number(temperature) and temperature >= 0):
             raise ValueError(f"temperature must be finite and >= 0, got {temperature!r}")
-        if not 0 < top_p <= 1:
+        if not (is_number(top_p) and 0 < top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        # each act seeds seed + its count: a seed near 2**64 failed at the second act, in mid-episode (a review)
+        if not (is_int(seed) and -(2**63) <= seed < 2**63):
+            raise ValueError(f"seed must be an int in [-2**63, 2**63), got {seed!r}")
         self.population = population
         self.adapter = adapter
         self.max_new_tokens = max_new_tokens

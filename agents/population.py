@@ -20,13 +20,14 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
+from agents._checks import is_int, is_number
 from agents.base import load_base
 from agents.batched_lora import lora_linear_layers, stacked_lora
 from agents.generation import decode_tokens, texts_of
@@ -99,11 +100,11 @@ class LoRAPopulation:
             raise TypeError(f"names must be a sequence of adapter names, not the single string {names!r}")
         if not names:
             raise ValueError("names must hold at least one adapter name")
-        if not _is_int(rank) or rank < 1:
+        if not is_int(rank) or rank < 1:
             raise ValueError(f"rank must be an int >= 1, got {rank!r}")
-        if alpha is not None and not (_is_real(alpha) and alpha > 0 and math.isfinite(alpha)):
+        if alpha is not None and not (is_number(alpha) and alpha > 0):
             raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
-        if not _is_int(seed):
+        if not is_int(seed):
             raise ValueError(f"seed must be an int, got {seed!r}")
         base_ref = os.fspath(base_dir)
         if Path(base_ref).expanduser().is_dir():
@@ -163,7 +164,7 @@ class LoRAPopulation:
     ) -> LoRAPopulation:
         from peft import get_peft_model
 
-        _check_name(first)
+        _check_name(first, base)
         with torch.random.fork_rng(devices=[]):  # PEFT's init draws from the global RNG; keep it untouched
             model = get_peft_model(base, config, adapter_name=first)
         population = cls(model, tokenizer, config, base_ref, seed)
@@ -207,9 +208,9 @@ class LoRAPopulation:
         Raises:
             ValueError: the name is taken or not a valid adapter name, or the genome does not fit.
         """
-        _check_name(name)
         if name in self.model.peft_config:
             raise ValueError(f"adapter {name!r} already exists; remove it first")
+        _check_name(name, self.model, taken=self.model.peft_config)
         with torch.random.fork_rng(devices=[]):
             self.model.add_adapter(name, self._lora_config)
         self._enable_all_grads()
@@ -260,7 +261,7 @@ class LoRAPopulation:
         Raises:
             KeyError: unknown adapter name.
             ValueError: missing/unexpected keys, a value that is not a floating-point tensor, a wrong shape,
-                or non-finite values (nothing is changed).
+                or non-finite values, also once cast to the adapter's dtype (nothing is changed).
         """
         params = self._params(name)
         missing, unexpected = sorted(set(params) - set(genome)), sorted(set(genome) - set(params))
@@ -282,6 +283,10 @@ class LoRAPopulation:
                 )
             if not bool(torch.isfinite(value).all()):
                 raise ValueError(f"genome {key} holds non-finite values")
+            if not bool(
+                torch.isfinite(value.to(param.dtype)).all()
+            ):  # (1e39 in float64 loaded as inf: a review)
+                raise ValueError(f"genome {key} holds values beyond the range of the adapter's {param.dtype}")
         with torch.no_grad():
             for key, param in params.items():
                 param.copy_(genome[key])
@@ -457,6 +462,9 @@ class LoRAPopulation:
             The manifest path.
         """
         run = Path(run_dir)
+        for path, what in ((run, "the folder to save in"), (run / MANIFEST, "the manifest a save writes")):
+            if path.exists() and path.is_dir() != (path == run):  # (found before any adapter is written)
+                raise ValueError(f"{path} is a {'folder' if path.is_dir() else 'file'}, not {what}")
         run.mkdir(parents=True, exist_ok=True)
         try:
             previous: Path | None = _read_manifest(run)[1]
@@ -589,10 +597,28 @@ def _peft_mixed_setup(model: Any, row_adapters: Sequence[str]) -> Iterator[dict[
     yield {"adapter_names": list(row_adapters)}
 
 
-def _check_name(name: str) -> None:
+#: Parts of the names PEFT gives an adapted model's modules and parameters, whatever the base.
+_PEFT_PARTS = frozenset(
+    {"base_model", "model", "base_layer", "weight", "bias", "lora_A", "lora_B", "lora_embedding_A",
+     "lora_embedding_B", "lora_dropout", "lora_magnitude_vector"}
+)  # fmt: skip
+
+
+def _check_name(name: str, model: torch.nn.Module, taken: Iterable[str] = ()) -> None:
+    """An adapter name: ``_NAME``, and no part of a module's or parameter's name (PEFT names an adapter's
+    factors ``<module>.lora_A.<name>.weight``: an adapter named ``weight``, ``layers`` or ``q_proj`` made
+    ``save`` write the other adapters' files with keys they do not hold, and the previous save was gone, a
+    review)."""
     # fullmatch: `$` let a trailing newline through, and the saved folder's name held it (a robustness review)
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(f"adapter name {name!r} must match {_NAME.pattern}")
+    names = [key for key, _ in model.named_modules()] + [key for key, _ in model.named_parameters()]
+    parts = (_PEFT_PARTS | {part for key in names for part in key.split(".")}) - set(taken)
+    if name in parts:
+        raise ValueError(
+            f"adapter name {name!r} is a part of the model's module and parameter names (PEFT would write the "
+            "adapters' files under keys that do not load back): choose another"
+        )
 
 
 def _plain_number(value: Any) -> Any:
@@ -600,14 +626,6 @@ def _plain_number(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return value
     return int(value) if isinstance(value, numbers.Integral) else float(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_generate_args(
@@ -630,13 +648,13 @@ def _check_generate_args(
                 f"prompt {i} is not valid Unicode: a lone surrogate {prompt[at]!r} at character {at} (text "
                 "decoded with errors='surrogateescape'?); no tokenizer encodes it"
             )
-    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+    if not is_int(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if not (_is_real(temperature) and temperature >= 0 and math.isfinite(temperature)):
+    if not (is_number(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if not (_is_real(top_p) and 0 < top_p <= 1):
+    if not (is_number(top_p) and 0 < top_p <= 1):
         raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
-    if not (_is_int(seed) and -(2**63) <= seed < 2**64):  # what torch.Generator.manual_seed takes
+    if not (is_int(seed) and -(2**63) <= seed < 2**64):  # what torch.Generator.manual_seed takes
         raise ValueError(f"seed must be an int in [-2**63, 2**64), got {seed!r}")
 
 

@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from agents._checks import is_int, is_number
 from agents.policy import GeneratingPopulation, generate_with_ids, model_input
 from populora_env.credit import ProposalLedger
 
@@ -73,19 +74,14 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         # (True passed as 1, to be refused by generate once an episode had begun: a robustness review)
-        if not _is_count(self.max_new_tokens, 1):
+        if not (is_int(self.max_new_tokens) and self.max_new_tokens >= 1):
             raise ValueError(f"RolloutConfig.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+        if not (is_number(self.temperature) and self.temperature >= 0):
             raise ValueError(f"RolloutConfig.temperature must be finite and >= 0, got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
+        if not (is_number(self.top_p) and 0 < self.top_p <= 1):
             raise ValueError(f"RolloutConfig.top_p must be in (0, 1], got {self.top_p!r}")
-        if not _is_count(self.seed, 0):
+        if not (is_int(self.seed) and self.seed >= 0):
             raise ValueError(f"RolloutConfig.seed must be an int >= 0, got {self.seed!r}")
-
-
-def _is_count(value: Any, least: int) -> bool:
-    """A Python int (not a bool) that is at least ``least``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 @dataclass(frozen=True)
@@ -243,7 +239,7 @@ class RolloutCollector:
         Raises:
             ValueError: ``episodes`` is not an int >= 0 (-3 gave an empty list).
         """
-        if not _is_count(episodes, 0):
+        if not (is_int(episodes) and episodes >= 0):
             raise ValueError(f"episodes must be an int >= 0, got {episodes!r}")
         return [self.episode(env, None if seed is None else seed + i) for i in range(episodes)]
 

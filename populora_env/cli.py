@@ -286,6 +286,7 @@ _FLAGS = {  # config fields the train command sets from an option of another nam
     "member_options['lora']['rank']": "--rank",
     "member_options['lora']['max_new_tokens']": "--max-new-tokens",
     "member_options['grpo']['learning_rate']": "--learning-rate",
+    "GRPOConfig.learning_rate": "--learning-rate",  # (its own checks: float32's range)
     # as a resumed run's config differences name them
     "env.teacher_group_size": "--group-size",
     "env.student_group_size": "--group-size",

@@ -151,11 +151,29 @@ def count_a(prompt: str, completion: str) -> float:
         ("temperature", 1e-40),  # logits / T overflowed: every log-prob NaN, every update skipped
         ("max_new_tokens", 0),
         ("seed", -1),
+        # (a review: bools passed as 1; 1e39 raised inside AdamW's step naming no field, 1e300 as weight decay
+        # left infinite weights from an update reported as done; a seed of 2**64 failed at the first step)
+        ("learning_rate", True),
+        ("num_inner_epochs", True),
+        ("learning_rate", 1e39),
+        ("epsilon_high", 1e300),
+        ("weight_decay", 1e300),
+        ("seed", 2**64),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=field):
         GRPOConfig(**{field: value})
+
+
+def test_config_takes_numpy_numbers_as_python_ones() -> None:
+    import numpy as np
+
+    config = GRPOConfig(group_size=np.int64(4), learning_rate=np.float32(1e-3))
+    assert (type(config.group_size), config.group_size) == (int, 4)
+    assert type(config.learning_rate) is float and config.learning_rate == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match=r"weight_decay must be <= 1 / learning_rate = 100"):
+        GRPOConfig(learning_rate=0.01, weight_decay=101.0)
 
 
 def test_config_is_frozen_and_every_field_documented() -> None:
@@ -437,6 +455,18 @@ def test_bad_inputs() -> None:
         learner.update("p0", "xy", ["y", "z"], [1.0, 0.0], [0, 0])
     with pytest.raises(TypeError, match="prompts must be a sequence"):
         learner.step("p0", "xy", lambda p, c: 1.0)
+    # (a review: a dict of rewards was read by its keys, reversing the advantages; strings were taken; a
+    # list as a group id was a bare TypeError)
+    with pytest.raises(
+        TypeError, match="rewards must be a sequence with one entry per completion, not a dict"
+    ):
+        learner.update("p0", ["x", "x"], ["y", "z"], {0: 1.0, 1: 0.0}, [0, 0])
+    with pytest.raises(TypeError, match=r"rewards must be a sequence .* not a generator"):
+        learner.update("p0", ["x", "x"], ["y", "z"], (r for r in (1.0, 0.0)), [0, 0])
+    with pytest.raises(TypeError, match=r"rewards\[0\] must be a number, got a str: '1'"):
+        learner.update("p0", ["x", "x"], ["y", "z"], ["1", "0"], [0, 0])
+    with pytest.raises(TypeError, match=r"group_ids\[0\] must be hashable"):
+        learner.update("p0", ["x", "x"], ["y", "z"], [1.0, 0.0], [[0], [0]])
     vocabulary = len(pop.tokenizer)
     for bad in ([vocabulary], [-1], [2.0], [True]):
         with pytest.raises(
@@ -491,6 +521,41 @@ def test_nan_logit_in_second_epoch_rolls_back_the_first(caplog: pytest.LogCaptur
     assert changed(before, pop) == set()
     state_after = learner.optimizer_for("p0").state[pop.trainable_parameters("p0")[0]]
     assert all(torch.equal(state_before[k], state_after[k]) for k in state_before)
+
+
+def test_a_step_that_leaves_non_finite_weights_is_rolled_back(caplog: pytest.LogCaptureFixture) -> None:
+    """Finite gradients and a learning rate within float32's range can still step the weights past it: the
+    update was reported as done with infinite weights (a review). It is skipped, weights and optimizer state
+    as they were, also with one inner epoch (which takes no copy for other reasons)."""
+    pop = TinyPopulation()
+    learner = GRPOLearner(pop, GRPOConfig(learning_rate=1e38, max_new_tokens=6))
+    batch = _batch(pop, "p0")
+    before = snapshot(pop)
+    with caplog.at_level(logging.WARNING, logger="agents.grpo"):  # the step size lr / (1 - 0.9) overflows
+        stats = learner.update("p0", *batch)
+    assert stats.skipped and stats.skip_reason == "non_finite_weights", stats
+    assert "the optimizer step of inner epoch 0 overflowed" in caplog.text
+    assert changed(before, pop) == set()
+    assert learner.optimizer_for("p0").state == {}  # (AdamW had counted a step for some parameters)
+
+    learner = GRPOLearner(pop, GRPOConfig(learning_rate=1e-2, max_new_tokens=6))
+    optimizer = learner.optimizer_for("p0")
+    real_step = optimizer.step
+
+    def diverging_step(*args: Any, **kwargs: Any) -> Any:  # a step that leaves an infinite weight
+        result = real_step(*args, **kwargs)
+        with torch.no_grad():
+            pop.trainable_parameters("p0")[0].view(-1)[0] = float("inf")
+        return result
+
+    optimizer.step = diverging_step  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="agents.grpo"):
+        stats = learner.update("p0", *batch)
+    assert (
+        stats.skip_reason == "non_finite_weights"
+        and "after the optimizer step of inner epoch 0" in caplog.text
+    )
+    assert changed(before, pop) == set()
 
 
 # -- learning ------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+import agents.grpo
 from agents.grpo import UpdateStats
 from agents.members import (
     GRPOMemberLearner,
@@ -478,14 +479,23 @@ def test_populora_train_reports_an_error_inside_the_run_in_one_line(
 
 
 def test_populora_train_says_when_learners_raised_and_fails_when_all_did(
-    tmp_path: Path, tiny_base_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tiny_base_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A learning rate that overflows the weights: every update raised and was undone, and the run ended
-    with status 0 and a table like any other. The summary counts the failures; none trained: status 1."""
+    """Every update raised and was undone (a learning rate of 1e300 did, before GRPOConfig refused it), and the
+    run ended with status 0 and a table like any other. The summary counts the failures; none trained:
+    status 1."""
     run_dir = tmp_path / "run"
     argv = ["train", "--preset", "self-play", "--base", str(tiny_base_dir), "--run-dir", str(run_dir),
-            "--generations", "2", "--max-new-tokens", "4", "--rank", "2", "--no-tensorboard",
-            "--learning-rate", "1e300"]  # fmt: skip
+            "--generations", "2", "--max-new-tokens", "4", "--rank", "2", "--no-tensorboard"]  # fmt: skip
+    assert main([*argv, "--learning-rate", "1e300"]) == 2
+    assert (
+        "--learning-rate (GRPOConfig.learning_rate) must be within float32's range" in capsys.readouterr().err
+    )
+
+    def exploding(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("learner exploded")
+
+    monkeypatch.setattr(agents.grpo.GRPOLearner, "update", exploding)
     assert main(argv) == 1
     out, err = capsys.readouterr()
     failures = [f for r in records(run_dir / "metrics.jsonl") for f in r["learner_failures"]]

@@ -230,6 +230,12 @@ def test_set_genome_validates_and_changes_nothing_on_error(pop: LoRAPopulation) 
     for genome in (bad_shape, missing, extra, nan):
         with pytest.raises(ValueError):
             pop.set_genome("student_0", genome)
+    # finite in float64, infinite in the adapter's float32: loaded as inf (a review)
+    past = {**before, key: torch.full(before[key].shape, 1e39, dtype=torch.float64)}
+    with pytest.raises(
+        ValueError, match=rf"genome {re.escape(key)} holds values beyond the range of the adapter's"
+    ):
+        pop.set_genome("student_0", past)
     after = pop.get_genome("student_0")
     assert all(torch.equal(before[k], after[k]) for k in before)
 
@@ -297,6 +303,13 @@ def test_add_copy_remove(pop: LoRAPopulation) -> None:
         pop.add("clone")
     for bad in ("bad.name", "ab\n", "x" * 129):  # (a trailing newline, a folder name too long to save)
         with pytest.raises(ValueError, match="must match"):
+            pop.add(bad)
+    # parts of the module and parameter names: PEFT wrote the other adapters' files under keys that did not
+    # load back, and the previous save was gone (a review)
+    for bad in ("weight", "layers", "q_proj", "lora_A", "model", "self_attn", "base_layer"):
+        with pytest.raises(
+            ValueError, match=f"adapter name '{bad}' is a part of the model's module and parameter"
+        ):
             pop.add(bad)
     pop.remove("clone")
     assert pop.adapter_names == NAMES
@@ -618,6 +631,20 @@ def test_save_load_round_trip_gives_identical_logits(pop: LoRAPopulation, tmp_pa
         assert torch.equal(alone(**enc).logits, pop.model(**enc).logits)
     with pytest.raises(FileNotFoundError):
         LoRAPopulation.load(tmp_path / "empty")
+
+
+def test_save_refuses_a_file_for_its_folder_or_a_folder_for_its_manifest(
+    pop: LoRAPopulation, tmp_path: Path
+) -> None:
+    """A file as the folder was a bare FileExistsError; a folder as the manifest left an adapters folder
+    behind (a review): both are refused before anything is written."""
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"file is a file, not the folder to save in"):
+        pop.save(tmp_path / "file")
+    (tmp_path / "run" / "population.json").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"population.json is a folder, not the manifest a save writes"):
+        pop.save(tmp_path / "run")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["population.json"]
 
 
 def test_save_fsyncs_the_adapter_files_before_the_manifest_names_them(

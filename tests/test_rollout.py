@@ -85,6 +85,12 @@ def test_policy_returns_raw_text_and_env_scores_bad_text_as_format_error(verifie
     assert env.unwrapped.episode_metrics().invalid_rate == 1.0
     with pytest.raises(TypeError, match="text-mode"):
         policy.act({"phase": 1}, "teacher_0")
+    # refused when made (a review: True taken as 1 then refused by the first act; a seed of 2**64 - 1 refused by
+    # the second, in mid-episode; a str seed a bare TypeError at the first)
+    for field, value in (("max_new_tokens", True), ("temperature", "1"), ("top_p", True), ("seed", 2**64 - 1),
+                         ("seed", "x")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"{field} must be"):
+            LoRAPolicy(FixedTexts(hostile), "a", **{field: value})  # type: ignore[arg-type]
 
 
 def test_policy_batches_in_one_call_and_prefills_with_the_env_format() -> None:
@@ -296,6 +302,10 @@ def test_collector_rejects_bad_setups(verifier: Any) -> None:
     # refused when made, not once an episode has begun, nor silently empty (a robustness review)
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1, got True"):
         RolloutConfig(max_new_tokens=True)
+    # (a review: bools and strings were taken as temperature and top_p, or raised a bare TypeError)
+    for field, value in (("temperature", True), ("temperature", "1"), ("top_p", True)):
+        with pytest.raises(ValueError, match=f"RolloutConfig.{field} must be"):
+            RolloutConfig(**{field: value})
     with pytest.raises(ValueError, match="episodes must be an int >= 0, got -3"):
         RolloutCollector(fake, {"teacher_0": "T", "student_0": "S"}).collect(env, episodes=-3)  # type: ignore[arg-type]
     structured = make_env(verifier, n_teachers=1, n_students=1, mode="structured")
