@@ -2024,11 +2024,10 @@ def test_round_34_classes_made_during_an_import_are_checked_unless_a_module_made
     standard and what the program rules refuse in its namespace is the module's own code (``_child.
     _made_by_a_module``); others are checked as a program's. Behind that, a positional class pattern in a
     class body is refused (its class name is looked up in what ``__prepare__`` gave), and ``super(E, e).obj``
-    of an ``AttributeError`` is refused like ``e.obj``."""
+    of an ``AttributeError`` is refused like ``e.obj``. Since round 54 the attacks are refused at their driver,
+    the partial as ``__eq__``."""
     made = ROUND_34_PARTS[0] + ROUND_34_PARTS[1] + "    return [c.__name__ for c in L]\n"
-    assert verifier.run(made, "1") == Execution(
-        "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
-    )
+    assert verifier.run(made, "1") == _hook_refused()
     escape = verifier.run("".join(ROUND_34_PARTS), "1")
     assert escape.status == "forbidden" and "a positional class pattern in a class body" in escape.detail
     hook = (  # a C callable as __getattr__, made the same way: a class holding the name, refused
@@ -2038,11 +2037,7 @@ def test_round_34_classes_made_during_an_import_are_checked_unless_a_module_made
         "            return 0\n    re.compile(\"[\\u002E\\u3002\\uFF0E\\uFF61]\", X(0))\n    'a'.encode('idna')\n"
         "    return L[0]().zzz\n"
     )
-    assert verifier.run(hook, "1") == Execution(
-        "forbidden",
-        None,
-        "the program made a class holding the name '__getattr__' (at run time or through the standard library)",
-    )
+    assert verifier.run(hook, "1") == _hook_refused()
     class_body = "class K:\n    match 1:\n        case int(g):\n            pass\ndef f(x):\n    return 1\n"
     assert verifier.run(class_body, "1").status == "forbidden"
     assert "a positional class pattern in a class body" in verifier.run(class_body, "1").detail
@@ -2076,15 +2071,10 @@ ROUND_35_DEEPCOPY = "import re, functools, calendar, copy\nL = []\nG = []\ndef n
 
 def test_round_35_a_class_made_during_an_import_vouches_for_nothing(verifier):
     """Only classes modules hold (or found under their names) count as a module's values; every special method
-    of a class made during an import is the module's code (or built in) for it to be the module's class."""
-    assert verifier.run(ROUND_35_METACLASS, "1") == Execution(
-        "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
-    )
-    assert verifier.run(ROUND_35_DEEPCOPY, "1") == Execution(
-        "forbidden",
-        None,
-        "the program made a class holding the name '__deepcopy__' (at run time or through the standard library)",
-    )
+    of a class made during an import is the module's code (or built in) for it to be the module's class (since round 54 refused
+    at the driver)."""
+    assert verifier.run(ROUND_35_METACLASS, "1") == _hook_refused()
+    assert verifier.run(ROUND_35_DEEPCOPY, "1") == _hook_refused()
 
 
 def test_every_allowed_module_and_codec_imports_in_a_guarded_call(verifier):
@@ -2145,6 +2135,18 @@ def _made_during_an_import(imports: str, body: str, maker: str = "type(int)") ->
     return f"import re, functools, {imports}\n" + _DURING_AN_IMPORT.replace("MAKER", maker) + body
 
 
+def _hook_refused(name: str = "__eq__", kind: str = "partial") -> Execution:
+    """The verdict on a program whose class holds ``kind`` under ``name`` (red-team round 54's rule,
+    ``_child._runs_in_a_frame``): since then every driver above is refused as its first class is made, before
+    any class of its is made during an import; the checks behind (``_made_by_calls``, ``_made_by_a_module``,
+    copy's guards) stay, tested white-box where no program reaches them."""
+    return Execution(
+        "forbidden", None,
+        f"the program gave a class '{name}' as a '{kind}', not a function (a program's special methods and "
+        "descriptors run in frames of its own)",
+    )  # fmt: skip
+
+
 # Red-team round 36: classes made with no frame of the program's on the stack at all (`f` rebound to a
 # functools.partial the child's own frame calls; a partial as an exception's __str__, called when its verdict
 # is written) were never checked and were recorded as standard; and a class a module holds (`dict`) passed as a
@@ -2203,11 +2205,16 @@ def test_round_36_classes_made_below_no_program_frame_are_checked(verifier, name
     """In a guarded call, a class made below no frame of the program's and none of the import system's is judged
     as one made during an import (``_child._made_by_a_module``), and a class stands for a module's value only as
     an allowed special method (``__call__ = dict``) or ``__class_getitem__ = classmethod(GenericAlias)``."""
-    assert verifier.run(ROUND_36[name], "1") == Execution(
+    expected = Execution(
         "forbidden",
         None,
         f"the program made a class holding the name {refused} (at run time or through the standard library)",
     )
+    if name == "deepcopy_dict":  # (since round 54 refused at the driver, the partial as __eq__ or __str__)
+        expected = _hook_refused()
+    elif name == "via_str":
+        expected = _hook_refused("__str__")
+    assert verifier.run(ROUND_36[name], "1") == expected
 
 
 # Red-team round 37: standard-library functions a program reads by public name pass as "a module's code" in a
@@ -2247,16 +2254,9 @@ def test_round_37_copy_trusts_only_classes_modules_hold(verifier):
         "the program made a class holding the name '__deepcopy__' (at run time or through the standard library)",
     )
     # (typing.cast, written in no file running the import, no longer makes the class a module's: round 46's lead)
-    assert verifier.run(ROUND_37_MEMO, "1") == Execution(
-        "forbidden",
-        None,
-        "the program made a class holding the name '__deepcopy__' (at run time or through the standard library)",
-    )
-    assert verifier.run(ROUND_37_REDUCE, "1") == Execution(
-        "forbidden",
-        None,
-        "the program made a class holding the name '__reduce_ex__' (at run time or through the standard library)",
-    )
+    # (since round 54 refused at the driver, the partial as __eq__)
+    assert verifier.run(ROUND_37_MEMO, "1") == _hook_refused()
+    assert verifier.run(ROUND_37_REDUCE, "1") == _hook_refused()
 
 
 # Red-team round 38: a class made during an import lied about its class (`__class__ = property(statistics.mode)`),
@@ -2294,12 +2294,10 @@ def test_round_38_copy_reads_real_types_and_state_pairs(verifier):
     """A class made during an import that sets ``__class__`` is not the module's, and copy's guards judge objects
     by their real type, never ``isinstance`` (a state of pairs has its names checked like a dict's too: a second
     line no program reaches without such a class). Since round 46's lead, a function of a module that is not
-    running the import (``typing.assert_type``) makes no class a module's; since round 53, a class made from
-    ``re``'s cache lookup is the program's: both are refused as their metaclass is made."""
+    running the import (``typing.assert_type``) makes no class a module's; since round 54 the partial as
+    ``__eq__`` of their driver is refused."""
     for program in (ROUND_38_CLASS, ROUND_38_PAIRS):
-        assert verifier.run(program, "0") == Execution(
-            "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
-        )
+        assert verifier.run(program, "0") == _hook_refused()
 
 
 # Red-team round 39 (a full escape, a forged verdict): `K.register(type(json))` made issubclass() say that the
@@ -2333,11 +2331,7 @@ ROUND_40 = "import re, functools, collections, json\nclass W(collections.UserDic
 def test_round_40_only_a_module_s_own_code_registers_standard_classes(verifier):
     """A standard class is registered with an ABC in a guarded call only by a module's code as it is imported
     (its module level, or the import system for a C module); the standard library's own registrations work."""
-    assert verifier.run(ROUND_40, "0") == Execution(
-        "forbidden",
-        None,
-        "the program registered the standard library's module as a virtual subclass of an ABC",
-    )
+    assert verifier.run(ROUND_40, "0") == _hook_refused()  # (since round 54 refused at its driver)
     numbers = (
         "def f(x):\n    import numbers, decimal, fractions\n    return [isinstance(1, numbers.Integral), "
         "isinstance(decimal.Decimal(1), numbers.Number), isinstance(fractions.Fraction(1, 2), numbers.Rational)]\n"
@@ -3099,12 +3093,7 @@ def test_a_class_made_during_an_import_holds_hooks_only_of_the_code_running_it(v
             f"def f(x):\n    make(['E'], [(object,)], [{{'_' + '_getattr__': {hook}, 'data': 'got {{0}}'}}])\n"
             "    return [repr(L), L[0]().zzz]\n",
         )
-        assert verifier.run(program, "1") == Execution(
-            "forbidden",
-            None,
-            "the program made a class holding the name '__getattr__' (at run time or through the standard "
-            "library)",
-        ), hook
+        assert verifier.run(program, "1") == _hook_refused(), hook  # (since round 54, at the driver)
 
 
 # Red-team round 51: functools.partialmethod's `_method`, written in functools.py, forwards to what its cell holds
@@ -3172,13 +3161,8 @@ def test_standard_library_code_forwarding_to_a_program_is_no_module_s_hook(verif
     it. Round 52, with those closures refused: ``collections.UserList.pop`` (``self.data.pop(i)``, no
     closure) with a program object as ``data`` in the same namespace: the names a hook reads must hold, in
     the namespace, what a module could have put there."""
-    assert verifier.run(hook, "1") == Execution(
-        "forbidden", None,
-        "the program made a class holding the name '__getattr__' (at run time or through the standard library)",
-    )  # fmt: skip
-    assert verifier.run(metaclass, "1") == Execution(
-        "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
-    )
+    # (since round 54 both are refused at their driver: the partial as __eq__)
+    assert verifier.run(hook, "1") == verifier.run(metaclass, "1") == _hook_refused()
 
 
 def test_a_module_s_hook_reading_an_enum_member_of_its_class_is_still_the_module_s(verifier):
@@ -3206,23 +3190,99 @@ _BARE_METACLASS = "def f(x):\n    make(['M'], [(type(int),)], [{}])\n    return 
 _TRAMPOLINE = "class H:\n    mk = functools.partialmethod(type(int))\n"
 
 
-@pytest.mark.parametrize("trampoline", [False, True], ids=["type", "partialmethod"])
-@pytest.mark.parametrize("driver", ["re-cache", "enum-values"])
-def test_a_class_made_from_a_lookup_during_an_import_is_the_program_s(verifier, driver, trampoline):
-    """A metaclass with nothing in it, made by the program's callables from a cache lookup during an import
-    (``re``'s pattern cache, rounds 34 to 52; ``enum``'s ``_value2member_map_``, round 53), was vouched for by
-    ``_made_by_a_module`` and recorded as the standard library's. Every frame between a class a module makes and
-    the import system's is running a call (``_child._made_by_calls``); a lookup is not one, also when a
-    standard-library function calls ``type`` for the program above it (``functools.partialmethod``'s)."""
-    maker = "H.mk" if trampoline else "type(int)"
-    body = (_TRAMPOLINE if trampoline else "") + _BARE_METACLASS
+# Red-team round 54: typing's __subclasshook__ for a Protocol subclass reads `_is_runtime_protocol` of the class,
+# and array's C init, registering array with MutableSequence, asks it: a classmethod(property(partial)) there
+# ran the program's C callables during `import array`, every frame between at a call.
+_PROTOCOL_DRIVER = (
+    "import functools, typing\nimport collections.abc\nL = []\nS = [0]\n"
+    "class Flip:\n    def _" + "_bool__(self):\n        S[0] += 1\n        return S[0] != 2\n"
+    "def f(x):\n    T = type(int)\n    maker = map(T, ['M'], [(T,)], [{}])\n"
+    "    class Proto(typing.Protocol):\n        pass\n"
+    "    class P(collections.abc.MutableSequence, Proto):\n        _is_protocol = Flip()\n"
+    "        HOOK\n"
+    "    STORE\n    import array\n    return [c.__name__ for c in L] + [S[0]]\n"
+)
+_PROTOCOL_HOOK = "classmethod(property(functools.partial(dict.fromkeys, map(L.append, maker))))"
+
+
+@pytest.mark.parametrize("driver", ["re-cache", "enum-values", "protocol-hook", "protocol-hook-stored"])
+def test_a_program_s_classes_hold_functions_as_special_methods_and_descriptors(verifier, driver):
+    """Every driver of red-team rounds 34 to 54 ran the program's C callables (a ``functools.partial`` over
+    ``map(type, ...)``) from C while a module was imported, below no frame of the program's: as the ``__eq__`` of
+    an int subclass kept as a key by ``re``'s pattern cache or ``enum``'s member-value cache (rounds 34-53), as a
+    ``classmethod(property(...))`` that ``typing``'s ``__subclasshook__`` reads (round 54), in a class statement
+    or stored after it. A program's special methods and descriptors hold functions (``_child._runs_in_a_frame``,
+    ``check_class_store``), which run in a frame of the program's wherever they are called from."""
     if driver == "re-cache":
-        program = _made_during_an_import("copy", body, maker=maker)
-    else:
-        program = _ENUM_DRIVER.replace("MAKER", maker) + body
-    assert verifier.run(program, "1") == Execution(
-        "forbidden", None, "the program made a metaclass at run time (a class deriving from 'type')"
+        program, refused = _made_during_an_import("copy", _BARE_METACLASS), _hook_refused()
+    elif driver == "enum-values":
+        program, refused = _ENUM_DRIVER.replace("MAKER", "type(int)") + _BARE_METACLASS, _hook_refused()
+    elif driver == "protocol-hook":
+        program = _PROTOCOL_DRIVER.replace("HOOK", "_is_runtime_protocol = " + _PROTOCOL_HOOK).replace(
+            "STORE", ""
+        )
+        refused = _hook_refused("_is_runtime_protocol", "classmethod")
+    else:  # (a Protocol's attributes are typing's to write: refused before the rule on descriptors)
+        program = _PROTOCOL_DRIVER.replace("HOOK", "pass").replace(
+            "STORE", "P._is_runtime_protocol = " + _PROTOCOL_HOOK
+        )
+        refused = Execution("forbidden", None, "the program wrote or deleted the attribute '_is_runtime_protocol' "
+                            "of the class 'f.<locals>.P', not one of its own")  # fmt: skip
+    assert verifier.run(program, "1") == refused
+
+
+def test_functions_as_special_methods_and_descriptors_still_work(verifier):
+    """What programs write (functions, lambdas, ``None`` as ``__hash__``, descriptors of functions, a partial as
+    a plain attribute) and what the standard library adds for them (enum's mixin methods, total_ordering's,
+    namedtuple's) are kept; a property of a C callable is refused, in a class statement or stored after it."""
+    fine = (
+        "import enum, functools, collections, operator\n"
+        "class C(enum.IntEnum):\n    A = 1\n"
+        "@functools.total_ordering\nclass T:\n    def _" + "_init__(self, v):\n        self.v = v\n"
+        "    def _"
+        + "_eq__(self, o):\n        return self.v == o.v\n    _"
+        + "_lt__ = lambda self, o: self.v < o.v\n"
+        "    _" + "_hash__ = None\n    w = property(lambda self: self.v * 2)\n"
+        "    s = staticmethod(lambda: 's')\n    c = classmethod(lambda cls: cls._" + "_name__)\n"
+        "    p = functools.partial(operator.add, 1)\n"
+        "P = collections.namedtuple('P', 'a b')\n"
+        "def f(x):\n    T.z = property(lambda self: 'z')\n"
+        "    return [format(C.A), T(1) <= T(2), T(2).w, T.s(), T.c(), T.p(2), T(0).z, P(1, 2)._asdict()]\n"
     )
+    assert verifier.run(fine, "1") == Execution(
+        "ok", "['1', True, 4, 's', 'T', 3, 'z', {'a': 1, 'b': 2}]", ""
+    )
+    made = "import functools\nclass K:\n    g = property(functools.partial(len))\ndef f(x):\n    return 1\n"
+    assert verifier.run(made, "1") == _hook_refused("g", "property")
+    stored = "import functools\nclass K:\n    pass\ndef f(x):\n    K.g = property(functools.partial(len))\n    return 1\n"
+    assert verifier.run(stored, "1") == _hook_refused("g", "property")
+
+
+def test_a_class_is_a_module_s_only_when_made_by_calls_down_from_the_import():
+    """``_child._made_by_calls`` white-box, in a fresh interpreter: a module imported by ``import`` makes a class
+    from a call (to C, or to a Python function, whose caller CPython 3.11 leaves on the call's inline cache), and
+    a partial kept as a key's ``__eq__`` is called from a lookup (the drivers of rounds 34 to 53). A C callback at
+    a call (round 54's shape: ``sorted`` comparing keys) passes this check: the rule on special methods and
+    descriptors is what stops it."""
+    script = (
+        "import functools, os, sys, tempfile\nimport _child\n"
+        "seen = []\nrecord = functools.partial(lambda *a: seen.append(_child._made_by_calls()) or True)\n"
+        "class Key(int):\n    _"
+        + "_eq__ = record\n    _"
+        + "_lt__ = record\n    def _"
+        + "_hash__(self):\n        return 7\n"
+        "def python_call():\n    seen.append(_child._made_by_calls())\n"
+        "folder = tempfile.mkdtemp()\nsys.path.insert(0, folder)\n"
+        "with open(os.path.join(folder, 'probe_module.py'), 'w') as file:\n"
+        "    file.write('import builtins\\nB = builtins.PROBE\\nB.python_call()\\nB.cache.get(7)\\n"
+        "B.cache[7] if 7 in B.cache else None\\nsorted([B.Key(1), B.Key(2)])\\n')\n"
+        "import builtins, types\nbuiltins.PROBE = types.SimpleNamespace(python_call=python_call, Key=Key, "
+        "cache={Key(7): 1})\n"
+        "import probe_module\nprint(seen)\n"
+    )
+    # a Python function called by the module: a call; dict.get comparing the key: a call (C, at a CALL); the key
+    # compared by `in` (CONTAINS_OP) and by a subscript: lookups; sorted comparing keys: a call
+    assert _in_a_fresh_interpreter(script) == ["[True, True, False, False, True]"]
 
 
 def test_a_module_s_class_is_judged_by_what_it_holds_and_the_files_running_its_making():

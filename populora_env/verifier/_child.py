@@ -325,6 +325,26 @@ def install_module_guard() -> None:
         set_class_attribute(module, name, guard)
 
 
+def check_class_store(cls: Any, name: str, value: Any) -> None:
+    """The check of every write of a class's attribute (``sandbox.route_class_stores``): in a guarded call, a
+    ``classmethod``, ``staticmethod`` or ``property`` of something other than functions is refused (event
+    ``populora.class_namespace``, recorded) as a value of any class but the standard library's, by the rule
+    ``check_class`` applies to the classes a program makes (``_runs_in_a_frame``). Stored after the class was
+    made, ``P._is_runtime_protocol = classmethod(property(partial))`` served red-team round 54's driver as well
+    as the class statement did. (No program stores a special method: the pre-filter refuses their names as
+    attributes.)"""
+    if (
+        type(value) in _DESCRIPTORS
+        and _guard_armed()
+        and not _runs_in_a_frame(value, False)
+        and not _is_standard(cls)
+    ):
+        _refuse_at_run_time(
+            "populora.class_hook",
+            f"{_describe_name(name)} as a {_describe_name(type(value).__name__)}",
+        )
+
+
 def _done_by_the_child() -> bool:
     """Whether the guard running this is called by this module's own code (``_guard_clocks`` replacing
     ``time``'s clocks as a guarded call imports it): its caller's globals are this module's."""
@@ -870,6 +890,8 @@ _RUN_TIME_REFUSALS = {
     "populora.metaclass": "the program made a metaclass at run time (a class deriving from {})",
     "populora.class_namespace": "the program made a class holding the name {} (at run time or through the "
     "standard library)",
+    "populora.class_hook": "the program gave a class {}, not a function (a program's special methods and "
+    "descriptors run in frames of its own)",
 }
 
 
@@ -1085,12 +1107,21 @@ def _made_by_calls() -> bool:
         code = frame.f_code
         if code.co_filename in _IMPORT_FILES:
             return True
-        if code.co_filename not in _VERIFIER_FILES:
-            at, instructions = frame.f_lasti, code.co_code
-            if not (0 <= at < len(instructions) and instructions[at] in _CALLS):
-                return False
+        if code.co_filename not in _VERIFIER_FILES and not _at_a_call(frame.f_lasti, code.co_code):
+            return False
         frame = frame.f_back
     return False
+
+
+_CACHE = opcode.opmap.get("CACHE", -1)
+
+
+def _at_a_call(at: int, instructions: bytes) -> bool:
+    """Whether offset ``at`` of ``instructions`` is a call instruction or one of its inline cache entries (where
+    CPython 3.11 leaves a frame that called a Python function: red-team round 54 measured it)."""
+    while 0 < at < len(instructions) and instructions[at] == _CACHE:
+        at -= 2
+    return 0 <= at < len(instructions) and instructions[at] in _CALLS
 
 
 def _made_by_a_module(metatype: Any, args: tuple[Any, ...]) -> bool:
@@ -1280,6 +1311,12 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
                 _refuse_at_run_time("populora.class_namespace", f"a slot named by a {type(name).__name__}")
             elif dunder_shaped(name) and name not in ("__dict__", "__weakref__"):
                 _refuse_at_run_time("populora.class_namespace", f"{_describe_name(name)} (a slot)")
+        for key, value in dict.items(namespace):
+            if type(key) is str and not _runs_in_a_frame(value, key in ALLOWED_SPECIAL_METHODS):
+                _refuse_at_run_time(
+                    "populora.class_hook",
+                    f"{_describe_name(key)} as a {_describe_name(type(value).__name__)}",
+                )
         for key in dict.keys(namespace):
             if type(key) is not str:
                 _refuse_at_run_time("populora.class_namespace", f"a key of the class {type(key).__name__}")
@@ -1291,6 +1328,25 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
             ):
                 _refuse_at_run_time("populora.class_namespace", _describe_name(key))
     return True
+
+
+_DESCRIPTORS = (classmethod, staticmethod, property)
+
+
+def _runs_in_a_frame(value: Any, special: bool) -> bool:
+    """Whether the value a program's class holds under a special method's name (``special``), or as a
+    ``classmethod``, ``staticmethod`` or ``property``, runs in a Python frame when the interpreter or the
+    standard library calls it: a function, ``None`` (``__hash__ = None``), or such a descriptor of functions.
+    A C callable there ran the program's code below no frame of its own: ``__eq__ = functools.partial(
+    dict.fromkeys, map(type(int), ...))`` on an int subclass kept as a key by ``re``'s or ``enum``'s caches
+    made classes while a module was imported (red-team rounds 34 to 53), and ``classmethod(property(partial))``
+    under ``_is_runtime_protocol``, read by ``typing``'s ``__subclasshook__`` when ``array``'s C init registered
+    it with ``MutableSequence`` (round 54). Other values of other names are data."""
+    kind = type(value)
+    if kind in _DESCRIPTORS:
+        parts = (value.fget, value.fset, value.fdel) if kind is property else (value.__func__,)
+        return all(part is None or _runs_in_a_frame(part, True) for part in parts)
+    return not special or value is None or kind is _FUNCTION
 
 
 def made_by_the_standard_library(cls: Any) -> None:

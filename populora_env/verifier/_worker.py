@@ -140,6 +140,11 @@ class Worker:
             self.report["errors"].append(routed)
         _child.install_frame_guard()  # the language layer's run-time half: no frames for guarded programs
         _child.install_module_guard()  # (a module's attributes change only as it is imported)
+        stores = sandbox.route_class_stores(
+            _child.check_class_store
+        )  # (a class's descriptors hold functions)
+        if stores:
+            self.report["errors"].append(stores)
         _child.install_copy_guard()  # (the standard library imports copy lazily too, past the guarded import)
         if config.get("language_guards", True):  # (the modules behave as usual for unguarded programs)
             self.report["errors"].extend(_child.freeze_standard_classes())

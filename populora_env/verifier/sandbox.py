@@ -494,6 +494,45 @@ def make_immutable(cls: type) -> str | None:
 _TYPE_NEW = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.py_object)
 
 
+_TYPE_SETATTRO = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.py_object, ctypes.py_object)
+_TYPE_DELATTRO = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.py_object, ctypes.c_void_p)
+
+
+def route_class_stores(check: Callable[[type, str, Any], None]) -> str | None:
+    """Makes every write of a class's attribute call ``check(cls, name, value)`` first (it raises to refuse),
+    then CPython's own ``type_setattro``, called through its slot's address, saved first: ``type``'s
+    ``__setattr__`` and ``__delattr__`` become functions, and the metaclasses that inherit its slot (ABCMeta,
+    EnumType) reach them, where the slot wrapper CPython keeps refuses a class whose slot is no longer
+    ``type``'s. Deletes are not checked.
+
+    Returns:
+        ``None``, or why class stores stay unchecked (another layout of the type object).
+    """
+    probe = type("probe", (type,), {})  # inherits type's tp_setattro
+    if not (
+        _type_word(type, 18).value
+        == _type_word(probe, 18).value  # tp_getattro, as route_class_creation reads
+        and _type_word(type, 19).value == _type_word(probe, 19).value != _type_word(object, 19).value
+        and _type_word(type, 21).value == type.__flags__
+    ):
+        return (
+            "cannot check the descriptors programs store in classes (PyTypeObject not laid out as expected)"
+        )
+    address = _type_word(type, 19).value
+    store, delete = _TYPE_SETATTRO(address), _TYPE_DELATTRO(address)
+
+    def __setattr__(cls: type, name: str, value: Any) -> None:
+        check(cls, name, value)
+        store(cls, name, value)
+
+    def __delattr__(cls: type, name: str) -> None:
+        delete(cls, name, None)  # (a NULL value: CPython's delete)
+
+    for name, function in (("__setattr__", __setattr__), ("__delattr__", __delattr__)):
+        set_class_attribute(type, name, function)
+    return None
+
+
 def route_class_creation(
     check: Callable[[type, tuple[Any, ...]], bool], made: Callable[[type], None] | None = None
 ) -> str | None:
