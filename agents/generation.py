@@ -115,14 +115,14 @@ _warned_context: weakref.WeakSet[Any] = weakref.WeakSet()  # models already warn
 # an id is reused once its model is freed)
 
 
-def _warn_past_context(model: Any, prompt_tokens: int, max_new_tokens: int) -> None:
+def warn_past_context(model: Any, prompt_tokens: int, max_new_tokens: int) -> None:
     """Logs once per model when a row can run past the positions the model was trained on (RoPE models
-    still run there, with degraded output; nothing is cut)."""
+    still run there, with degraded output; nothing is cut): in generation, and in a GRPO update."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(limit, int) and prompt_tokens + max_new_tokens > limit and model not in _warned_context:
         _warned_context.add(model)
         logger.warning(
-            "a prompt of %d tokens plus max_new_tokens=%d runs past the model's max_position_embeddings "
+            "a prompt of %d tokens plus up to %d new tokens runs past the model's max_position_embeddings "
             "(%d): positions beyond it were never trained",
             prompt_tokens,
             max_new_tokens,
@@ -197,7 +197,7 @@ def decode_tokens(
         padding_side="left",
         split_special_tokens=True,
     ).to(device)
-    _warn_past_context(model, int(enc["attention_mask"].sum(dim=1).max()), max_new_tokens)
+    warn_past_context(model, int(enc["attention_mask"].sum(dim=1).max()), max_new_tokens)
     state = _DecodeState(growing_cache(), cache_kwarg(model), enc["attention_mask"], enc["input_ids"])
     steps: dict[str, Any] = dict(
         max_new_tokens=max_new_tokens,

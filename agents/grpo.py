@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from agents.base import deterministic_kernels, no_cudnn_attention
-from agents.generation import texts_of
+from agents.generation import texts_of, warn_past_context
 from agents.grpo_batch import TokenBatch, encode_batch, only_trainable, shared_prefix_logps
 from agents.grpo_config import (
     LOSS_TYPES,
@@ -200,6 +200,8 @@ class GRPOLearner:
         batch = encode_batch(
             self.population.tokenizer, prompts, completions, completion_ids, cfg.max_new_tokens
         )
+        # (a prompt of ~4 000 tokens trained silently on a model of 2 048 positions, where generation warned)
+        warn_past_context(self.population.model, batch.prompt_ids.shape[1], batch.completion_ids.shape[1])
         chunks = [c for c in torch.arange(len(prompts)).tensor_split(cfg.grad_accum_steps) if c.numel() > 0]
         ctx = AggregationContext(
             num_sequences_in_batch=len(prompts),

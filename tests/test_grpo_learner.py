@@ -334,6 +334,21 @@ def test_token_caveats_are_logged_once(caplog: pytest.LogCaptureFixture) -> None
                for m in messages) == 1, messages  # fmt: skip
 
 
+def test_an_update_past_the_trained_positions_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A prompt longer than the model's max_position_embeddings trained silently where generation warned (a
+    review): the update says so too, once per model."""
+    pop = TinyPopulation()
+    learner = GRPOLearner(pop, GRPOConfig(max_new_tokens=4))
+    limit = pop.model.config.max_position_embeddings
+    long_prompt = " ".join(["a"] * limit)
+    with caplog.at_level(logging.WARNING, logger="agents.generation"):
+        learner.update("p0", ["a b", "a b"], ["a", "b"], [1.0, 0.0], [0, 0])
+        assert "max_position_embeddings" not in caplog.text
+        for _ in range(2):
+            learner.update("p0", [long_prompt] * 2, ["a", "b"], [1.0, 0.0], [0, 0])
+    assert caplog.text.count(f"runs past the model's max_position_embeddings ({limit})") == 1
+
+
 def test_first_inner_epoch_is_on_policy() -> None:
     pop = TinyPopulation()
     cfg = GRPOConfig(
