@@ -3161,8 +3161,10 @@ def test_standard_library_code_forwarding_to_a_program_is_no_module_s_hook(verif
     it. Round 52, with those closures refused: ``collections.UserList.pop`` (``self.data.pop(i)``, no
     closure) with a program object as ``data`` in the same namespace: the names a hook reads must hold, in
     the namespace, what a module could have put there."""
-    # (since round 54 both are refused at their driver: the partial as __eq__)
-    assert verifier.run(hook, "1") == verifier.run(metaclass, "1") == _hook_refused()
+    # (since round 54 both are refused at their driver: the partial as __eq__; round 51's before it, at its
+    # trampoline, a partialmethod of type(int) in a class: round 55)
+    refused = _hook_refused("mk", "partialmethod") if hook is _PARTIALMETHOD_HOOK else _hook_refused()
+    assert verifier.run(hook, "1") == verifier.run(metaclass, "1") == refused
 
 
 def test_a_module_s_hook_reading_an_enum_member_of_its_class_is_still_the_module_s(verifier):
@@ -3205,13 +3207,25 @@ _PROTOCOL_DRIVER = (
 _PROTOCOL_HOOK = "classmethod(property(functools.partial(dict.fromkeys, map(L.append, maker))))"
 
 
-@pytest.mark.parametrize("driver", ["re-cache", "enum-values", "protocol-hook", "protocol-hook-stored"])
+_ROUND_55_HOOKS = {  # the same descriptor behind a subclass of its class, the standard library's or the program's
+    "protocol-hook-abc": ("abc.abstractclassmethod(abc.abstractproperty(PARTIAL))", "abstractclassmethod"),
+    "protocol-hook-subclass": ("CM(property(PARTIAL))", "CM"),
+    "protocol-hook-partialmethod": (
+        "functools.partialmethod(classmethod(property(PARTIAL)))",
+        "partialmethod",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "driver", ["re-cache", "enum-values", "protocol-hook", "protocol-hook-stored", *_ROUND_55_HOOKS]
+)
 def test_a_program_s_classes_hold_functions_as_special_methods_and_descriptors(verifier, driver):
     """Every driver of red-team rounds 34 to 54 ran the program's C callables (a ``functools.partial`` over
     ``map(type, ...)``) from C while a module was imported, below no frame of the program's: as the ``__eq__`` of
     an int subclass kept as a key by ``re``'s pattern cache or ``enum``'s member-value cache (rounds 34-53), as a
     ``classmethod(property(...))`` that ``typing``'s ``__subclasshook__`` reads (round 54), in a class statement
-    or stored after it. A program's special methods and descriptors hold functions (``_child._runs_in_a_frame``,
+    or stored after it, also as a subclass of those or inside a ``functools.partialmethod`` (round 55). A program's special methods and descriptors hold functions (``_child._runs_in_a_frame``,
     ``check_class_store``), which run in a frame of the program's wherever they are called from."""
     if driver == "re-cache":
         program, refused = _made_during_an_import("copy", _BARE_METACLASS), _hook_refused()
@@ -3222,6 +3236,13 @@ def test_a_program_s_classes_hold_functions_as_special_methods_and_descriptors(v
             "STORE", ""
         )
         refused = _hook_refused("_is_runtime_protocol", "classmethod")
+    elif driver in _ROUND_55_HOOKS:  # (red-team round 55: the exact types only were checked)
+        hook, kind = _ROUND_55_HOOKS[driver]
+        partial = "functools.partial(dict.fromkeys, map(L.append, maker))"
+        program = "import abc\nclass CM(classmethod):\n    pass\n" + _PROTOCOL_DRIVER.replace(
+            "HOOK", "_is_runtime_protocol = " + hook.replace("PARTIAL", partial)
+        ).replace("STORE", "")
+        refused = _hook_refused("_is_runtime_protocol", kind)
     else:  # (a Protocol's attributes are typing's to write: refused before the rule on descriptors)
         program = _PROTOCOL_DRIVER.replace("HOOK", "pass").replace(
             "STORE", "P._is_runtime_protocol = " + _PROTOCOL_HOOK
@@ -3256,6 +3277,29 @@ def test_functions_as_special_methods_and_descriptors_still_work(verifier):
     assert verifier.run(made, "1") == _hook_refused("g", "property")
     stored = "import functools\nclass K:\n    pass\ndef f(x):\n    K.g = property(functools.partial(len))\n    return 1\n"
     assert verifier.run(stored, "1") == _hook_refused("g", "property")
+    # a subclass of property shadowing `fget` with a class attribute of its own: read through property's field
+    shadow = (
+        "import functools\nclass MyProp(property):\n    fget = None\nclass K:\n"
+        "    g = MyProp(functools.partial(len, [1]))\ndef f(x):\n    return K().g\n"
+    )
+    assert verifier.run(shadow, "1") == _hook_refused("g", "MyProp")
+    subclass = "class MyProp(property):\n    pass\nclass K:\n    g = MyProp(lambda self: 3)\ndef f(x):\n    return K().g\n"
+    assert verifier.run(subclass, "1") == Execution("ok", "3", "")
+    # the standard library's descriptors that call what they hold: functions kept (a breakage corpus program
+    # caches a method with lru_cache), a partial refused, read from the C object for lru_cache
+    kept = (
+        "import functools\nclass K:\n    @functools.lru_cache(maxsize=None)\n    def g(self, n):\n"
+        "        return n * 2\n    @functools.cached_property\n    def c(self):\n        return 5\n"
+        "    def add(self, a, b):\n        return a + b\n    h = functools.partialmethod(add, 1)\n"
+        "def f(x):\n    return [K().g(3), K().c, K().h(2)]\n"
+    )
+    assert verifier.run(kept, "1") == Execution("ok", "[6, 5, 3]", "")
+    for holder, kind in (("functools.lru_cache", "_lru_cache_wrapper"), ("functools.cached_property", "cached_property"),
+                         ("functools.partialmethod", "partialmethod")):  # fmt: skip
+        program = (
+            f"import functools\nclass K:\n    g = {holder}(functools.partial(len))\ndef f(x):\n    return 1\n"
+        )
+        assert verifier.run(program, "1") == _hook_refused("g", kind), holder
 
 
 def test_a_class_is_a_module_s_only_when_made_by_calls_down_from_the_import():

@@ -16,6 +16,7 @@ import marshal
 import opcode
 import os
 import sys
+from _collections import _tuplegetter
 from _functools import _lru_cache_wrapper as _LRU_CACHE_WRAPPER
 
 import literals  # top-level in the worker process, see _worker.py
@@ -33,7 +34,14 @@ from rules import (
     own_private,
     plain_super,
 )
-from sandbox import current_frame, generic_lookup, make_immutable, real_mro, set_class_attribute
+from sandbox import (
+    current_frame,
+    generic_lookup,
+    lru_cached_function,
+    make_immutable,
+    real_mro,
+    set_class_attribute,
+)
 from verdicts import line as _line
 
 TYPE_CHECKING = False  # `typing` stays out of the worker (see literals.py)
@@ -328,17 +336,12 @@ def install_module_guard() -> None:
 def check_class_store(cls: Any, name: str, value: Any) -> None:
     """The check of every write of a class's attribute (``sandbox.route_class_stores``): in a guarded call, a
     ``classmethod``, ``staticmethod`` or ``property`` of something other than functions is refused (event
-    ``populora.class_namespace``, recorded) as a value of any class but the standard library's, by the rule
+    ``populora.class_hook``, recorded) as a value of any class but the standard library's, by the rule
     ``check_class`` applies to the classes a program makes (``_runs_in_a_frame``). Stored after the class was
     made, ``P._is_runtime_protocol = classmethod(property(partial))`` served red-team round 54's driver as well
     as the class statement did. (No program stores a special method: the pre-filter refuses their names as
     attributes.)"""
-    if (
-        type(value) in _DESCRIPTORS
-        and _guard_armed()
-        and not _runs_in_a_frame(value, False)
-        and not _is_standard(cls)
-    ):
+    if _guard_armed() and not _runs_in_a_frame(value, False) and not _is_standard(cls):
         _refuse_at_run_time(
             "populora.class_hook",
             f"{_describe_name(name)} as a {_describe_name(type(value).__name__)}",
@@ -1330,23 +1333,81 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
     return True
 
 
-_DESCRIPTORS = (classmethod, staticmethod, property)
+def _parts_of(value: Any) -> tuple[Any, ...] | None:
+    """What a descriptor calls when it is read, or ``None`` for a value that is no descriptor: the functions of
+    a ``property``, ``classmethod`` or ``staticmethod`` (of a subclass too, read through the base's own fields:
+    a subclass can shadow ``fget`` with a class attribute); the ``func`` of a ``functools.partialmethod`` or
+    ``cached_property`` and the functions of an ``enum.property`` (of those very classes, read from the
+    instance's own dict); the function a ``functools.lru_cache`` wrapper calls; nothing of a built-in method or
+    a namedtuple's field (they call no value they were given); and ``(_UNKNOWN,)`` for any other descriptor, which a program's class may not hold (a
+    ``partialmethod`` of ``classmethod(property(partial))`` ran the partial, red-team round 55)."""
+    mro = _REAL_MRO(type(value))
+    for cls in mro:
+        getters = _DESCRIPTOR_PARTS.get(cls)
+        if getters is not None:
+            return tuple(get(value) for get in getters)
+    kind = type(value)
+    fields = _held_fields(kind)
+    if fields is not None:
+        state = object.__getattribute__(value, "__dict__")  # (a standard class: no program code runs)
+        return tuple(dict.get(state, name) for name in fields) if type(state) is dict else (_UNKNOWN,)
+    if not any(
+        not _REAL_NAMESPACE(cls).keys().isdisjoint(("__get__", "__set__", "__delete__")) for cls in mro
+    ):
+        return None  # no descriptor: data
+    if kind in _BUILT_IN_CALLABLES or kind is _tuplegetter:
+        return ()
+    if (
+        kind is _LRU_CACHE_WRAPPER
+    ):  # (`functools.lru_cache` on a method: what it calls, read from the C object)
+        function = lru_cached_function(value)
+        return (_UNKNOWN,) if function is None else (function,)
+    return (_UNKNOWN,)
+
+
+_DESCRIPTOR_PARTS = {
+    property: tuple(vars(property)[name].__get__ for name in ("fget", "fset", "fdel")),
+    classmethod: (vars(classmethod)["__func__"].__get__,),
+    staticmethod: (vars(staticmethod)["__func__"].__get__,),
+}
+#: Standard descriptors of Python classes whose instances hold what they call: (module, class, fields)
+_HELD_FUNCTIONS = (
+    ("functools", "partialmethod", ("func",)),
+    ("functools", "cached_property", ("func",)),
+    ("enum", "property", ("fget", "fset", "fdel")),
+    ("types", "DynamicClassAttribute", ("fget", "fset", "fdel")),
+)
+_UNKNOWN = object()
+
+
+def _held_fields(kind: Any) -> tuple[str, ...] | None:
+    """The fields of ``_HELD_FUNCTIONS`` for exactly ``kind``, found in the modules loaded (a class of a module
+    not imported has no instance), or ``None``."""
+    for module_name, name, fields in _HELD_FUNCTIONS:
+        module = sys.modules.get(module_name)
+        if module is not None and type(module) is _MODULE and dict.get(module.__dict__, name) is kind:
+            return fields
+    return None
 
 
 def _runs_in_a_frame(value: Any, special: bool) -> bool:
     """Whether the value a program's class holds under a special method's name (``special``), or as a
-    ``classmethod``, ``staticmethod`` or ``property``, runs in a Python frame when the interpreter or the
-    standard library calls it: a function, ``None`` (``__hash__ = None``), or such a descriptor of functions.
-    A C callable there ran the program's code below no frame of its own: ``__eq__ = functools.partial(
-    dict.fromkeys, map(type(int), ...))`` on an int subclass kept as a key by ``re``'s or ``enum``'s caches
-    made classes while a module was imported (red-team rounds 34 to 53), and ``classmethod(property(partial))``
-    under ``_is_runtime_protocol``, read by ``typing``'s ``__subclasshook__`` when ``array``'s C init registered
-    it with ``MutableSequence`` (round 54). Other values of other names are data."""
-    kind = type(value)
-    if kind in _DESCRIPTORS:
-        parts = (value.fget, value.fset, value.fdel) if kind is property else (value.__func__,)
-        return all(part is None or _runs_in_a_frame(part, True) for part in parts)
-    return not special or value is None or kind is _FUNCTION
+    descriptor, runs in a Python frame when the interpreter or the standard library calls it: a function,
+    ``None`` (``__hash__ = None``), or a descriptor of functions (``_parts_of``). A C callable there ran the
+    program's code below no frame of its own: ``__eq__ = functools.partial(dict.fromkeys, map(type(int), ...))``
+    on an int subclass kept as a key by ``re``'s or ``enum``'s caches made classes while a module was imported
+    (red-team rounds 34 to 53), ``classmethod(property(partial))`` under ``_is_runtime_protocol``, read by
+    ``typing``'s ``__subclasshook__`` when ``array``'s C init registered it with ``MutableSequence`` (round
+    54), and the same in a subclass of those or a ``partialmethod`` (round 55). Other values of other names are
+    data."""
+    if value is None or type(value) is _FUNCTION:
+        return True
+    parts = _parts_of(value)
+    if parts is None:
+        return not special
+    if special and not parts:  # (a built-in method as a special method: a program's are functions)
+        return False
+    return all(part is None or (part is not _UNKNOWN and _runs_in_a_frame(part, True)) for part in parts)
 
 
 def made_by_the_standard_library(cls: Any) -> None:

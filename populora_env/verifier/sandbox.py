@@ -494,6 +494,29 @@ def make_immutable(cls: type) -> str | None:
 _TYPE_NEW = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.py_object)
 
 
+def _lru_function_word() -> int | None:
+    """The index of the pointer-sized field of a ``functools.lru_cache`` wrapper that holds the function it
+    calls (CPython's ``lru_cache_object.func``), found by a probe: ``None`` where no single field holds it."""
+    from _functools import _lru_cache_wrapper
+
+    probe = _lru_cache_wrapper(len, None, False, tuple)
+    found = [i for i in range(2, 32) if ctypes.c_void_p.from_address(id(probe) + i * 8).value == id(len)]
+    return found[0] if len(found) == 1 and ctypes.sizeof(ctypes.c_void_p) == 8 else None
+
+
+_LRU_FUNCTION_WORD = _lru_function_word()
+
+
+def lru_cached_function(wrapper: Any) -> Any:
+    """The function an ``functools.lru_cache`` wrapper calls, read from the C object (its ``__wrapped__`` is
+    an attribute ``functools.update_wrapper`` can set to anything afterwards), or ``None`` where the layout is
+    not known."""
+    if _LRU_FUNCTION_WORD is None:
+        return None
+    address = ctypes.c_void_p.from_address(id(wrapper) + _LRU_FUNCTION_WORD * 8).value
+    return ctypes.cast(address, ctypes.py_object).value if address else None
+
+
 _TYPE_SETATTRO = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.py_object, ctypes.py_object)
 _TYPE_DELATTRO = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.py_object, ctypes.c_void_p)
 
