@@ -1346,15 +1346,15 @@ def _parts_of(value: Any) -> tuple[Any, ...] | None:
         getters = _DESCRIPTOR_PARTS.get(cls)
         if getters is not None:
             return tuple(get(value) for get in getters)
+    if not any(
+        not _REAL_NAMESPACE(cls).keys().isdisjoint(("__get__", "__set__", "__delete__")) for cls in mro
+    ):
+        return None  # no descriptor: data
     kind = type(value)
     fields = _held_fields(kind)
     if fields is not None:
         state = object.__getattribute__(value, "__dict__")  # (a standard class: no program code runs)
         return tuple(dict.get(state, name) for name in fields) if type(state) is dict else (_UNKNOWN,)
-    if not any(
-        not _REAL_NAMESPACE(cls).keys().isdisjoint(("__get__", "__set__", "__delete__")) for cls in mro
-    ):
-        return None  # no descriptor: data
     if kind in _BUILT_IN_CALLABLES or kind is _tuplegetter:
         return ()
     if (
