@@ -76,9 +76,8 @@ class GRPOConfig:
     run-to-run varying kernels. No effect on CPU, whose kernels are deterministic already."""
 
     def __post_init__(self) -> None:
-        for name in (
-            _FLOATS + _INTS
-        ):  # numpy's numbers as Python's (a value read from an array), bools refused
+        # numpy's numbers as Python's (a value read from an array), bools refused
+        for name in _FLOATS + _INTS:
             value = getattr(self, name)
             if isinstance(value, numbers.Real) and not isinstance(value, bool | int | float):
                 object.__setattr__(
@@ -86,9 +85,8 @@ class GRPOConfig:
                 )
             elif isinstance(value, bool):
                 raise ValueError(f"GRPOConfig.{name} must be a number, not a bool, got {value!r}")
-        for (
-            name
-        ) in _FLOATS:  # the optimizer and the loss compute in float32 (1e39 raised inside AdamW's step)
+        # the optimizer and the loss compute in float32 (1e39 raised inside AdamW's step)
+        for name in _FLOATS:
             value = getattr(self, name)
             _check(not _finite(value) or abs(value) <= _FLOAT32_MAX, name, "within float32's range", value)
         _check(self.loss_type in LOSS_TYPES, "loss_type", f"one of {LOSS_TYPES}", self.loss_type)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
+import numpy as np
 import torch
 
 from evolve.lowrank import ProductOverflow
@@ -365,7 +366,10 @@ def check_fitness(fitness: Sequence[float] | torch.Tensor | None, count: int) ->
         raise ValueError(
             f"fitness: need a 1-D tensor (one value per parent), got shape {tuple(fitness.shape)}"
         )
-    if isinstance(fitness, str | bytes | Mapping | Set) or not isinstance(fitness, Sequence | torch.Tensor):
+    if isinstance(fitness, np.ndarray) and fitness.ndim != 1:
+        raise ValueError(f"fitness: need a 1-D array (one value per parent), got shape {fitness.shape}")
+    ordered = Sequence | torch.Tensor | np.ndarray
+    if isinstance(fitness, str | bytes | Mapping | Set) or not isinstance(fitness, ordered):
         # ("12" was read as [1.0, 2.0], a set in no order, a dict by its keys)
         raise ValueError(
             f"fitness: need a sequence of numbers in the parents' order (a list, tuple or 1-D tensor), got a "

@@ -317,6 +317,9 @@ def test_wrong_argument_types_say_what_was_expected():
             cross("es", [parent, lora_genome(2)], fitness=fitness)
     with pytest.raises(ValueError, match=r"fitness: need one number per parent \(2\)"):
         cross("es", [parent, lora_genome(2)], fitness=[10**400, 1])
+    import numpy as np  # (an array, ordered, is taken as a list is)
+
+    assert_same_structure(cross("es", [parent, lora_genome(2)], fitness=np.array([2.0, 1.0])), parent)
     for strength, error, message in ((None, TypeError, "must be a number, got NoneType"),
                                      ("0.1", TypeError, "must be a number, got str"),
                                      (10**400, ValueError, "must be a finite number >= 0")):  # fmt: skip
