@@ -2135,6 +2135,14 @@ def _made_during_an_import(imports: str, body: str, maker: str = "type(int)") ->
     return f"import re, functools, {imports}\n" + _DURING_AN_IMPORT.replace("MAKER", maker) + body
 
 
+def _subclass_refused(name: str) -> Execution:
+    return Execution(
+        "forbidden", None,
+        f"the program subclassed {name} (the functions its objects call could be set again after their class was "
+        "checked)",
+    )  # fmt: skip
+
+
 def _hook_refused(name: str = "__eq__", kind: str = "partial") -> Execution:
     """The verdict on a program whose class holds ``kind`` under ``name`` (red-team round 54's rule,
     ``_child._runs_in_a_frame``): since then every driver above is refused as its first class is made, before
@@ -3239,10 +3247,17 @@ def test_a_program_s_classes_hold_functions_as_special_methods_and_descriptors(v
     elif driver in _ROUND_55_HOOKS:  # (red-team round 55: the exact types only were checked)
         hook, kind = _ROUND_55_HOOKS[driver]
         partial = "functools.partial(dict.fromkeys, map(L.append, maker))"
-        program = "import abc\nclass CM(classmethod):\n    pass\n" + _PROTOCOL_DRIVER.replace(
-            "HOOK", "_is_runtime_protocol = " + hook.replace("PARTIAL", partial)
-        ).replace("STORE", "")
+        preamble = "class CM(classmethod):\n    pass\n" if driver == "protocol-hook-subclass" else ""
+        program = (
+            "import abc\n"
+            + preamble
+            + _PROTOCOL_DRIVER.replace(
+                "HOOK", "_is_runtime_protocol = " + hook.replace("PARTIAL", partial)
+            ).replace("STORE", "")
+        )
         refused = _hook_refused("_is_runtime_protocol", kind)
+        if preamble:  # (since round 56 a program may not subclass them at all)
+            refused = _subclass_refused("'classmethod'")
     else:  # (a Protocol's attributes are typing's to write: refused before the rule on descriptors)
         program = _PROTOCOL_DRIVER.replace("HOOK", "pass").replace(
             "STORE", "P._is_runtime_protocol = " + _PROTOCOL_HOOK
@@ -3277,14 +3292,34 @@ def test_functions_as_special_methods_and_descriptors_still_work(verifier):
     assert verifier.run(made, "1") == _hook_refused("g", "property")
     stored = "import functools\nclass K:\n    pass\ndef f(x):\n    K.g = property(functools.partial(len))\n    return 1\n"
     assert verifier.run(stored, "1") == _hook_refused("g", "property")
-    # a subclass of property shadowing `fget` with a class attribute of its own: read through property's field
+    # a subclass of property shadowing `fget` with a class attribute of its own (round 55), or setting its
+    # function again with `super().__init__` after the class was checked (round 56): no subclass of them
     shadow = (
         "import functools\nclass MyProp(property):\n    fget = None\nclass K:\n"
         "    g = MyProp(functools.partial(len, [1]))\ndef f(x):\n    return K().g\n"
     )
-    assert verifier.run(shadow, "1") == _hook_refused("g", "MyProp")
-    subclass = "class MyProp(property):\n    pass\nclass K:\n    g = MyProp(lambda self: 3)\ndef f(x):\n    return K().g\n"
-    assert verifier.run(subclass, "1") == Execution("ok", "3", "")
+    assert verifier.run(shadow, "1") == _subclass_refused("'property'")
+    # the standard library's subclass of one is read through the base's field
+    abstract = "import abc, functools\nclass K:\n    g = abc.abstractproperty(functools.partial(len))\ndef f(x):\n    return 1\n"
+    assert verifier.run(abstract, "1") == _hook_refused("g", "abstractproperty")
+    # the functions a descriptor holds, set again after its class was checked (round 56)
+    for make, field in (("functools.partialmethod(g)", "func"), ("functools.cached_property(g)", "func"),
+                        ("enum.property(g)", "fget")):  # fmt: skip
+        program = (
+            f"import enum, functools\ndef g(*a):\n    return 1\nd = {make}\nclass K:\n    h = d\n"
+            f"def f(x):\n    d.{field} = functools.partial(len)\n    return 1\n"
+        )
+        kind = make.split("(")[0].split(".")[1]
+        assert verifier.run(program, "1") == Execution(
+            "forbidden", None,
+            f"the program wrote or deleted the attribute '{field}' of an object of the class '{kind}', not one of its own",
+        ), make  # fmt: skip
+    # a standard-library function that forwards to what the program gave it (`UserList.pop`: self.data.pop) as a
+    # descriptor's function, written by the program's own code (round 56); the program's own functions are kept
+    forwarding = (
+        "import collections\nclass K:\n    p = property(collections.UserList.pop)\ndef f(x):\n    return 1\n"
+    )
+    assert verifier.run(forwarding, "1") == _hook_refused("p", "property")
     # the standard library's descriptors that call what they hold: functions kept (a breakage corpus program
     # caches a method with lru_cache), a partial refused, read from the C object for lru_cache
     kept = (

@@ -341,7 +341,12 @@ def check_class_store(cls: Any, name: str, value: Any) -> None:
     made, ``P._is_runtime_protocol = classmethod(property(partial))`` served red-team round 54's driver as well
     as the class statement did. (No program stores a special method: the pre-filter refuses their names as
     attributes.)"""
-    if _guard_armed() and not _runs_in_a_frame(value, False) and not _is_standard(cls):
+    if (
+        _guard_armed()
+        and _parts_of(value) is not None  # (a descriptor: the frames are walked for those only)
+        and not _is_standard(cls)
+        and not _runs_in_a_frame(value, False, _written_by_the_program())
+    ):
         _refuse_at_run_time(
             "populora.class_hook",
             f"{_describe_name(name)} as a {_describe_name(type(value).__name__)}",
@@ -895,6 +900,8 @@ _RUN_TIME_REFUSALS = {
     "standard library)",
     "populora.class_hook": "the program gave a class {}, not a function (a program's special methods and "
     "descriptors run in frames of its own)",
+    "populora.descriptor_subclass": "the program subclassed {} (the functions its objects call could be set "
+    "again after their class was checked)",
 }
 
 
@@ -1314,8 +1321,16 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
                 _refuse_at_run_time("populora.class_namespace", f"a slot named by a {type(name).__name__}")
             elif dunder_shaped(name) and name not in ("__dict__", "__weakref__"):
                 _refuse_at_run_time("populora.class_namespace", f"{_describe_name(name)} (a slot)")
+        own = _written_by_the_program()
+        for base in bases if type(bases) is tuple else ():
+            if _a_class(base) and any(cls in _DESCRIPTOR_PARTS for cls in _REAL_MRO(base)):
+                # (its instances' functions could be set again in place: `super().__init__(partial)` in a
+                # method of the program's subclass of property or classmethod, red-team round 56)
+                _refuse_at_run_time(
+                    "populora.descriptor_subclass", _describe_name(getattr(base, "__name__", "?"))
+                )
         for key, value in dict.items(namespace):
-            if type(key) is str and not _runs_in_a_frame(value, key in ALLOWED_SPECIAL_METHODS):
+            if type(key) is str and not _runs_in_a_frame(value, key in ALLOWED_SPECIAL_METHODS, own):
                 _refuse_at_run_time(
                     "populora.class_hook",
                     f"{_describe_name(key)} as a {_describe_name(type(value).__name__)}",
@@ -1390,7 +1405,20 @@ def _held_fields(kind: Any) -> tuple[str, ...] | None:
     return None
 
 
-def _runs_in_a_frame(value: Any, special: bool) -> bool:
+def _written_by_the_program() -> bool:
+    """Whether the nearest frame outside the verifier's own and the metaclasses' ``__new__`` is a program's: a
+    class statement or a store of the program's own code, not a standard-library factory making a class for
+    it (``namedtuple``'s ``_make``, enum's functional API: functions of the standard library's)."""
+    frame = current_frame()
+    # (and past a metaclass's __new__ making the class of a class statement: ABCMeta's, EnumType's)
+    while frame is not None and (
+        frame.f_code.co_filename in _VERIFIER_FILES or frame.f_code.co_name == "__new__"
+    ):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_filename in _PROGRAM_FILES
+
+
+def _runs_in_a_frame(value: Any, special: bool, own: bool = False) -> bool:
     """Whether the value a program's class holds under a special method's name (``special``), or as a
     descriptor, runs in a Python frame when the interpreter or the standard library calls it: a function,
     ``None`` (``__hash__ = None``), or a descriptor of functions (``_parts_of``). A C callable there ran the
@@ -1398,16 +1426,22 @@ def _runs_in_a_frame(value: Any, special: bool) -> bool:
     on an int subclass kept as a key by ``re``'s or ``enum``'s caches made classes while a module was imported
     (red-team rounds 34 to 53), ``classmethod(property(partial))`` under ``_is_runtime_protocol``, read by
     ``typing``'s ``__subclasshook__`` when ``array``'s C init registered it with ``MutableSequence`` (round
-    54), and the same in a subclass of those or a ``partialmethod`` (round 55). Other values of other names are
-    data."""
-    if value is None or type(value) is _FUNCTION:
+    54), and the same in a subclass of those or a ``partialmethod`` (round 55). With ``own`` (the program's own
+    code wrote the class or the store) the functions of its special methods and descriptors must be the
+    program's (round 56; a plain function of the standard library's under another name is what enum adds,
+    ``_generate_next_value_``). Other values of other names are data."""
+    if value is None:
         return True
+    if type(value) is _FUNCTION:
+        # the program's own code holds its own functions: `classmethod(property(collections.UserList.pop))`
+        # forwarded to `self.data.pop`, a partial kept as plain data (red-team round 56)
+        return not (own and special) or value.__code__.co_filename in _PROGRAM_FILES
     parts = _parts_of(value)
     if parts is None:
         return not special
     if special and not parts:  # (a built-in method as a special method: a program's are functions)
         return False
-    return all(part is None or (part is not _UNKNOWN and _runs_in_a_frame(part, True)) for part in parts)
+    return all(part is None or (part is not _UNKNOWN and _runs_in_a_frame(part, True, own)) for part in parts)
 
 
 def made_by_the_standard_library(cls: Any) -> None:
@@ -1788,6 +1822,11 @@ def _owned(target: Any, name: str) -> Any:
     Plain attributes of standard instances stay writable (``textwrap.TextWrapper().width``); private ones
     (``_x``) only where ``_checked_private`` would read them."""
     if own_private(name) and not _private_reachable(target, name):
+        _refuse_at_run_time("populora.foreign_store", f"{_describe_name(name)} of {_what(target)}")
+    held = _held_fields(type(target))
+    if held is not None and name in held:
+        # (a partialmethod's `func`, an enum.property's `fget`, changed after its class was checked to a
+        # partial: red-team round 56)
         _refuse_at_run_time("populora.foreign_store", f"{_describe_name(name)} of {_what(target)}")
     if not _is_own(target) and (
         type(target) is type(sys) or isinstance(target, type) or _shadows_a_method(target, name)
