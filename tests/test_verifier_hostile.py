@@ -2071,8 +2071,8 @@ ROUND_35_DEEPCOPY = "import re, functools, calendar, copy\nL = []\nG = []\ndef n
 
 def test_round_35_a_class_made_during_an_import_vouches_for_nothing(verifier):
     """Only classes modules hold (or found under their names) count as a module's values; every special method
-    of a class made during an import is the module's code (or built in) for it to be the module's class (since round 54 refused
-    at the driver)."""
+    of a class made during an import is the module's code (or built in) for it to be the module's class
+    (since round 54 refused at the driver)."""
     assert verifier.run(ROUND_35_METACLASS, "1") == _hook_refused()
     assert verifier.run(ROUND_35_DEEPCOPY, "1") == _hook_refused()
 
@@ -3233,7 +3233,8 @@ def test_a_program_s_classes_hold_functions_as_special_methods_and_descriptors(v
     ``map(type, ...)``) from C while a module was imported, below no frame of the program's: as the ``__eq__`` of
     an int subclass kept as a key by ``re``'s pattern cache or ``enum``'s member-value cache (rounds 34-53), as a
     ``classmethod(property(...))`` that ``typing``'s ``__subclasshook__`` reads (round 54), in a class statement
-    or stored after it, also as a subclass of those or inside a ``functools.partialmethod`` (round 55). A program's special methods and descriptors hold functions (``_child._runs_in_a_frame``,
+    or stored after it, also as a subclass of those or inside a ``functools.partialmethod`` (round 55). A
+    program's special methods and descriptors hold functions (``_child._runs_in_a_frame``,
     ``check_class_store``), which run in a frame of the program's wherever they are called from."""
     if driver == "re-cache":
         program, refused = _made_during_an_import("copy", _BARE_METACLASS), _hook_refused()

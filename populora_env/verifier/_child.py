@@ -1354,8 +1354,9 @@ def _parts_of(value: Any) -> tuple[Any, ...] | None:
     a subclass can shadow ``fget`` with a class attribute); the ``func`` of a ``functools.partialmethod`` or
     ``cached_property`` and the functions of an ``enum.property`` (of those very classes, read from the
     instance's own dict); the function a ``functools.lru_cache`` wrapper calls; nothing of a built-in method or
-    a namedtuple's field (they call no value they were given); and ``(_UNKNOWN,)`` for any other descriptor, which a program's class may not hold (a
-    ``partialmethod`` of ``classmethod(property(partial))`` ran the partial, red-team round 55)."""
+    a namedtuple's field (they call no value they were given); and ``(_UNKNOWN,)`` for any other descriptor,
+    which a program's class may not hold (a ``partialmethod`` of ``classmethod(property(partial))`` ran the
+    partial, red-team round 55)."""
     mro = _REAL_MRO(type(value))
     for cls in mro:
         getters = _DESCRIPTOR_PARTS.get(cls)
@@ -1372,9 +1373,8 @@ def _parts_of(value: Any) -> tuple[Any, ...] | None:
         return tuple(dict.get(state, name) for name in fields) if type(state) is dict else (_UNKNOWN,)
     if kind in _BUILT_IN_CALLABLES or kind is _tuplegetter:
         return ()
-    if (
-        kind is _LRU_CACHE_WRAPPER
-    ):  # (`functools.lru_cache` on a method: what it calls, read from the C object)
+    if kind is _LRU_CACHE_WRAPPER:
+        # (`functools.lru_cache` on a method: what it calls, read from the C object)
         function = lru_cached_function(value)
         return (_UNKNOWN,) if function is None else (function,)
     return (_UNKNOWN,)
@@ -1410,9 +1410,11 @@ def _written_by_the_program() -> bool:
     class statement or a store of the program's own code, not a standard-library factory making a class for
     it (``namedtuple``'s ``_make``, enum's functional API: functions of the standard library's)."""
     frame = current_frame()
-    # (and past a metaclass's __new__ making the class of a class statement: ABCMeta's, EnumType's)
+    # (and past a standard metaclass's __new__ making the class of a class statement: ABCMeta's, EnumType's; a
+    # program's own __new__ is the program's code)
     while frame is not None and (
-        frame.f_code.co_filename in _VERIFIER_FILES or frame.f_code.co_name == "__new__"
+        frame.f_code.co_filename in _VERIFIER_FILES
+        or (frame.f_code.co_name == "__new__" and frame.f_code.co_filename not in _PROGRAM_FILES)
     ):
         frame = frame.f_back
     return frame is not None and frame.f_code.co_filename in _PROGRAM_FILES
