@@ -3336,6 +3336,16 @@ def test_functions_as_special_methods_and_descriptors_still_work(verifier):
             f"import functools\nclass K:\n    g = {holder}(functools.partial(len))\ndef f(x):\n    return 1\n"
         )
         assert verifier.run(program, "1") == _hook_refused("g", kind), holder
+    # a class the program's own __new__ makes when copy calls it: the program's code, not a metaclass's __new__ of
+    # the standard library's skipped on the way down to copyreg (this change's own review)
+    in_new = (
+        "import collections, copy\nT = type(int)\nR = []\nS = [0]\nclass Maker:\n    def _"
+        + "_new__(cls, *a):\n"
+        "        S[0] += 1\n        if S[0] == 2:\n"
+        "            R.append(T('K', (), {'p': property(collections.UserList.pop)}))\n"
+        "        return super()._" + "_new__(cls)\ndef f(x):\n    copy.copy(Maker())\n    return len(R)\n"
+    )
+    assert verifier.run(in_new, "1") == _hook_refused("p", "property")
 
 
 def test_a_class_is_a_module_s_only_when_made_by_calls_down_from_the_import():
