@@ -3346,6 +3346,19 @@ def test_functions_as_special_methods_and_descriptors_still_work(verifier):
         "        return super()._" + "_new__(cls)\ndef f(x):\n    copy.copy(Maker())\n    return len(R)\n"
     )
     assert verifier.run(in_new, "1") == _hook_refused("p", "property")
+    # round 57: a descriptor of a standard-library function stored by the standard library for the program
+    # (calendar's setter writes `_firstweekday` into what it is given), and annotations that are no dict
+    # (typing calls their keys(), a partial kept as plain data)
+    stored_for = (
+        "import calendar, collections\nclass P:\n    pass\ndef f(x):\n"
+        "    calendar.Calendar.setfirstweekday(P, classmethod(property(collections.UserList.pop)))\n    return 1\n"
+    )
+    assert verifier.run(stored_for, "1") == _hook_refused("_firstweekday", "classmethod")
+    annotations = "T = type(int)\ndef f(x):\n    T('K', (), {'_' + '_annotations__': [1]})\n    return 1\n"
+    assert verifier.run(annotations, "1") == Execution(
+        "forbidden", None, "the program made a class holding the name '__annotations__' as a 'list' (at run time "
+        "or through the standard library)",
+    )  # fmt: skip
 
 
 def test_a_class_is_a_module_s_only_when_made_by_calls_down_from_the_import():

@@ -337,15 +337,18 @@ def check_class_store(cls: Any, name: str, value: Any) -> None:
     """The check of every write of a class's attribute (``sandbox.route_class_stores``): in a guarded call, a
     ``classmethod``, ``staticmethod`` or ``property`` of something other than functions is refused (event
     ``populora.class_hook``, recorded) as a value of any class but the standard library's, by the rule
-    ``check_class`` applies to the classes a program makes (``_runs_in_a_frame``). Stored after the class was
-    made, ``P._is_runtime_protocol = classmethod(property(partial))`` served red-team round 54's driver as well
-    as the class statement did. (No program stores a special method: the pre-filter refuses their names as
-    attributes.)"""
+    ``check_class`` applies to the classes a program's own code writes (``_runs_in_a_frame``; their functions
+    the program's own, whoever stores them: ``calendar.Calendar.setfirstweekday`` stored one for the program,
+    red-team round 57). Stored after the class was made, ``P._is_runtime_protocol =
+    classmethod(property(partial))`` served round 54's driver as well as the class statement did. (No program
+    stores a special method: the pre-filter refuses their names as attributes.)"""
     if (
         _guard_armed()
         and _parts_of(value) is not None  # (a descriptor: the frames are walked for those only)
         and not _is_standard(cls)
-        and not _runs_in_a_frame(value, False, _written_by_the_program())
+        # (whoever stores it: `calendar.Calendar.setfirstweekday(P, classmethod(property(UserList.pop)))` wrote
+        # one from calendar's frame, red-team round 57)
+        and not _runs_in_a_frame(value, False, True)
     ):
         _refuse_at_run_time(
             "populora.class_hook",
@@ -1322,6 +1325,10 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
             elif dunder_shaped(name) and name not in ("__dict__", "__weakref__"):
                 _refuse_at_run_time("populora.class_namespace", f"{_describe_name(name)} (a slot)")
         own = _written_by_the_program()
+        annotations = dict.get(namespace, "__annotations__", {})
+        if type(annotations) is not dict:  # (typing calls its keys(): a partial there, red-team round 57)
+            what = f"{_describe_name('__annotations__')} as a {_describe_name(type(annotations).__name__)}"
+            _refuse_at_run_time("populora.class_namespace", what)
         for base in bases if type(bases) is tuple else ():
             if _a_class(base) and any(cls in _DESCRIPTOR_PARTS for cls in _REAL_MRO(base)):
                 # (its instances' functions could be set again in place: `super().__init__(partial)` in a
