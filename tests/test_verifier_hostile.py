@@ -3359,6 +3359,19 @@ def test_functions_as_special_methods_and_descriptors_still_work(verifier):
         "forbidden", None, "the program made a class holding the name '__annotations__' as a 'list' (at run time "
         "or through the standard library)",
     )  # fmt: skip
+    # round 58: an annotation key of the program's (typing calls its startswith()), and a class the program's
+    # map(type(...)) makes from a frame of the standard library's (collections.Counter consuming it), which had
+    # turned the rule on the program's own functions off
+    key = "T = type(int)\nclass Key:\n    pass\ndef f(x):\n    T('K', (), {'_' + '_annotations__': {Key(): 1}})\n    return 1\n"
+    assert verifier.run(key, "1") == Execution(
+        "forbidden", None, "the program made a class holding the name '__annotations__' with a key of the class "
+        "'Key' (at run time or through the standard library)",
+    )  # fmt: skip
+    counter = (
+        "import collections\nT = type(int)\ndef f(x):\n"
+        "    collections.Counter(map(T, ['K'], [()], [{'p': property(collections.UserList.pop)}]))\n    return 1\n"
+    )
+    assert verifier.run(counter, "1") == _hook_refused("p", "property")
 
 
 def test_a_class_is_a_module_s_only_when_made_by_calls_down_from_the_import():

@@ -1326,8 +1326,12 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
                 _refuse_at_run_time("populora.class_namespace", f"{_describe_name(name)} (a slot)")
         own = _written_by_the_program()
         annotations = dict.get(namespace, "__annotations__", {})
-        if type(annotations) is not dict:  # (typing calls its keys(): a partial there, red-team round 57)
+        # (typing calls its keys(), a partial there, red-team round 57; and its keys' startswith(), round 58)
+        if type(annotations) is not dict:
             what = f"{_describe_name('__annotations__')} as a {_describe_name(type(annotations).__name__)}"
+            _refuse_at_run_time("populora.class_namespace", what)
+        if odd := [key for key in dict.keys(annotations) if type(key) is not str]:
+            what = f"{_describe_name('__annotations__')} with a key of the class {_describe_name(type(odd[0]).__name__)}"
             _refuse_at_run_time("populora.class_namespace", what)
         for base in bases if type(bases) is tuple else ():
             if _a_class(base) and any(cls in _DESCRIPTOR_PARTS for cls in _REAL_MRO(base)):
@@ -1412,19 +1416,30 @@ def _held_fields(kind: Any) -> tuple[str, ...] | None:
     return None
 
 
+#: The standard library's class factories that fill a class's namespace with functions of their own (a
+#: namedtuple's ``_make`` classmethod, the enum functional API's): (module, function)
+_CLASS_FACTORIES = frozenset({("collections", "namedtuple"), ("enum", "_create_")})
+
+
 def _written_by_the_program() -> bool:
-    """Whether the nearest frame outside the verifier's own and the metaclasses' ``__new__`` is a program's: a
-    class statement or a store of the program's own code, not a standard-library factory making a class for
-    it (``namedtuple``'s ``_make``, enum's functional API: functions of the standard library's)."""
+    """Whether a class being made is held to the rule for what the program's own code writes (its special
+    methods' and descriptors' functions the program's own): unless the nearest frame outside the verifier's
+    own and the standard metaclasses' ``__new__`` is one of the standard library's class factories
+    (``_CLASS_FACTORIES``). Judged by that frame being the program's, a class made by the program's
+    ``map(type(Proto), ...)`` consumed by ``collections.Counter`` or ``heapq`` was taken for the standard
+    library's and could hold ``classmethod(property(UserList.pop))`` (red-team round 58)."""
     frame = current_frame()
-    # (and past a standard metaclass's __new__ making the class of a class statement: ABCMeta's, EnumType's; a
+    # (past a standard metaclass's __new__ making the class of a class statement: ABCMeta's, EnumType's; a
     # program's own __new__ is the program's code)
     while frame is not None and (
         frame.f_code.co_filename in _VERIFIER_FILES
         or (frame.f_code.co_name == "__new__" and frame.f_code.co_filename not in _PROGRAM_FILES)
     ):
         frame = frame.f_back
-    return frame is not None and frame.f_code.co_filename in _PROGRAM_FILES
+    if frame is None or frame.f_code.co_filename in _PROGRAM_FILES:
+        return True
+    module = dict.get(frame.f_globals, "__name__") if type(frame.f_globals) is dict else None
+    return (module, frame.f_code.co_name) not in _CLASS_FACTORIES
 
 
 def _runs_in_a_frame(value: Any, special: bool, own: bool = False) -> bool:
