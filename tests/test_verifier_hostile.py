@@ -3208,7 +3208,7 @@ _PROTOCOL_DRIVER = (
     "class Flip:\n    def _" + "_bool__(self):\n        S[0] += 1\n        return S[0] != 2\n"
     "def f(x):\n    T = type(int)\n    maker = map(T, ['M'], [(T,)], [{}])\n"
     "    class Proto(typing.Protocol):\n        pass\n"
-    "    class P(collections.abc.MutableSequence, Proto):\n        _is_protocol = Flip()\n"
+    "    class P(collections.abc.MutableSequence, Proto):\n        FLAG\n"
     "        HOOK\n"
     "    STORE\n    import array\n    return [c.__name__ for c in L] + [S[0]]\n"
 )
@@ -3241,10 +3241,8 @@ def test_a_program_s_classes_hold_functions_as_special_methods_and_descriptors(v
     elif driver == "enum-values":
         program, refused = _ENUM_DRIVER.replace("MAKER", "type(int)") + _BARE_METACLASS, _hook_refused()
     elif driver == "protocol-hook":
-        program = _PROTOCOL_DRIVER.replace("HOOK", "_is_runtime_protocol = " + _PROTOCOL_HOOK).replace(
-            "STORE", ""
-        )
-        refused = _hook_refused("_is_runtime_protocol", "classmethod")
+        program = _PROTOCOL_DRIVER.replace("HOOK", "hook = " + _PROTOCOL_HOOK).replace("STORE", "")
+        refused = _hook_refused("hook", "classmethod")
     elif driver in _ROUND_55_HOOKS:  # (red-team round 55: the exact types only were checked)
         hook, kind = _ROUND_55_HOOKS[driver]
         partial = "functools.partial(dict.fromkeys, map(L.append, maker))"
@@ -3252,11 +3250,11 @@ def test_a_program_s_classes_hold_functions_as_special_methods_and_descriptors(v
         program = (
             "import abc\n"
             + preamble
-            + _PROTOCOL_DRIVER.replace(
-                "HOOK", "_is_runtime_protocol = " + hook.replace("PARTIAL", partial)
-            ).replace("STORE", "")
+            + _PROTOCOL_DRIVER.replace("HOOK", "hook = " + hook.replace("PARTIAL", partial)).replace(
+                "STORE", ""
+            )
         )
-        refused = _hook_refused("_is_runtime_protocol", kind)
+        refused = _hook_refused("hook", kind)
         if preamble:  # (since round 56 a program may not subclass them at all)
             refused = _subclass_refused("'classmethod'")
     else:  # (a Protocol's attributes are typing's to write: refused before the rule on descriptors)
@@ -3265,7 +3263,36 @@ def test_a_program_s_classes_hold_functions_as_special_methods_and_descriptors(v
         )
         refused = Execution("forbidden", None, "the program wrote or deleted the attribute '_is_runtime_protocol' "
                             "of the class 'f.<locals>.P', not one of its own")  # fmt: skip
-    assert verifier.run(program, "1") == refused
+    assert verifier.run(program.replace("FLAG", "pass"), "1") == refused
+
+
+def test_typing_s_protocol_flags_of_a_program_s_class_are_bools(verifier):
+    """Rounds 54 to 58 all needed typing to take a class deriving from ``MutableSequence`` (or ``numbers.Number``)
+    for a protocol: ``_is_protocol`` an object of the program's answering False to ``Protocol.__init_subclass__``'s
+    check of the bases and True to ``_proto_hook`` when ``array``'s (``decimal``'s) C init registered a class
+    with that ABC, which then read the class's descriptors during the import. A program's class holds bools
+    there; real protocols keep working."""
+    program = (
+        _PROTOCOL_DRIVER.replace("FLAG", "_is_protocol = Flip()").replace("HOOK", "pass").replace("STORE", "")
+    )
+    assert verifier.run(program, "1") == Execution(
+        "forbidden", None, "the program made a class holding the name '_is_protocol' as a 'Flip', not a bool (at "
+        "run time or through the standard library)",
+    )  # fmt: skip
+    fine = (
+        "import typing\n@typing.runtime_checkable\nclass P(typing.Protocol):\n    def g(self) -> int: ...\n"
+        "class A:\n    def g(self):\n        return 1\ndef f(x):\n    return [isinstance(A(), P), isinstance(1, P)]\n"
+    )
+    assert verifier.run(fine, "1") == Execution("ok", "[True, False]", "")
+    # round 59: annotations checked as the class is made, then given a key of the program's through its own
+    # reference to the dict: the class holds a copy (typing read the key's startswith three times before)
+    later = (
+        "import typing\nR = []\nclass Key:\n    def startswith(self, s):\n        R.append('read')\n"
+        "        return True\nclass Proto(typing.Protocol):\n    pass\ndef f(x):\n    ann = {}\n"
+        "    P = typing.runtime_checkable(type(Proto)('P', (typing.Protocol,), {'_' + '_annotations__': ann}))\n"
+        "    ann[Key()] = 1\n    isinstance(1, P)\n    return R\n"
+    )
+    assert verifier.run(later, "1") == Execution("ok", "[]", "")
 
 
 def test_functions_as_special_methods_and_descriptors_still_work(verifier):

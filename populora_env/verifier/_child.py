@@ -1327,12 +1327,27 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
         own = _written_by_the_program()
         annotations = dict.get(namespace, "__annotations__", {})
         # (typing calls its keys(), a partial there, red-team round 57; and its keys' startswith(), round 58)
+        for (
+            flag
+        ) in _TYPING_FLAGS:  # (what typing's protocol checks trust: a bool there, never an object of the
+            # program's that answers False to Protocol's own check of its bases and True later, red-team rounds
+            # 54 to 58: a "protocol" deriving from MutableSequence or Number then had typing read its descriptors
+            # when array's or decimal's C init registered a class with that ABC)
+            if flag in namespace and type(dict.__getitem__(namespace, flag)) is not bool:
+                flagged = dict.__getitem__(namespace, flag)
+                what = f"{_describe_name(flag)} as a {_describe_name(type(flagged).__name__)}, not a bool"
+                _refuse_at_run_time("populora.class_namespace", what)
         if type(annotations) is not dict:
             what = f"{_describe_name('__annotations__')} as a {_describe_name(type(annotations).__name__)}"
             _refuse_at_run_time("populora.class_namespace", what)
         if odd := [key for key in dict.keys(annotations) if type(key) is not str]:
             what = f"{_describe_name('__annotations__')} with a key of the class {_describe_name(type(odd[0]).__name__)}"
             _refuse_at_run_time("populora.class_namespace", what)
+        if (
+            "__annotations__" in namespace
+        ):  # the class gets a copy: the program's own dict, keys added after this
+            # check, was what typing read (red-team round 59)
+            dict.__setitem__(namespace, "__annotations__", dict(annotations))
         for base in bases if type(bases) is tuple else ():
             if _a_class(base) and any(cls in _DESCRIPTOR_PARTS for cls in _REAL_MRO(base)):
                 # (its instances' functions could be set again in place: `super().__init__(partial)` in a
@@ -1415,6 +1430,9 @@ def _held_fields(kind: Any) -> tuple[str, ...] | None:
             return fields
     return None
 
+
+#: typing's flags of a Protocol class (``_child.check_class`` wants them bools)
+_TYPING_FLAGS = ("_is_protocol", "_is_runtime_protocol")
 
 #: The standard library's class factories that fill a class's namespace with functions of their own (a
 #: namedtuple's ``_make`` classmethod, the enum functional API's): (module, function)
