@@ -1286,11 +1286,15 @@ def _made_by_namedtuple(value: Any) -> bool:
 
 def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
     """The check of every class made in a child (``sandbox.route_class_creation``): in a guarded call, refuses
-    (events ``populora.metaclass``, ``populora.class_namespace``: recorded) a class a program makes that
-    derives from ``type`` or holds a dunder name outside ``ALLOWED_SPECIAL_METHODS`` and
-    ``CLASS_NAMESPACE_DUNDERS`` (or a key that is not a plain ``str``: a ``str`` subclass equal to one). A
-    class made while a module is imported is the module's only if ``_made_by_a_module`` vouches for it.
-    Returns whether a program makes it (``made_by_the_standard_library`` records the others)."""
+    (events ``populora.metaclass``, ``populora.class_namespace``, ``populora.descriptor_subclass``,
+    ``populora.class_hook``: recorded) a class a program makes that derives from ``type`` or from ``property``,
+    ``classmethod`` or ``staticmethod``, holds a dunder name outside ``ALLOWED_SPECIAL_METHODS`` and
+    ``CLASS_NAMESPACE_DUNDERS`` (or a key that is not a plain ``str``: a ``str`` subclass equal to one),
+    annotations that are not a dict of ``str`` keys (the class gets a copy), typing's protocol flags that are
+    not bools, or a special method or descriptor that does not run in a frame of the program's
+    (``_runs_in_a_frame``). A class made while a module is imported is the module's only if every frame down to
+    the import system is at a call (``_made_by_calls``) and ``_made_by_a_module`` vouches for it. Returns
+    whether a program makes it (``made_by_the_standard_library`` records the others)."""
     if len(args) != 3:
         return False
     maker = _who_makes_the_class()
