@@ -342,9 +342,14 @@ def check_class_store(cls: Any, name: str, value: Any) -> None:
     red-team round 57). Stored after the class was made, ``P._is_runtime_protocol =
     classmethod(property(partial))`` served round 54's driver as well as the class statement did. (No program
     stores a special method: the pre-filter refuses their names as attributes.)"""
+    kind = type(value)
     if (
-        _guard_armed()
-        and _parts_of(value) is not None  # (a descriptor: the frames are walked for those only)
+        kind
+        is not _FUNCTION  # (a plain function under a name a program may store: what total_ordering stores)
+        and _a_descriptor_kind(
+            kind
+        )  # (the stores of an import's enum members, ints, dicts: no more than this)
+        and _guard_armed()
         and not _is_standard(cls)
         # (whoever stores it: `calendar.Calendar.setfirstweekday(P, classmethod(property(UserList.pop)))` wrote
         # one from calendar's frame, red-team round 57)
@@ -1387,16 +1392,13 @@ def _parts_of(value: Any) -> tuple[Any, ...] | None:
     a namedtuple's field (they call no value they were given); and ``(_UNKNOWN,)`` for any other descriptor,
     which a program's class may not hold (a ``partialmethod`` of ``classmethod(property(partial))`` ran the
     partial, red-team round 55)."""
-    mro = _REAL_MRO(type(value))
-    for cls in mro:
+    kind = type(value)
+    if not _a_descriptor_kind(kind):
+        return None  # no descriptor: data
+    for cls in _REAL_MRO(kind):
         getters = _DESCRIPTOR_PARTS.get(cls)
         if getters is not None:
             return tuple(get(value) for get in getters)
-    if not any(
-        not _REAL_NAMESPACE(cls).keys().isdisjoint(("__get__", "__set__", "__delete__")) for cls in mro
-    ):
-        return None  # no descriptor: data
-    kind = type(value)
     fields = _held_fields(kind)
     if fields is not None:
         state = object.__getattribute__(value, "__dict__")  # (a standard class: no program code runs)
@@ -1410,6 +1412,22 @@ def _parts_of(value: Any) -> tuple[Any, ...] | None:
     return (_UNKNOWN,)
 
 
+def _a_descriptor_kind(kind: Any) -> bool:
+    """Whether objects of the class ``kind`` are descriptors (a class on its real MRO defines ``__get__``,
+    ``__set__`` or ``__delete__``, looked up in the namespaces, so that no program code runs), remembered by
+    class: every store into a class asks (an import's enum members), and no class gains those names later (a
+    program's class may not hold them, the standard library's are frozen)."""
+    known = _DESCRIPTOR_KINDS.get(id(kind))
+    if known is None:
+        found = any(
+            not _REAL_NAMESPACE(cls).keys().isdisjoint(("__get__", "__set__", "__delete__"))
+            for cls in _REAL_MRO(kind)
+        )
+        known = _DESCRIPTOR_KINDS[id(kind)] = (kind, found)  # (kept alive: the id stays its)
+    return known[1]
+
+
+_DESCRIPTOR_KINDS: dict[int, tuple[Any, bool]] = {}
 _DESCRIPTOR_PARTS = {
     property: tuple(vars(property)[name].__get__ for name in ("fget", "fset", "fdel")),
     classmethod: (vars(classmethod)["__func__"].__get__,),
@@ -1427,12 +1445,24 @@ _UNKNOWN = object()
 
 def _held_fields(kind: Any) -> tuple[str, ...] | None:
     """The fields of ``_HELD_FUNCTIONS`` for exactly ``kind``, found in the modules loaded (a class of a module
-    not imported has no instance), or ``None``."""
+    not imported has no instance), or ``None``; remembered by class (``_owned`` asks on every attribute write
+    of a program's)."""
+    known = _HELD_BY_CLASS.get(id(kind))
+    if known is not None:
+        return known[1]
+    found = None
     for module_name, name, fields in _HELD_FUNCTIONS:
         module = sys.modules.get(module_name)
         if module is not None and type(module) is _MODULE and dict.get(module.__dict__, name) is kind:
-            return fields
-    return None
+            found = fields
+    _HELD_BY_CLASS[id(kind)] = (
+        kind,
+        found,
+    )  # (by id, no hook of a metaclass runs; kept alive: the id stays its)
+    return found
+
+
+_HELD_BY_CLASS: dict[int, tuple[Any, tuple[str, ...] | None]] = {}
 
 
 #: typing's flags of a Protocol class (``_child.check_class`` wants them bools)
