@@ -140,9 +140,8 @@ class Worker:
             self.report["errors"].append(routed)
         _child.install_frame_guard()  # the language layer's run-time half: no frames for guarded programs
         _child.install_module_guard()  # (a module's attributes change only as it is imported)
-        stores = sandbox.route_class_stores(
-            _child.check_class_store
-        )  # (a class's descriptors hold functions)
+        # (a class's special methods and descriptors run in frames of the program's: _child._runs_in_a_frame)
+        stores = sandbox.route_class_stores(_child.check_class_store)
         if stores:
             self.report["errors"].append(stores)
         _child.install_copy_guard()  # (the standard library imports copy lazily too, past the guarded import)

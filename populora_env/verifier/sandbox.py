@@ -499,9 +499,12 @@ def _lru_function_word() -> int | None:
     calls (CPython's ``lru_cache_object.func``), found by a probe: ``None`` where no single field holds it."""
     from _functools import _lru_cache_wrapper
 
+    if ctypes.sizeof(ctypes.c_void_p) != 8:
+        return None
     probe = _lru_cache_wrapper(len, None, False, tuple)
-    found = [i for i in range(2, 32) if ctypes.c_void_p.from_address(id(probe) + i * 8).value == id(len)]
-    return found[0] if len(found) == 1 and ctypes.sizeof(ctypes.c_void_p) == 8 else None
+    words = _lru_cache_wrapper.__basicsize__ // 8  # (within the object: no read past its end)
+    found = [i for i in range(2, words) if ctypes.c_void_p.from_address(id(probe) + i * 8).value == id(len)]
+    return found[0] if len(found) == 1 else None
 
 
 _LRU_FUNCTION_WORD = _lru_function_word()
@@ -531,11 +534,13 @@ def route_class_stores(check: Callable[[type, str, Any], None]) -> str | None:
     Returns:
         ``None``, or why class stores stay unchecked (another layout of the type object).
     """
-    probe = type("probe", (type,), {})  # inherits type's tp_setattro
+    probe = type(
+        "probe", (type,), {}
+    )  # inherits type's tp_setattro (word 19; 18 is tp_getattro, 21 tp_flags)
+    getattro, setattro = _type_word(type, 18).value, _type_word(type, 19).value
     if not (
-        _type_word(type, 18).value
-        == _type_word(probe, 18).value  # tp_getattro, as route_class_creation reads
-        and _type_word(type, 19).value == _type_word(probe, 19).value != _type_word(object, 19).value
+        getattro == _type_word(probe, 18).value
+        and setattro == _type_word(probe, 19).value != _type_word(object, 19).value
         and _type_word(type, 21).value == type.__flags__
     ):
         return (
