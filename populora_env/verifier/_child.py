@@ -335,24 +335,22 @@ def install_module_guard() -> None:
 
 def check_class_store(cls: Any, name: str, value: Any) -> None:
     """The check of every write of a class's attribute (``sandbox.route_class_stores``): in a guarded call, a
-    ``classmethod``, ``staticmethod`` or ``property`` of something other than functions is refused (event
-    ``populora.class_hook``, recorded) as a value of any class but the standard library's, by the rule
-    ``check_class`` applies to the classes a program's own code writes (``_runs_in_a_frame``; their functions
-    the program's own, whoever stores them: ``calendar.Calendar.setfirstweekday`` stored one for the program,
-    red-team round 57). Stored after the class was made, ``P._is_runtime_protocol =
+    descriptor that does not call only the program's own functions (``_runs_in_a_frame``, ``_parts_of``) is
+    refused (event ``populora.class_hook``, recorded) as a value of any class but the standard library's, by
+    the rule ``check_class`` applies to the classes a program's own code writes, whoever stores it
+    (``calendar.Calendar.setfirstweekday`` stored one for the program: red-team round 57). Stored after the class was made, ``P._is_runtime_protocol =
     classmethod(property(partial))`` served round 54's driver as well as the class statement did. (No program
     stores a special method: the pre-filter refuses their names as attributes.)"""
     kind = type(value)
+    # a plain function is what total_ordering stores; a value that is no descriptor (an import's enum members,
+    # ints, dicts) costs one lookup per class; whoever stores a descriptor, its functions are the program's
+    # (`calendar.Calendar.setfirstweekday(P, classmethod(property(UserList.pop)))` stored one from calendar's
+    # frame, red-team round 57)
     if (
-        kind
-        is not _FUNCTION  # (a plain function under a name a program may store: what total_ordering stores)
-        and _a_descriptor_kind(
-            kind
-        )  # (the stores of an import's enum members, ints, dicts: no more than this)
+        kind is not _FUNCTION
+        and _a_descriptor_kind(kind)
         and _guard_armed()
         and not _is_standard(cls)
-        # (whoever stores it: `calendar.Calendar.setfirstweekday(P, classmethod(property(UserList.pop)))` wrote
-        # one from calendar's frame, red-team round 57)
         and not _runs_in_a_frame(value, False, True)
     ):
         _refuse_at_run_time(
@@ -1334,28 +1332,29 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
             elif dunder_shaped(name) and name not in ("__dict__", "__weakref__"):
                 _refuse_at_run_time("populora.class_namespace", f"{_describe_name(name)} (a slot)")
         own = _written_by_the_program()
-        annotations = dict.get(namespace, "__annotations__", {})
-        # (typing calls its keys(), a partial there, red-team round 57; and its keys' startswith(), round 58)
-        for (
-            flag
-        ) in _TYPING_FLAGS:  # (what typing's protocol checks trust: a bool there, never an object of the
-            # program's that answers False to Protocol's own check of its bases and True later, red-team rounds
-            # 54 to 58: a "protocol" deriving from MutableSequence or Number then had typing read its descriptors
-            # when array's or decimal's C init registered a class with that ABC)
-            if flag in namespace and type(dict.__getitem__(namespace, flag)) is not bool:
-                flagged = dict.__getitem__(namespace, flag)
+        # typing's protocol flags are bools: an object of the program's answering False to Protocol's own check
+        # of its bases and True later made a "protocol" deriving from MutableSequence or Number, whose
+        # descriptors typing read when array's or decimal's C init registered a class with that ABC (red-team
+        # rounds 54 to 59)
+        for flag in _TYPING_FLAGS:
+            flagged = dict.get(namespace, flag, False)
+            if type(flagged) is not bool:
                 what = f"{_describe_name(flag)} as a {_describe_name(type(flagged).__name__)}, not a bool"
                 _refuse_at_run_time("populora.class_namespace", what)
+        # annotations are a dict of str keys, and the class gets a copy: typing calls their keys() (a partial
+        # there, round 57) and the keys' startswith() (round 58), and the program's own dict took a key after
+        # this check (round 59)
+        annotations = dict.get(namespace, "__annotations__", {})
         if type(annotations) is not dict:
             what = f"{_describe_name('__annotations__')} as a {_describe_name(type(annotations).__name__)}"
             _refuse_at_run_time("populora.class_namespace", what)
         if odd := [key for key in dict.keys(annotations) if type(key) is not str]:
-            what = f"{_describe_name('__annotations__')} with a key of the class {_describe_name(type(odd[0]).__name__)}"
-            _refuse_at_run_time("populora.class_namespace", what)
-        if (
-            "__annotations__" in namespace
-        ):  # the class gets a copy: the program's own dict, keys added after this
-            # check, was what typing read (red-team round 59)
+            kind = _describe_name(type(odd[0]).__name__)
+            _refuse_at_run_time(
+                "populora.class_namespace",
+                f"{_describe_name('__annotations__')} with a key of the class {kind}",
+            )
+        if "__annotations__" in namespace:
             dict.__setitem__(namespace, "__annotations__", dict(annotations))
         for base in bases if type(bases) is tuple else ():
             if _a_class(base) and any(cls in _DESCRIPTOR_PARTS for cls in _REAL_MRO(base)):
