@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 from typing import Literal
+
+from agents._checks import is_number
 
 __all__ = [
     "LOSS_TYPES",
@@ -88,7 +89,7 @@ class GRPOConfig:
         # the optimizer and the loss compute in float32 (1e39 raised inside AdamW's step)
         for name in _FLOATS:
             value = getattr(self, name)
-            _check(not _finite(value) or abs(value) <= _FLOAT32_MAX, name, "within float32's range", value)
+            _check(not is_number(value) or abs(value) <= _FLOAT32_MAX, name, "within float32's range", value)
         _check(self.loss_type in LOSS_TYPES, "loss_type", f"one of {LOSS_TYPES}", self.loss_type)
         _check(
             self.scale_rewards in SCALE_REWARDS,
@@ -97,10 +98,13 @@ class GRPOConfig:
             self.scale_rewards,
         )
         _check(
-            _finite(self.learning_rate) and self.learning_rate > 0, "learning_rate", "> 0", self.learning_rate
+            is_number(self.learning_rate) and self.learning_rate > 0,
+            "learning_rate",
+            "> 0",
+            self.learning_rate,
         )
         _check(
-            _finite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay
+            is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay
         )
         # AdamW multiplies the weights by 1 - learning_rate * weight_decay each step: below 0 they flip sign and
         # grow (1e300 gave infinite weights from an update reported as done)
@@ -111,15 +115,15 @@ class GRPOConfig:
             self.weight_decay,
         )
         _check(
-            _finite(self.epsilon_low) and 0 <= self.epsilon_low < 1,
+            is_number(self.epsilon_low) and 0 <= self.epsilon_low < 1,
             "epsilon_low",
             "in [0, 1)",
             self.epsilon_low,
         )
         _check(
-            _finite(self.epsilon_high) and self.epsilon_high >= 0, "epsilon_high", ">= 0", self.epsilon_high
+            is_number(self.epsilon_high) and self.epsilon_high >= 0, "epsilon_high", ">= 0", self.epsilon_high
         )
-        _check(_finite(self.beta) and self.beta >= 0, "beta", ">= 0 (0 = no KL)", self.beta)
+        _check(is_number(self.beta) and self.beta >= 0, "beta", ">= 0 (0 = no KL)", self.beta)
         for name in ("num_inner_epochs", "grad_accum_steps", "max_new_tokens"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value >= 1, name, "an int >= 1", value)
@@ -130,11 +134,14 @@ class GRPOConfig:
             self.group_size,
         )
         _check(
-            _finite(self.max_grad_norm) and self.max_grad_norm > 0, "max_grad_norm", "> 0", self.max_grad_norm
+            is_number(self.max_grad_norm) and self.max_grad_norm > 0,
+            "max_grad_norm",
+            "> 0",
+            self.max_grad_norm,
         )
         # logits / T overflows float32 for a T near 1e-37 (every log-prob NaN, every update skipped)
         _check(
-            _finite(self.temperature) and self.temperature >= MIN_TEMPERATURE,
+            is_number(self.temperature) and self.temperature >= MIN_TEMPERATURE,
             "temperature",
             f">= {MIN_TEMPERATURE:g}",
             self.temperature,
@@ -157,10 +164,6 @@ _FLOATS = (
 )
 _INTS = ("num_inner_epochs", "grad_accum_steps", "max_new_tokens", "group_size", "seed")
 _FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check(ok: bool, name: str, allowed: str, value: object) -> None:
