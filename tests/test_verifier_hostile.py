@@ -2112,14 +2112,16 @@ def test_state_pairs_have_their_names_checked_like_a_dict_s():
 # import and appended to L. Since round 53 such classes are the program's (made from a lookup, not a call:
 # `_child._made_by_calls`), so the tests below check end results; `_made_by_a_module`'s own checks, which these
 # attacks reached until then, are tested white-box (test_a_module_s_class_is_judged_by_what_it_holds...).
-_DURING_AN_IMPORT = (
+_KEY_AS_DRIVER = (
     "L = []\n"
     "def make(names, bases, nss):\n"
     "    maker = map(MAKER, names, bases, nss)\n"
     "    class X(int):\n"
     "        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n"
     "        def __hash__(self):\n"
-    "            return 0\n"
+    "            return HASH\n"
+)
+_DURING_AN_IMPORT = _KEY_AS_DRIVER.replace("HASH", "0") + (
     '    re.compile("[\\u002E\\u3002\\uFF0E\\uFF61]", X(0))\n'
     "    try:\n"
     "        'a'.encode('idna')\n"
@@ -3186,18 +3188,11 @@ def test_a_module_s_hook_reading_an_enum_member_of_its_class_is_still_the_module
 # `string` or `statistics` is imported, looks 66 up there and calls X's `__eq__` (a partial over `map(type, ...)`)
 # from C, during the import.
 _ENUM_DRIVER = (
-    "import re, functools\nL = []\n"
-    "def make(names, bases, nss):\n"
-    "    maker = map(MAKER, names, bases, nss)\n"
-    "    class X(int):\n"
-    "        __eq__ = functools.partial(dict.fromkeys, map(L.append, maker))\n"
-    "        def __hash__(self):\n"
-    "            return 66\n"
-    "    re.RegexFlag(X(66))\n"
-    "    import fractions\n"
+    "import re, functools\n"
+    + _KEY_AS_DRIVER.replace("HASH", "66")
+    + "    re.RegexFlag(X(66))\n    import fractions\n"
 )
 _BARE_METACLASS = "def f(x):\n    make(['M'], [(type(int),)], [{}])\n    return [c.__name__ for c in L]\n"
-_TRAMPOLINE = "class H:\n    mk = functools.partialmethod(type(int))\n"
 
 
 # Red-team round 54: typing's __subclasshook__ for a Protocol subclass reads `_is_runtime_protocol` of the class,
