@@ -3394,6 +3394,17 @@ def test_functions_as_special_methods_and_descriptors_still_work(verifier):
         "    collections.Counter(map(T, ['K'], [()], [{'p': property(collections.UserList.pop)}]))\n    return 1\n"
     )
     assert verifier.run(counter, "1") == _hook_refused("p", "property")
+    # round 59: the same consumed by a class factory of the standard library's iterating the program's names
+    # (enum's _create_, namedtuple's list(map(str, field_names))): the factory's leniency is for its own classes
+    made = "map(T, ['K'], [()], [{'p': classmethod(property(collections.UserList.pop))}])"
+    for call in (f"enum.Enum('E', zip(['A'], {made}))", f"collections.namedtuple('N', map(str, {made}))"):
+        program = f"import collections, enum\nT = type(int)\ndef f(x):\n    {call}\n    return 1\n"
+        assert verifier.run(program, "1") == _hook_refused("p", "classmethod"), call
+    legit = (
+        "import collections, enum\ndef f(x):\n    N = collections.namedtuple('N', 'a b')\n"
+        "    E = enum.IntEnum('E', 'A B')\n    return [N(1, 2)._asdict(), tuple(N._make('cd')), E.B + 0]\n"
+    )
+    assert verifier.run(legit, "1") == Execution("ok", "[{'a': 1, 'b': 2}, ('c', 'd'), 2]", "")
 
 
 def test_a_class_is_a_module_s_only_when_made_by_calls_down_from_the_import():

@@ -1331,7 +1331,7 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
                 _refuse_at_run_time("populora.class_namespace", f"a slot named by a {type(name).__name__}")
             elif dunder_shaped(name) and name not in ("__dict__", "__weakref__"):
                 _refuse_at_run_time("populora.class_namespace", f"{_describe_name(name)} (a slot)")
-        own = _written_by_the_program()
+        own = _written_by_the_program(metatype, bases)
         # typing's protocol flags are bools: an object of the program's answering False to Protocol's own check
         # of its bases and True later made a "protocol" deriving from MutableSequence or Number, whose
         # descriptors typing read when array's or decimal's C init registered a class with that ABC (red-team
@@ -1468,17 +1468,24 @@ _HELD_BY_CLASS: dict[int, tuple[Any, tuple[str, ...] | None]] = {}
 _TYPING_FLAGS = ("_is_protocol", "_is_runtime_protocol")
 
 #: The standard library's class factories that fill a class's namespace with functions of their own (a
-#: namedtuple's ``_make`` classmethod, the enum functional API's): (module, function)
-_CLASS_FACTORIES = frozenset({("collections", "namedtuple"), ("enum", "_create_")})
+#: namedtuple's ``_make`` classmethod, the enum functional API's): (module, function) -> (module, metaclass,
+#: bases) of the classes each makes (its metaclass exactly, or a subclass of it when there are no bases given)
+_CLASS_FACTORIES = {
+    ("collections", "namedtuple"): ("builtins", "type", (tuple,)),
+    ("enum", "_create_"): ("enum", "EnumMeta", None),  # (EnumType from 3.11, EnumMeta an alias)
+}
 
 
-def _written_by_the_program() -> bool:
+def _written_by_the_program(metatype: Any, bases: Any) -> bool:
     """Whether a class being made is held to the rule for what the program's own code writes (its special
     methods' and descriptors' functions the program's own): unless the nearest frame outside the verifier's
     own and the standard metaclasses' ``__new__`` is one of the standard library's class factories
-    (``_CLASS_FACTORIES``). Judged by that frame being the program's, a class made by the program's
-    ``map(type(Proto), ...)`` consumed by ``collections.Counter`` or ``heapq`` was taken for the standard
-    library's and could hold ``classmethod(property(UserList.pop))`` (red-team round 58)."""
+    (``_CLASS_FACTORIES``) and the class is of the kind that factory makes. Judged by that frame being the
+    program's, a class made by the program's ``map(type(Proto), ...)`` consumed by ``collections.Counter`` or
+    ``heapq`` was taken for the standard library's and could hold ``classmethod(property(UserList.pop))``
+    (red-team round 58); consumed by the factories themselves, which iterate the program's names (enum's
+    ``_create_``, namedtuple's ``list(map(str, field_names))``), the same (round 59; no use of it is known
+    since typing's protocol flags are bools)."""
     frame = current_frame()
     # (past a standard metaclass's __new__ making the class of a class statement: ABCMeta's, EnumType's; a
     # program's own __new__ is the program's code)
@@ -1490,7 +1497,20 @@ def _written_by_the_program() -> bool:
     if frame is None or frame.f_code.co_filename in _PROGRAM_FILES:
         return True
     module = dict.get(frame.f_globals, "__name__") if type(frame.f_globals) is dict else None
-    return (module, frame.f_code.co_name) not in _CLASS_FACTORIES
+    kind = _CLASS_FACTORIES.get((module, frame.f_code.co_name))
+    if kind is None:
+        return True
+    home, name, made_on = kind
+    source = sys.modules.get(home)
+    maker = dict.get(source.__dict__, name) if type(source) is _MODULE else None
+    if made_on is not None:
+        same = (
+            type(bases) is tuple
+            and len(bases) == len(made_on)
+            and all(a is b for a, b in zip(bases, made_on))
+        )
+        return not (metatype is maker and same)
+    return not (_a_class(metatype) and any(cls is maker for cls in _REAL_MRO(metatype)))
 
 
 def _runs_in_a_frame(value: Any, special: bool, own: bool = False) -> bool:
