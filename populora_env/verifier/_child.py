@@ -1470,7 +1470,7 @@ _TYPING_FLAGS = ("_is_protocol", "_is_runtime_protocol")
 #: The standard library's class factories that fill a class's namespace with functions of their own (a
 #: namedtuple's ``_make`` classmethod, the enum functional API's): (module, function) -> (module, metaclass,
 #: bases) of the classes each makes (its metaclass exactly, or a subclass of it when there are no bases given)
-_CLASS_FACTORIES = {
+_CLASS_FACTORIES: dict[tuple[Any, str], tuple[str, str, tuple[type, ...] | None]] = {
     ("collections", "namedtuple"): ("builtins", "type", (tuple,)),
     ("enum", "_create_"): ("enum", "EnumMeta", None),  # (EnumType from 3.11, EnumMeta an alias)
 }
