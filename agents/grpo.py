@@ -48,6 +48,7 @@ from agents.grpo_loss import (
     probability_ratio,
     segment_index,
 )
+from evolve.genome import first_non_finite
 
 __all__ = [
     "LOSS_TYPES",
@@ -314,8 +315,8 @@ class GRPOLearner:
                 return self._abort(
                     adapter, slot, snapshot, "non_finite_weights", where, len(advantages), mean_reward
                 )
-            if not _finite_tensors(slot.params):
-                where = f"after the optimizer step of inner epoch {epoch}"
+            if (bad := first_non_finite(dict(enumerate(slot.params)))) is not None:
+                where = f"after the optimizer step of inner epoch {epoch} (trainable tensor {bad})"
                 return self._abort(
                     adapter, slot, snapshot, "non_finite_weights", where, len(advantages), mean_reward
                 )
@@ -523,16 +524,6 @@ def _hashes(key: object) -> bool:
     except TypeError:  # (a tuple holding a list)
         return False
     return True
-
-
-def _finite_tensors(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether every value of ``tensors`` is finite (one sum each: NaN and inf propagate; a sum that overflows
-    is looked at entry by entry)."""
-    with torch.no_grad():
-        sums = torch.stack([t.detach().sum(dtype=torch.float32) for t in tensors])
-        if bool(torch.isfinite(sums).all()):
-            return True
-        return all(bool(torch.isfinite(t.detach()).all()) for t in tensors)
 
 
 def _output_rows(model: Any) -> int:

@@ -288,10 +288,19 @@ def _detach(genome: Mapping[str, Any]) -> dict[str, Any]:
 
 def check_finite(genome: Mapping[str, Any], which: str) -> None:
     """``ValueError`` naming the first key of ``genome`` whose floating-point tensor holds a NaN or an
-    infinity. One float32 sum per tensor (NaN and inf propagate; a sum that overflows is looked at
-    entry by entry), stacked per device: ~2 ms for a Qwen2.5-0.5B-shaped LoRA genome on one thread."""
-    by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
-    for key, value in genome.items():
+    infinity (``first_non_finite``)."""
+    key = first_non_finite(genome)
+    if key is not None:
+        raise ValueError(f"{which} has non-finite values (NaN or inf) at key {key!r}")
+
+
+def first_non_finite(tensors: Mapping[Any, Any]) -> Any:
+    """The first key of ``tensors`` whose floating-point tensor holds a NaN or an infinity, or ``None``. One
+    float32 sum per tensor (NaN and inf propagate; a sum that overflows is looked at entry by entry), stacked
+    per device: ~2 ms for a Qwen2.5-0.5B-shaped LoRA genome on one thread. Values that are not floating-point
+    tensors are skipped."""
+    by_device: dict[torch.device, list[tuple[Any, torch.Tensor]]] = {}
+    for key, value in tensors.items():
         if (
             isinstance(value, torch.Tensor)
             and value.is_floating_point()
@@ -299,13 +308,15 @@ def check_finite(genome: Mapping[str, Any], which: str) -> None:
             and not value.is_meta
         ):
             by_device.setdefault(value.device, []).append((key, value))
-    for entries in by_device.values():
-        sums = torch.stack([value.detach().sum(dtype=torch.float32) for _, value in entries])
-        if bool(torch.isfinite(sums).all()):
-            continue
-        for (key, value), total in zip(entries, sums.tolist(), strict=True):
-            if not math.isfinite(total) and not bool(torch.isfinite(value.detach()).all()):
-                raise ValueError(f"{which} has non-finite values (NaN or inf) at key {key!r}")
+    with torch.no_grad():
+        for entries in by_device.values():
+            sums = torch.stack([value.detach().sum(dtype=torch.float32) for _, value in entries])
+            if bool(torch.isfinite(sums).all()):
+                continue
+            for (key, value), total in zip(entries, sums.tolist(), strict=True):
+                if not math.isfinite(total) and not bool(torch.isfinite(value.detach()).all()):
+                    return key
+    return None
 
 
 def check_parents(
