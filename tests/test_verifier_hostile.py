@@ -3459,6 +3459,7 @@ def test_a_module_s_class_is_judged_by_what_it_holds_and_the_files_running_its_m
         "       judged({u + 'getattr' + u: H.gh}, running=[functools]),\n"
         "       judged({u + 'getattr' + u: pop, 'data': Prog()}, running=[collections]),\n"
         "       judged({'mro': pop, 'data': Prog()}, bases=(type,), running=[collections]),\n"
+        "       judged({u + 'getattr' + u: classmethod(property(pop)), 'data': Prog()}, running=[collections]),\n"
         "       judged({u + 'instancecheck' + u: len}, bases=(type,)), judged({u + 'slots' + u: (u + 'eq' + u,)})])\n"
     )
     accepted, refused = _in_a_fresh_interpreter(script)
@@ -3468,6 +3469,7 @@ def test_a_module_s_class_is_judged_by_what_it_holds_and_the_files_running_its_m
     assert accepted == "[True, True, True, True, True, True]"
     # a hook of a module not running (round 46); a C callable (round 34); a class as a hook (round 36); a class
     # lying about its __class__ (round 38); functools.partialmethod's _method holding the program's function
-    # (round 51); UserList.pop reading a program object as `data`, as a hook and a metaclass's mro (round 52); a
-    # metaclass's C __instancecheck__ (round 35); a slot named as a special method
-    assert refused == "[False, False, False, False, False, False, False, False, False]"
+    # (round 51); UserList.pop reading a program object as `data`, as a hook and a metaclass's mro (round 52), and
+    # inside a classmethod of a property (only one level of descriptor had been unpacked); a metaclass's C
+    # __instancecheck__ (round 35); a slot named as a special method
+    assert refused == "[False, False, False, False, False, False, False, False, False, False]"

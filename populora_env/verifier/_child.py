@@ -1210,16 +1210,7 @@ def _reads_what_a_module_holds(value: Any, namespace: dict[str, Any], files: fro
     ``self.data.pop(i)``, as a ``__getattr__`` with a program object as ``data`` (and as a metaclass's ``mro``
     and ``__instancecheck__``) ran the program's ``pop`` as a hook of a class taken for a module's (red-team
     round 52)."""
-    functions = (
-        [value.__func__]
-        if type(value) in (classmethod, staticmethod)
-        else [value.fget, value.fset, value.fdel]
-        if type(value) is property
-        else [value]
-    )
-    for function in functions:
-        if type(function) is not _FUNCTION:
-            continue
+    for function in _functions_in(value):
         for name in function.__code__.co_names:
             held = dict.get(namespace, name, _ABSENT) if type(name) is str else _ABSENT
             if held is _ABSENT or held is value:
@@ -1233,6 +1224,20 @@ def _reads_what_a_module_holds(value: Any, namespace: dict[str, Any], files: fro
 
 
 _ABSENT = object()
+
+
+def _functions_in(value: Any) -> list[Any]:
+    """The functions a value ``_supplied_by_a_module`` takes calls: itself, or those in its ``classmethod``,
+    ``staticmethod`` or ``property``, nested ones included (``classmethod(property(f))``, whose ``f`` had
+    been skipped: only one level was unpacked)."""
+    kind = type(value)
+    if kind is _FUNCTION:
+        return [value]
+    if kind is classmethod or kind is staticmethod:
+        return _functions_in(value.__func__)
+    if kind is property:
+        return [f for part in (value.fget, value.fset, value.fdel) for f in _functions_in(part)]
+    return []
 
 
 def _a_member(value: Any) -> bool:
