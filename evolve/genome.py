@@ -403,9 +403,12 @@ def check_strength(strength: float, name: str = "strength") -> float:
     """Validate a non-negative finite operator strength.
 
     Raises:
-        TypeError: Not a real number (``None``, a string, a bool); the message names the argument.
+        TypeError: Not a real number (``None``, a string, a bool; a 0-d real torch tensor or numpy array
+            counts as its value); the message names the argument.
         ValueError: Negative or non-finite (or beyond the float range); the message names the argument.
     """
+    if isinstance(strength, torch.Tensor | np.ndarray) and strength.ndim == 0 and _real_dtype(strength):
+        strength = strength.item()
     if isinstance(strength, bool) or not isinstance(strength, numbers.Real):
         raise TypeError(f"{name}: must be a number, got {type(strength).__name__} {strength!r:.60}")
     try:
@@ -415,6 +418,13 @@ def check_strength(strength: float, name: str = "strength") -> float:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name}: must be a finite number >= 0, got {strength!r:.60}")
     return value
+
+
+def _real_dtype(array: torch.Tensor | np.ndarray) -> bool:
+    """Whether a tensor or array holds real numbers: integers or floats, not bools or complex numbers."""
+    if isinstance(array, torch.Tensor):
+        return array.dtype != torch.bool and not array.is_complex()
+    return array.dtype.kind in "iuf"
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -322,9 +322,20 @@ def test_wrong_argument_types_say_what_was_expected():
     assert_same_structure(cross("es", [parent, lora_genome(2)], fitness=np.array([2.0, 1.0])), parent)
     for strength, error, message in ((None, TypeError, "must be a number, got NoneType"),
                                      ("0.1", TypeError, "must be a number, got str"),
-                                     (10**400, ValueError, "must be a finite number >= 0")):  # fmt: skip
+                                     (10**400, ValueError, "must be a finite number >= 0"),
+                                     (torch.tensor([0.1]), TypeError, "must be a number, got Tensor"),
+                                     (torch.tensor(True), TypeError, "must be a number, got Tensor"),
+                                     (torch.tensor(-0.1), ValueError, "must be a finite number >= 0")):  # fmt: skip
         with pytest.raises(error, match=f"strength: {message}"):
             mutate("gaussian", parent, strength=strength)
+    # a 0-d real tensor or array is its number (a schedule's strength was refused as "not a number")
+    for scalar in (torch.tensor(0.1), np.array(0.1), torch.tensor(0.1, dtype=torch.float64)):
+        assert_same_structure(mutate("gaussian", parent, strength=scalar), parent)
+        child, expected = (
+            mutate("gaussian", parent, strength=scalar),
+            mutate("gaussian", parent, strength=float(scalar)),
+        )
+        assert all(torch.equal(child[key], expected[key]) for key in parent)
     for rng in (None, 0):
         with pytest.raises(TypeError, match=f"rng must be a torch.Generator, got a {type(rng).__name__}"):
             operators.MUTATIONS["gaussian"](parent, rng=rng)
