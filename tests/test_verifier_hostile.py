@@ -3434,6 +3434,24 @@ def test_a_class_is_a_module_s_only_when_made_by_calls_down_from_the_import():
     assert _in_a_fresh_interpreter(script) == ["[True, True, False, False, True]"]
 
 
+def test_a_module_imported_later_holding_a_program_s_object_does_not_make_its_class_standard():
+    """``_child.register_standard`` white-box, in a fresh interpreter: the classes of what a newly imported
+    module holds become standard, but not a class a program made (``class_made``), as one of its objects kept
+    by a module from what the program planted would have made it (a red-team round's hardening; no such import
+    is known). A class the standard library made, and a program's class freed and its id reused, still count."""
+    script = (
+        "import gc, os, tempfile, types\nimport _child\n_child.register_standard()\n"
+        "class Prog:\n    pass\nclass Lib:\n    pass\nProg.__module__ = Lib.__module__ = '__program__'\n"
+        "_child.class_made(Prog, True)\n_child.class_made(Lib, False)\n"
+        "folder = tempfile.mkdtemp()\nsys.path.insert(0, folder)\n"
+        "with open(os.path.join(folder, 'holder.py'), 'w') as file:\n"
+        "    file.write('import builtins\\nkept = builtins.PLANTED\\nlib = builtins.LIB\\n')\n"
+        "import builtins\nbuiltins.PLANTED, builtins.LIB = Prog(), Lib()\nimport holder\n_child.register_standard()\n"
+        "print([_child._is_standard(Prog), _child._is_standard(Lib)])\n"
+    )
+    assert _in_a_fresh_interpreter(script) == ["[False, True]"]
+
+
 def test_a_module_s_class_is_judged_by_what_it_holds_and_the_files_running_its_making():
     """``_child._made_by_a_module`` white-box, in a fresh interpreter: since round 53 the drivers of rounds 34 to
     52 no longer reach it (their classes are refused as made from a lookup), and it stays the check of classes

@@ -18,6 +18,7 @@ import os
 import sys
 from _collections import _tuplegetter
 from _functools import _lru_cache_wrapper as _LRU_CACHE_WRAPPER
+from _weakref import ref as _weak_reference
 
 import literals  # top-level in the worker process, see _worker.py
 from rules import (
@@ -1302,7 +1303,7 @@ def check_class(metatype: Any, args: tuple[Any, ...]) -> bool:
     not bools, or a special method or descriptor that does not run in a frame of the program's
     (``_runs_in_a_frame``). A class made while a module is imported is the module's only if every frame down to
     the import system is at a call (``_made_by_calls``) and ``_made_by_a_module`` vouches for it. Returns
-    whether a program makes it (``made_by_the_standard_library`` records the others)."""
+    whether a program makes it (``class_made`` records which)."""
     if len(args) != 3:
         return False
     maker = _who_makes_the_class()
@@ -1544,6 +1545,26 @@ def _runs_in_a_frame(value: Any, special: bool, own: bool = False) -> bool:
     return all(part is None or (part is not _UNKNOWN and _runs_in_a_frame(part, True, own)) for part in parts)
 
 
+def class_made(cls: Any, by_a_program: bool) -> None:
+    """``route_class_creation``'s ``made``: records a class ``check_class`` found a program's
+    (``_PROGRAM_CLASSES``) or not (``made_by_the_standard_library``)."""
+    if by_a_program:
+        _PROGRAM_CLASSES[id(cls)] = _weak_reference(cls)
+    else:
+        made_by_the_standard_library(cls)
+
+
+#: The classes programs made, by id (weakly: a program's classes may come and go by the million), so that no
+#: module imported later makes one standard by holding an instance (``register_standard``; a red-team
+#: round's hardening, no such import known)
+_PROGRAM_CLASSES: dict[int, Any] = {}
+
+
+def _a_program_s_class(cls: Any) -> bool:
+    reference = _PROGRAM_CLASSES.get(id(cls))
+    return reference is not None and reference() is cls
+
+
 def made_by_the_standard_library(cls: Any) -> None:
     """Records a class no program made as standard (``route_class_creation``'s ``made``): one a module makes
     while it is imported and holds under no name, such as ``decimal``'s ``SignalDict`` (made with ``type()``
@@ -1552,6 +1573,7 @@ def made_by_the_standard_library(cls: Any) -> None:
     was taken for the standard library's that way, found by this change's tests)."""
     _KEPT.append(cls)
     _STANDARD_CLASSES.add(id(cls))
+    _PROGRAM_CLASSES.pop(id(cls), None)  # (a freed program class's id)
 
 
 _KEPT: list[Any] = []  # the classes made_by_the_standard_library recorded (their ids stay theirs)
@@ -1816,6 +1838,8 @@ def register_standard() -> None:
             # a class, and the class of any other object a module holds (`enum._auto_null`: the name is
             # shadowed by its instance)
             held = value if _a_class(value) else type(value)
+            if _a_program_s_class(held):  # (a program's object a module kept from what the program planted)
+                continue
             _STANDARD_CLASSES.add(id(held))
             _HELD_BY_MODULES.add(id(held))
             if _FREEZING:

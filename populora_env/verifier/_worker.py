@@ -135,7 +135,7 @@ class Worker:
         origins = sandbox.require_class_origins(generic_alias)
         if origins:
             self.report["errors"].append(origins)
-        routed = sandbox.route_class_creation(_child.check_class, _child.made_by_the_standard_library)
+        routed = sandbox.route_class_creation(_child.check_class, _child.class_made)
         if routed:
             self.report["errors"].append(routed)
         _child.install_frame_guard()  # the language layer's run-time half: no frames for guarded programs

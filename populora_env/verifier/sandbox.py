@@ -562,12 +562,12 @@ def route_class_stores(check: Callable[[type, str, Any], None]) -> str | None:
 
 
 def route_class_creation(
-    check: Callable[[type, tuple[Any, ...]], bool], made: Callable[[type], None] | None = None
+    check: Callable[[type, tuple[Any, ...]], bool], made: Callable[[type, bool], None] | None = None
 ) -> str | None:
     """Makes every class creation call ``check(metatype, args)`` first: ``type(name, bases, namespace)``, a
     metaclass's call (``typing.Type(...)``, ``enum.EnumType`` and ``abc.ABCMeta`` reach ``type.__new__``), a
     class statement. ``check`` raises to refuse; what it lets through goes to CPython's own ``type_new``.
-    ``check`` says whether a program made the class; ``made(cls)`` is called for each class it did not make.
+    ``check`` says whether a program made the class; ``made(cls, by_a_program)`` is then called with its answer.
 
     A class made at run time takes any names in its namespace (``__slotnames__``, ``__setstate__``, a
     metaclass's ``mro``), where a class statement takes only what the pre-filter lets a program write: a
@@ -605,8 +605,8 @@ def route_class_creation(
             if caller is not None and "__name__" in caller.f_globals:
                 args = (args[0], args[1], {**args[2], "__module__": caller.f_globals["__name__"]})
         cls = type_new(metatype, args, kwargs)
-        if made is not None and len(args) == 3 and not by_a_program:
-            made(cls)
+        if made is not None and len(args) == 3:
+            made(cls, by_a_program)
         return cls
 
     # Metaclasses written in C (ctypes') have a tp_new of their own that calls type's slot, which from now on
