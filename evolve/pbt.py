@@ -47,6 +47,7 @@ from evolve.runlog import GenerationMetrics, RunLog
 from populora_env.game import TeacherStudentConfig, warn_constant_teacher_reward
 
 logger = logging.getLogger(__name__)
+_WARNED: set[str] = set()  # PBTConfig's warnings given in this process
 
 FIXED_KINDS = ("scripted", "random")
 KIND_MODES = {"torch": "structured", "sb3": "structured", "lora": "text"}
@@ -284,6 +285,18 @@ class PBTConfig:
             object.__setattr__(self, "torch_threads", int(self.torch_threads))
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be None or a non-empty string, got {self.ray_address!r}")
+        replaced = math.floor(round(self.replace_fraction * self.population, 9))  # (as selection.truncation)
+        if evolving and self.population > 1 and self.replace_fraction > 0 and replaced == 0:
+            # (a population of 2 or 3 at the default 0.25 evolved nothing, and nothing said so: a review)
+            message = (
+                f"PBTConfig: replace_fraction {self.replace_fraction:g} of a population of {self.population} "
+                f"replaces no member (floor({self.replace_fraction:g} * {self.population}) = 0): no member will "
+                f"evolve; set replace_fraction >= {math.ceil(100 / self.population) / 100:.2f} to replace one "
+                "per generation"
+            )
+            if message not in _WARNED:  # (once a process: configs are rebuilt on resume and in Ray actors)
+                _WARNED.add(message)
+                logger.warning("%s", message)
         if self.teachers not in FIXED_KINDS:  # evolving teachers learn from, and are selected by, rewards
             # run_pbt's matchmaker: PFSP with `pfsp`, else every student attempts every task
             warn_constant_teacher_reward(self.env, "PBTConfig", "pfsp" if self.pfsp else "all_pairs")

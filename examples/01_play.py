@@ -34,9 +34,12 @@ class Args:
 
 
 def main(args: Args) -> None:
-    env = teacher_student_v0.env(
-        mode=args.mode, n_teachers=2, n_students=2, rounds=args.rounds, render_mode="ansi"
-    )
+    try:
+        env = teacher_student_v0.env(
+            mode=args.mode, n_teachers=2, n_students=2, rounds=args.rounds, render_mode="ansi"
+        )
+    except ValueError as error:  # e.g. --rounds 0
+        raise SystemExit(f"01_play: {error}") from None
     student_cls = ReferenceStudent if args.mode == "text" else ExecutingStudent
     policies = {
         "teacher_0": ScriptedTeacher(env, difficulty=args.difficulty, seed=args.seed),

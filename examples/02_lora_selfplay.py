@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import tyro
 
-from agents.base import TinyBaseConfig, build_tiny_base
+from agents.base import BaseModelLoadError, TinyBaseConfig, build_tiny_base
 from agents.grpo import GRPOConfig, GRPOLearner
 from agents.population import LoRAPopulation
 from agents.rollout import EpisodeRollout, RolloutCollector, RolloutConfig, grpo_batches, update_adapters
@@ -79,38 +79,45 @@ def role_means(rollouts: list[EpisodeRollout]) -> dict[str, float]:
 def main(args: Args) -> None:
     # PEFT calls a transformers method deprecated in v5 on every adapter it adds: noise, not a problem here
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-    torch.set_num_threads(args.threads)
-    config = TinyBaseConfig()
-    if args.base_steps != config.steps:  # another base than the default one (built and cached apart)
-        config = dataclasses.replace(
-            config, steps=args.base_steps, warmup_steps=min(config.warmup_steps, args.base_steps)
+    for flag, value in (("--iterations", args.iterations), ("--episodes", args.episodes)):
+        if value < 1:  # (the settings below are checked where they are used)
+            raise SystemExit(f"02_lora_selfplay: {flag} must be >= 1, got {value}")
+    try:
+        torch.set_num_threads(args.threads)
+        config = TinyBaseConfig()
+        if args.base_steps != config.steps:  # another base than the default one (built and cached apart)
+            config = dataclasses.replace(
+                config, steps=args.base_steps, warmup_steps=min(config.warmup_steps, args.base_steps)
+            )
+        base_dir = args.base_dir or build_tiny_base(args.cache_dir, config)
+        adapters = (
+            {"teacher_0": "self", "student_0": "self"}
+            if args.self_play
+            else {"teacher_0": "teacher_0", "student_0": "student_0"}
         )
-    base_dir = args.base_dir or build_tiny_base(args.cache_dir, config)
-    adapters = (
-        {"teacher_0": "self", "student_0": "self"}
-        if args.self_play
-        else {"teacher_0": "teacher_0", "student_0": "student_0"}
-    )
-    pop = LoRAPopulation.from_pretrained(
-        base_dir, sorted(set(adapters.values())), rank=args.rank, seed=args.seed
-    )
-    env = teacher_student_v0.env(
-        n_teachers=1,
-        n_students=1,
-        rounds=args.rounds,
-        task_types=("deduction", "abduction"),
-        teacher_group_size=args.group_size,
-        student_group_size=args.group_size,
-        teacher_invalid_penalty=args.invalid_penalty,
-    )
-    collector = RolloutCollector(
-        pop,
-        adapters,
-        RolloutConfig(max_new_tokens=args.max_new_tokens, prefill=args.prefill, seed=args.seed),
-    )
-    learner = GRPOLearner(
-        pop, GRPOConfig(learning_rate=args.learning_rate, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    )
+        pop = LoRAPopulation.from_pretrained(
+            base_dir, sorted(set(adapters.values())), rank=args.rank, seed=args.seed
+        )
+        env = teacher_student_v0.env(
+            n_teachers=1,
+            n_students=1,
+            rounds=args.rounds,
+            task_types=("deduction", "abduction"),
+            teacher_group_size=args.group_size,
+            student_group_size=args.group_size,
+            teacher_invalid_penalty=args.invalid_penalty,
+        )
+        collector = RolloutCollector(
+            pop,
+            adapters,
+            RolloutConfig(max_new_tokens=args.max_new_tokens, prefill=args.prefill, seed=args.seed),
+        )
+        learner = GRPOLearner(
+            pop,
+            GRPOConfig(learning_rate=args.learning_rate, max_new_tokens=args.max_new_tokens, seed=args.seed),
+        )
+    except (ValueError, BaseModelLoadError) as error:  # a bad setting, or a --base-dir that is no model
+        raise SystemExit(f"02_lora_selfplay: {error}") from None
 
     # ----- collect, group, update ----------------------------------------------------------------------
     for iteration in range(args.iterations):

@@ -6,8 +6,10 @@ Usage:
 
 Each generation the teachers and students (only the students with ``--teachers scripted``) play the game
 (deduction tasks), learn from it with REINFORCE, are rated with OpenSkill, and the worst quarter of each
-role is replaced by crossover and mutation of the best (``--self-play`` has one member: nothing to replace). The run folder holds ``metrics.jsonl``, ``lineage.jsonl``, checkpoints (kill the
-script and run it again: it resumes exactly) and TensorBoard logs (``tensorboard --logdir <run-dir>/tb``).
+role (half of a population under 4, as ``populora train`` does: a quarter of 2 or 3 is no member) is replaced
+by crossover and mutation of the best (``--self-play`` has one member: nothing to replace). The run folder
+holds ``metrics.jsonl``, ``lineage.jsonl``, checkpoints (kill the script and run it again: it resumes
+exactly) and TensorBoard logs (``tensorboard --logdir <run-dir>/tb``).
 ``--self-play`` is AZR's single-agent baseline: one member plays both seats of a 1x1 game. CPU-sized: the
 defaults take about half a minute.
 """
@@ -55,14 +57,18 @@ def main(args: Args) -> None:
             mode="structured", n_teachers=2, n_students=2, rounds=2, n_slots=3, teacher_group_size=4,
             student_group_size=4, task_types=("deduction",),
         )  # fmt: skip
-        extra = {"population": args.population, "teachers": args.teachers}
-    config = PBTConfig(
-        run_dir=args.run_dir, seed=args.seed, generations=args.generations, episodes_per_generation=2,
-        env=env, learner_config=LearnerConfig(lr=0.03, steps=4), **extra,  # type: ignore[arg-type]
-    )  # fmt: skip
+        extra = {"population": args.population, "teachers": args.teachers,
+                 "replace_fraction": 0.5 if args.population < 4 else 0.25}  # fmt: skip
     try:
+        config = PBTConfig(
+            run_dir=args.run_dir, seed=args.seed, generations=args.generations, episodes_per_generation=2,
+            env=env, learner_config=LearnerConfig(lr=0.03, steps=4), **extra,  # type: ignore[arg-type]
+        )  # fmt: skip
         run_dir = run_pbt(config)
-    except (ValueError, CheckpointError) as error:  # e.g. a shorter --generations on an existing run folder
+    except (
+        ValueError,
+        CheckpointError,
+    ) as error:  # a bad setting, or a shorter --generations on a run folder
         raise SystemExit(f"03_evolve_structured: {error}") from None
     for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)

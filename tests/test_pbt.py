@@ -210,6 +210,24 @@ def test_nested_configs_are_checked_naming_the_field(make: Any, message: str) ->
     assert PBTConfig(run_dir="x", pfsp=np.bool_(True)).pfsp is True
 
 
+def test_a_replace_fraction_that_replaces_no_member_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """The default 0.25 of a population of 2 or 3 floors to no member: the run evolved nothing and nothing said so
+    (a review); once a process for each such config, and not for fixed kinds or a fraction that replaces one."""
+    from evolve import pbt
+
+    pbt._WARNED.clear()
+    with caplog.at_level("WARNING", logger="evolve.pbt"):
+        for population in (3, 3, 4):
+            PBTConfig(run_dir="x", population=population, episodes_per_generation=4)
+        PBTConfig(run_dir="x", population=3, episodes_per_generation=4, replace_fraction=0.34)
+        PBTConfig(
+            run_dir="x", population=3, teachers="scripted", students="scripted", episodes_per_generation=4
+        )
+    expected = ("PBTConfig: replace_fraction 0.25 of a population of 3 replaces no member (floor(0.25 * 3) = 0): "
+                "no member will evolve; set replace_fraction >= 0.34 to replace one per generation")  # fmt: skip
+    assert [r.getMessage() for r in caplog.records if r.name == "evolve.pbt"] == [expected]
+
+
 def test_n_parents_must_suit_every_crossover(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"n_parents must be 2 with the crossovers \['interpolate'\]"):
         PBTConfig(run_dir=str(tmp_path), n_parents=3, crossovers=("dare", "interpolate"))
