@@ -90,7 +90,12 @@ def verify(args: VerifyArgs) -> int:
     try:
         config = VerifierConfig(timeout=args.timeout, workers=args.workers)
     except ValueError as e:  # --timeout 0, --workers -2
-        print(f"populora verify: {e}", file=sys.stderr)
+        message = (
+            str(e)
+            .replace("VerifierConfig.timeout", "--timeout")
+            .replace("VerifierConfig.workers", "--workers")
+        )
+        print(f"populora verify: {message}", file=sys.stderr)
         return 2
     path = _examples_path() if args.examples else args.path
     assert path is not None
@@ -100,7 +105,10 @@ def verify(args: VerifyArgs) -> int:
         print(f"populora verify: {e}", file=sys.stderr)
         return 2
     for error in errors:
-        print(f"{path}:{error.line}: skipped: {error.reason}", file=sys.stderr)
+        if args.json:  # (one JSON object a line on stdout, as the verdicts)
+            print(json.dumps({"line": error.line, "verdict": "malformed", "reason": error.reason}))
+        else:
+            print(f"{path}:{error.line}: skipped: {error.reason}", file=sys.stderr)
     start = time.perf_counter()
     verdicts = []
     try:
@@ -127,11 +135,17 @@ def verify(args: VerifyArgs) -> int:
         )
     else:
         print(f"\n{path}: {summary.records} records in {elapsed:.1f} s")
-        print(f"  pass {summary.passed}  mismatch {summary.mismatched}  error {summary.errors}  "
+        ran = f"  ran {summary.ran} (no output claimed)" if summary.ran else ""
+        print(f"  pass {summary.passed}{ran}  mismatch {summary.mismatched}  error {summary.errors}  "
               f"malformed lines {summary.malformed_lines}")  # fmt: skip
         print("  statuses: " + ", ".join(f"{k} {n}" for k, n in sorted(summary.statuses.items())))
         active = [k for k, on in asdict(isolation).items() if k != "errors" and on]
         print(f"  isolation: {'full' if isolation.full else 'PARTIAL'} ({', '.join(active)})")
+    calls = sum(v.execution.status == "bad_input" and "literal text is never run" in v.execution.detail
+                for v in verdicts)  # fmt: skip
+    if calls and not args.expression_inputs:  # (CRUXEval's file without the flag: 12 errors and no word why)
+        print(f"populora verify: {calls} input(s) are not literals (such as dict(a=1)); --expression-inputs "
+              "evaluates inputs as expressions in the sandbox", file=sys.stderr)  # fmt: skip
     failed = summary.mismatched + summary.errors + summary.malformed_lines
     if args.strict and not summary.records:  # an empty or truncated dataset must not pass a CI check
         print(f"populora verify: --strict: {path} holds no records", file=sys.stderr)
@@ -143,7 +157,8 @@ def _print_verdict(v: Any, *, as_json: bool) -> None:
     e = v.execution
     if as_json:
         print(json.dumps({"id": v.record.id, "verdict": v.verdict, "status": e.status, "output": e.output,
-                          "detail": e.detail, "reason": v.reason}, ensure_ascii=False))  # fmt: skip
+                          "claimed": v.record.output, "detail": e.detail, "reason": v.reason},
+                         ensure_ascii=False))  # fmt: skip
         return
     shown = _printable(v.reason or (e.output if e.ok else e.detail) or "")
     shown = shown if len(shown) <= 70 else shown[:67] + "..."

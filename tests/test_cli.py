@@ -16,7 +16,7 @@ from populora_env.verifier.jsonl import load_records
 EXPECTED = {  # example id -> (verdict, status)
     "double": ("pass", "ok"), "reverse_words": ("pass", "ok"), "running_max": ("pass", "ok"),
     "count_chars": ("pass", "ok"), "gcd_pairs": ("pass", "ok"), "two_args": ("pass", "ok"),
-    "big_int": ("pass", "ok"), "set_result": ("pass", "ok"), "unicode": ("pass", "ok"),
+    "big_int": ("ran", "ok"), "set_result": ("pass", "ok"), "unicode": ("pass", "ok"),
     "recursion": ("pass", "ok"), "wrong_claim": ("mismatch", "ok"), "syntax_error": ("error", "syntax"),
     "no_function_f": ("error", "syntax"), "forbidden_import": ("error", "forbidden"),
     "forbidden_dunder": ("error", "forbidden"), "infinite_loop": ("error", "timeout"),
@@ -38,7 +38,11 @@ def test_verify_examples_json_gives_each_expected_verdict():
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     rows, summary = lines[:-1], lines[-1]
     assert {r["id"]: (r["verdict"], r["status"]) for r in rows} == EXPECTED
-    assert summary["summary"]["passed"] == 10 and summary["summary"]["mismatched"] == 1
+    assert (summary["summary"]["passed"], summary["summary"]["ran"], summary["summary"]["mismatched"]) == (
+        9,
+        1,
+        1,
+    )
     assert populora("verify", "--examples", "--strict", "--timeout", "1").returncode == 1
 
 
@@ -57,11 +61,41 @@ def test_verify_text_output_has_verdicts_and_summary(tmp_path):
     assert f"{data}:2: skipped: not JSON" in done.stderr
     assert f"{data}:3: skipped: field 'code' is missing or not a string" in done.stderr
     assert "pass 1  mismatch 0  error 1  malformed lines 2" in done.stdout
+    # the one error is an input that is no literal: the message says which flag evaluates it
+    assert "1 input(s) are not literals (such as dict(a=1)); --expression-inputs evaluates" in done.stderr
+    assert "malformed node or string on line 1" in done.stdout  # (was "line 2" of a one-line input)
     expr = populora("verify", str(data), "--expression-inputs", "--json")
-    rows = [json.loads(line) for line in expr.stdout.splitlines()[:-1]]
-    assert rows[1] == {"id": "expr", "verdict": "error", "status": "runtime", "output": None,
-                       "detail": rows[1]["detail"], "reason": ""}  # fmt: skip
-    assert "unsupported operand" in rows[1]["detail"]
+    lines = [json.loads(line) for line in expr.stdout.splitlines()[:-1]]
+    # malformed lines are JSON on stdout too (they were text on stderr only; a review)
+    assert lines[:2] == [
+        {"line": 2, "verdict": "malformed", "reason": lines[0]["reason"]},
+        {"line": 3, "verdict": "malformed", "reason": "field 'code' is missing or not a string"},
+    ] and lines[0]["reason"].startswith("not JSON")
+    assert lines[3] == {"id": "expr", "verdict": "error", "status": "runtime", "output": None, "claimed": None,
+                        "detail": lines[3]["detail"], "reason": ""}  # fmt: skip
+    assert "unsupported operand" in lines[3]["detail"] and "not literals" not in expr.stderr
+
+
+def test_a_mismatch_says_what_differs_and_a_record_without_output_is_counted_as_ran(tmp_path):
+    """A review: a mismatch showed the output only, a claim that is no literal gave no reason, and a record
+    that claims no output was counted as a pass although nothing was compared."""
+    data = tmp_path / "claims.jsonl"
+    code = "def f(x):\n    return [x, x + 1]"
+    data.write_text("".join(json.dumps({"id": name, "code": code, "input": "1", **claim}) + "\n" for name, claim in (
+        ("wrong", {"output": "[1,  3]"}), ("broken", {"output": "[1, 2"}), ("none", {}),
+        ("right", {"output": "[1, 2]"}))))  # fmt: skip
+    done = populora("verify", str(data), "--json")
+    rows = {row["id"]: row for row in map(json.loads, done.stdout.splitlines()[:-1])}
+    assert {name: (row["verdict"], row["claimed"]) for name, row in rows.items()} == {
+        "wrong": ("mismatch", "[1,  3]"), "broken": ("mismatch", "[1, 2"), "none": ("ran", None),
+        "right": ("pass", "[1, 2]")}  # fmt: skip
+    assert rows["wrong"]["reason"] == "returned [1, 2], claimed [1, 3]"
+    assert rows["broken"]["reason"].startswith("the claimed output is not valid Python: SyntaxError")
+    assert rows["none"]["reason"] == rows["right"]["reason"] == ""
+    summary = json.loads(done.stdout.splitlines()[-1])["summary"]
+    assert (summary["passed"], summary["ran"], summary["mismatched"]) == (1, 1, 2)
+    text = populora("verify", str(data), "--strict")
+    assert "pass 1  ran 1 (no output claimed)  mismatch 2  error 0" in text.stdout and text.returncode == 1
 
 
 def test_verify_missing_file_is_a_clear_error(tmp_path):

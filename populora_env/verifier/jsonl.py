@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from .literals import outputs_equal
+from .literals import LiteralError, outputs_equal, parse_literal
 from .records import Execution
 from .verifier import Verifier
 
@@ -51,15 +51,17 @@ class RecordVerdict:
     Attributes:
         record: The record.
         execution: What running ``f(input)`` gave.
-        verdict: ``"pass"`` (ran, and matched the claimed output if any), ``"mismatch"`` (ran, other
-            output), or ``"error"`` (did not run to a plain value).
-        reason: Why a ``"mismatch"`` could not be a match whatever the output ("" otherwise): a claimed
-            output longer than the verifier's ``max_literal_chars``.
+        verdict: ``"pass"`` (ran, and matched the claimed output), ``"ran"`` (ran to a plain value; the
+            record claims no output, so nothing was compared), ``"mismatch"`` (ran, other output), or
+            ``"error"`` (did not run to a plain value).
+        reason: For a ``"mismatch"``, what differs: the output and the claim, or why the claim could not be
+            a match whatever the output (not a literal; longer than the verifier's ``max_literal_chars``);
+            "" otherwise.
     """
 
     record: Record
     execution: Execution
-    verdict: Literal["pass", "mismatch", "error"]
+    verdict: Literal["pass", "ran", "mismatch", "error"]
     reason: str = ""
 
 
@@ -73,6 +75,7 @@ class Summary:
     errors: int
     malformed_lines: int
     statuses: dict[str, int] = field(default_factory=dict)
+    ran: int = 0  # records that claim no output and ran to a plain value (counted apart from ``passed``)
 
 
 def load_records(path: str | os.PathLike[str]) -> tuple[list[Record], list[LoadError]]:
@@ -184,24 +187,29 @@ def verify_records(
     for start in range(0, len(records), batch_size):
         batch = records[start : start + batch_size]
         executions = verifier.run_many([(r.code, r.input) for r in batch], expression_args=expression_inputs)
-        cap = verifier.config.max_literal_chars
         for record, execution in zip(batch, executions):
-            verdict = _verdict(verifier, record, execution)
-            reason = ""
-            if verdict == "mismatch" and record.output is not None and len(record.output) > cap:
-                reason = f"the claimed output is longer than max_literal_chars ({len(record.output)} > {cap})"
-            yield RecordVerdict(record, execution, verdict, reason)
+            yield _verdict(verifier, record, execution)
 
 
-def _verdict(
-    verifier: Verifier, record: Record, execution: Execution
-) -> Literal["pass", "mismatch", "error"]:
+def _verdict(verifier: Verifier, record: Record, execution: Execution) -> RecordVerdict:
     if not execution.ok:
-        return "error"
+        return RecordVerdict(record, execution, "error")
     if record.output is None:
-        return "pass"
-    same = outputs_equal(execution.output or "", record.output, max_chars=verifier.config.max_literal_chars)
-    return "pass" if same else "mismatch"
+        return RecordVerdict(record, execution, "ran")
+    cap = verifier.config.max_literal_chars
+    if outputs_equal(execution.output or "", record.output, max_chars=cap):
+        return RecordVerdict(record, execution, "pass")
+    claimed = record.output
+    if len(claimed) > cap:
+        reason = f"the claimed output is longer than max_literal_chars ({len(claimed)} > {cap})"
+    else:
+        try:
+            parse_literal(claimed, max_chars=cap)
+        except (LiteralError, TypeError) as error:
+            reason = f"the claimed output is {error}"
+        else:
+            reason = f"returned {execution.output}, claimed {' '.join(claimed.split())}"
+    return RecordVerdict(record, execution, "mismatch", reason)
 
 
 def summarize(verdicts: list[RecordVerdict], errors: list[LoadError]) -> Summary:
@@ -210,6 +218,7 @@ def summarize(verdicts: list[RecordVerdict], errors: list[LoadError]) -> Summary
     return Summary(
         records=len(verdicts),
         passed=kinds["pass"],
+        ran=kinds["ran"],
         mismatched=kinds["mismatch"],
         errors=kinds["error"],
         malformed_lines=len(errors),

@@ -133,7 +133,9 @@ def _parse_expression(source: str) -> ast.expr:
         raise LiteralError(f"not valid Python: {type(e).__name__}: {_short(str(e))}") from None
 
 
-def _eval_node(node: ast.expr, max_depth: int, max_nodes: int) -> Any:
+def _eval_node(node: ast.expr, max_depth: int, max_nodes: int, line_shift: int = 0) -> Any:
+    """``literal_eval`` of ``node``, checked as plain data; ``line_shift``: lines the parsed source had
+    before the text (``_parse_args``' ``f(`` line), taken off the line a message names."""
     import ast
     import re
 
@@ -147,6 +149,7 @@ def _eval_node(node: ast.expr, max_depth: int, max_nodes: int) -> Any:
     except (ValueError, TypeError, SyntaxError, MemoryError, OverflowError) as e:
         # literal_eval names the offending node with its address; keep the kind, drop the address.
         found = re.sub(r"<ast\.(\w+) object at 0x[0-9a-f]+>", r"a \1 expression", str(e))
+        found = re.sub(r"on line (\d+)", lambda m: f"on line {int(m[1]) - line_shift}", found)
         raise LiteralError(f"not a literal ({_short(found)}); literal text is never run") from None
     return value
 
@@ -202,7 +205,7 @@ def _parse_args(text: str, max_depth: int, max_nodes: int) -> tuple[Any, ...]:
         raise LiteralError("keyword arguments are not supported in args")
     if any(isinstance(a, ast.Starred) for a in node.args):
         raise LiteralError("starred arguments are not supported in args")
-    return tuple(_eval_node(a, max_depth, max_nodes) for a in node.args)
+    return tuple(_eval_node(a, max_depth, max_nodes, line_shift=1) for a in node.args)
 
 
 def canonical_text(value: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> str:
