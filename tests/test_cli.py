@@ -89,7 +89,7 @@ def test_a_mismatch_says_what_differs_and_a_record_without_output_is_counted_as_
     assert {name: (row["verdict"], row["claimed"]) for name, row in rows.items()} == {
         "wrong": ("mismatch", "[1,  3]"), "broken": ("mismatch", "[1, 2"), "none": ("ran", None),
         "right": ("pass", "[1, 2]")}  # fmt: skip
-    assert rows["wrong"]["reason"] == "returned [1, 2], claimed [1, 3]"
+    assert rows["wrong"]["reason"] == "returned [1, 2], claimed [1,  3]"
     assert rows["broken"]["reason"].startswith("the claimed output is not valid Python: SyntaxError")
     assert rows["none"]["reason"] == rows["right"]["reason"] == ""
     summary = json.loads(done.stdout.splitlines()[-1])["summary"]

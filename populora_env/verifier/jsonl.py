@@ -208,7 +208,7 @@ def _verdict(verifier: Verifier, record: Record, execution: Execution) -> Record
         except (LiteralError, TypeError) as error:
             reason = f"the claimed output is {error}"
         else:
-            reason = f"returned {execution.output}, claimed {' '.join(claimed.split())}"
+            reason = f"returned {execution.output}, claimed {claimed}"
     return RecordVerdict(record, execution, "mismatch", reason)
 
 
