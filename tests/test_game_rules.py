@@ -819,3 +819,70 @@ def test_induction_inputs_equal_by_value_are_one_input():
         "{1: 'a', 2: 'b'}", "{1, 2}")  # fmt: skip
     assert inputs("'a'", "b'a'", "None") == ("'a'", "b'a'", "None")
     assert inputs("1", "True") == ("1",)
+
+
+def test_a_format_error_and_an_invalid_proposal_pay_their_own_penalties():
+    """A mutation audit: the two teacher penalties were swapped unnoticed (both default to -1). With distinct
+    values, a proposal that does not parse pays ``teacher_format_penalty`` and one whose program raises pays
+    ``teacher_invalid_penalty``."""
+    from populora_env.text_format import FormatError, Proposal
+
+    game = _text_game(TableVerifier(), rounds=1, teacher_group_size=2, teacher_format_penalty=-2.0,
+                      teacher_invalid_penalty=-1.0)  # fmt: skip
+    game.step(FormatError("no_answer"))
+    game.step(Proposal("def f(x):\n    raise ValueError", ("0",)))
+    assert game.done
+    assert [(r.verdict, r.reward) for r in game.history] == [("format_error", -2.0), ("invalid", -1.0)]
+
+
+def test_a_teachers_step_reward_is_the_sum_of_its_proposals_rewards():
+    """A mutation audit: a teacher's round reward was its last proposal's alone (the sum was not checked
+    with more than one proposal per teacher). One valid proposal (solved by one student of two) and one
+    invalid one: the step rewards add up to both records' rewards."""
+    from populora_env.text_format import Answer, Proposal
+
+    game = _text_game(TableVerifier(), rounds=1, teacher_group_size=2)
+    proposals = [
+        Proposal("def f(x):\n    return 1", ("0",)),
+        Proposal("def f(x):\n    raise ValueError", ("0",)),
+    ]
+    answers = {"student_0": "1", "student_1": "2"}
+    total = 0.0
+    while not game.done:
+        turn = game.current
+        action = proposals[turn.attempt] if turn.phase == "propose" else Answer(answers[turn.agent])
+        total += game.step(action).rewards.get("teacher_0", 0.0)
+    rewards = [r.reward for r in game.history]
+    assert [r.verdict for r in game.history] == ["valid", "invalid"] and rewards == [0.5, -1.0]
+    assert total == sum(rewards) == -0.5
+
+
+class _HalfInductionVerifier(TableVerifier):
+    """Scores every induction answer 0.5 (half of the hidden pairs matched) and keeps the pairs it was given."""
+
+    def __init__(self):
+        self.pairs = []
+
+    def check_induction(self, answer_program, pairs):
+        self.pairs.append(list(pairs))
+        return 0.5
+
+
+def test_an_induction_answer_is_correct_only_when_it_matches_every_hidden_pair():
+    """A mutation audit: a half-right induction answer (score 0.5) passing as correct went unnoticed. It is
+    wrong, pays ``student_wrong_reward`` and keeps its score; of six inputs, three pairs are shown and the
+    other three are the hidden tests."""
+    from populora_env.text_format import Answer, Proposal
+
+    verifier = _HalfInductionVerifier()
+    game = _text_game(verifier, rounds=1, n_students=1, task_types=("induction",), student_wrong_reward=-0.25)
+    inputs = tuple(str(i) for i in range(6))
+    game.step(Proposal("def f(x):\n    return 1", inputs, "m"))
+    outcome = game.step(Answer("def f(x):\n    return 1"))
+    task = game.history[0].task
+    assert (task.n_shown, task.shown_pairs, task.hidden_pairs) == (
+        3, tuple((i, "1") for i in inputs[:3]), tuple((i, "1") for i in inputs[3:]))  # fmt: skip
+    assert verifier.pairs == [list(task.hidden_pairs)]
+    info = outcome.infos["student_0"]
+    assert (info["verdict"], info["score"], outcome.rewards["student_0"]) == ("wrong", 0.5, -0.25)
+    assert game.history[0].solve_rate == 0.0

@@ -944,6 +944,20 @@ def test_fitness_orders_extrapolate_es_and_clone_mutate_on_plain_genomes():
     assert crossovers.centred_ranks([3.0, 1.0, 3.0]) == [0.25, -0.5, 0.25]
 
 
+def test_extrapolate_draws_its_step_uniformly_within_max_step():
+    """A mutation audit: a step fixed at ``max_step`` (no draw) was caught only weakly. ``eta ~ U(0,
+    max_step)``, one draw per child: over seeds the steps stay in ``[0, max_step]`` and spread over it."""
+    better, worse = {"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([0.0, 0.0])}
+    steps = []
+    for seed in range(32):
+        child = cross("extrapolate", [worse, better], seed=seed, fitness=(0.0, 1.0), max_step=2.0)
+        step = (child["w"] - better["w"]) / (better["w"] - worse["w"])
+        assert float(step[0]) == pytest.approx(float(step[1]), abs=1e-6)  # one draw for the whole child
+        steps.append(float(step[0]))
+    assert min(steps) >= 0.0 and max(steps) <= 2.0
+    assert min(steps) < 0.5 and max(steps) > 1.5, steps
+
+
 # --- real modules: plain nets and PEFT --------------------------------------------------------
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from evolve.lineage import LineageRecord, ancestors, operator_use
-from evolve.ratings import MatchResult, MemberMatchmaker, RatingTable
+from evolve.ratings import MatchResult, MemberMatchmaker, Rating, RatingTable
 
 
 def test_winner_gains_and_loser_drops() -> None:
@@ -23,6 +23,13 @@ def test_repeated_results_separate_ratings_and_order_matters_deterministically()
     b.update(results)
     assert a.state() == b.state()
     assert a.get(1).ordinal > a.get(0).ordinal
+
+
+def test_ordinal_is_the_conservative_skill() -> None:
+    """A mutation audit: ``mu + 3 sigma`` for the ordinal went unnoticed (only its order on ratings of like
+    sigma was checked). It is ``mu - 3 sigma``: of two members of one ``mu`` the uncertain one ranks lower."""
+    assert Rating(25.0, 8.0).ordinal == 1.0
+    assert Rating(25.0, 8.0).ordinal < Rating(25.0, 1.0).ordinal == 22.0
 
 
 def test_self_matches_are_not_rated() -> None:
@@ -74,6 +81,18 @@ def test_pfsp_does_not_match_a_self_play_member_with_itself() -> None:
         ]
     maker.seat({"teacher_0": 1, "student_0": 1})
     assert maker.assign(["teacher_0"], ["student_0"], rng) == [("student_0",)]
+
+
+def test_pfsp_gives_every_task_its_students_when_one_teacher_has_only_its_own_seat() -> None:
+    """A mutation audit: the self-play guard's "as long as every teacher has another student" was not
+    checked with one that has none. The only student seat is teacher_0's own member, teacher_1's is
+    another: leaving teacher_0 no student would be no match at all, so PFSP runs on every student seat and
+    each task gets its student."""
+    maker = MemberMatchmaker(RatingTable(), per_task=1, pfsp=True)
+    maker.seat({"teacher_0": 1, "teacher_1": 2, "student_0": 1})
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        assert maker.assign(["teacher_0", "teacher_1"], ["student_0"], rng) == [("student_0",)] * 2
 
 
 def test_matchmaker_all_pairs_without_pfsp() -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evolve.selection import CLONE, elites, plan_replacements, rank_order, tournament, truncation
+from evolve.selection import (
+    CLONE,
+    Replacement,
+    elites,
+    plan_replacements,
+    rank_order,
+    tournament,
+    truncation,
+)
 
 
 def test_rank_order_is_stable_and_best_first() -> None:
@@ -47,6 +55,13 @@ def test_tournament_full_size_returns_best_of_candidates() -> None:
     fitness = [5.0, 1.0, 3.0, 4.0]
     assert tournament(fitness, 4, rng) == 0
     assert tournament(fitness, 10, rng, candidates=[1, 2, 3]) == 3
+
+
+def test_tournament_ties_go_to_the_lower_tiebreak() -> None:
+    """A mutation audit: a tie-break taken the wrong way round (the higher index or ``tiebreak`` value)
+    went unnoticed. Two members tied at the top: the lower index wins, or the lower ``tiebreak`` value."""
+    assert tournament([1.0, 1.0, 0.0], 3, np.random.default_rng(0)) == 0
+    assert tournament([1.0, 1.0, 0.0], 3, np.random.default_rng(0), tiebreak=[1, 0, 2]) == 1
 
 
 def test_tournament_pressure_favours_fitter() -> None:
@@ -129,6 +144,24 @@ def test_plan_over_the_evaluated_members_replaces_the_groups_share() -> None:
     kwargs = dict(replace_fraction=0.25, n_elites=0, tournament_size=2, n_parents=2, crossovers=["x"],
                   mutations=["m"])  # fmt: skip
     plan = plan_replacements([0.1, 0.5, 0.9], rng=np.random.default_rng(0), of=4, **kwargs)  # type: ignore[arg-type]
-    assert [step.slot for step in plan] == [0]
+    # a mutation audit: the top pool (here the one best member) is widened to n_parents, so the child
+    # has two parents, best first, and a crossover, not a clone of the best alone
+    assert plan == [Replacement(0, (2, 1), "x", "m")]
     assert plan_replacements([0.1, 0.5, 0.9], rng=np.random.default_rng(0), **kwargs) == []  # type: ignore[arg-type]
     assert len(plan_replacements([0.1, 0.5], rng=np.random.default_rng(0), of=8, **kwargs)) == 1  # type: ignore[arg-type]
+
+
+def test_plan_parents_win_tournaments_of_the_given_size() -> None:
+    """A mutation audit: parents drawn by tournaments of one (uniformly from the top) went unnoticed. Ten
+    top members, tournaments of three without replacement: the best of them wins about 3 in 10, the
+    worst of them never (it loses to any other entrant); uniform draws would give each 1 in 10."""
+    fitness = [float(i) for i in range(20)]  # the top half is members 10 to 19
+    wins = np.zeros(20, dtype=int)
+    for seed in range(100):
+        plan = plan_replacements(fitness, replace_fraction=0.5, n_elites=0, tournament_size=3, n_parents=1,
+                                 crossovers=["x"], mutations=["m"], rng=np.random.default_rng(seed))  # fmt: skip
+        for step in plan:
+            assert len(step.parents) == 1 and step.crossover == CLONE
+            wins[step.parents[0]] += 1
+    assert wins.sum() == 1000 and wins[:10].sum() == 0
+    assert wins[10] == 0 and wins[19] > 250, wins
