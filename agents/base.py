@@ -173,6 +173,7 @@ def missing_local_dir(ref: str) -> bool:
 
 
 def _load_message(ref: str, reason: str) -> str:
+    reason = reason.rstrip().rstrip(".")  # (a sentence follows: transformers' own ends with a period)
     if (Path(ref) / "populora_tiny_base.json").is_file():  # a tiny base of the cache that no longer loads
         damage = _damage(Path(ref))
         if damage is not None:

@@ -565,6 +565,15 @@ def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:
                                failure["member"], failure["error"], failure["message"])  # fmt: skip
             bar.update(1)
             bar.set_postfix(solve=f"{record.solve_rate:.2f}", children=len(record.lineage))
+            if config.progress:  # one line a generation above the bar (a long run showed only the bar's last)
+                rewards = " ".join(
+                    f"{role} {value:+.3f}" for role, value in sorted(record.mean_reward.items())
+                )
+                bar.write(
+                    f"generation {generation}: solve rate {record.solve_rate:.2f}, invalid "
+                    f"{record.invalid_rate:.2f}, mean reward {rewards or '-'}, children {len(record.lineage)}",
+                    file=bar.fp,  # (with the bar, on standard error: standard output stays the caller's)
+                )
     finally:
         if bar is not None:  # closed on an interrupt too: a message after it starts on a line of its own
             bar.close()

@@ -311,6 +311,7 @@ _FLAGS = {  # config fields the train command sets from an option of another nam
     "member_options.lora.max_new_tokens": "--max-new-tokens",
     "member_options.grpo.learning_rate": "--learning-rate",
     "member_options.grpo.deterministic": "--deterministic",
+    "replace_fraction": "--population",  # (0.5 under 4 members, else 0.25)
 }
 # each field alone, not inside a longer path (`env.teacher_group_size` names its flag once)
 _FLAG_FIELDS = re.compile(
@@ -320,9 +321,16 @@ _FLAG_FIELDS = re.compile(
 )
 
 
+# options of the config field's own name, named as options where a message starts with the field
+_SAME_NAMED = re.compile(r"(?:^|(?<=differ: )|(?<=; ))(generations|population|seed)(?= must|: )")
+
+
 def _as_flags(message: str) -> str:
     """``message`` with the config fields that ``populora train`` options set named as those options too
-    (``episodes_per_generation`` was all a user of ``--episodes`` read)."""
+    (``episodes_per_generation`` was all a user of ``--episodes`` read; ``generations must be ...`` now reads
+    ``--generations must be ...``, "another run_dir" "another --run-dir")."""
+    message = _SAME_NAMED.sub(lambda m: "--" + m[1], message)
+    message = message.replace("choose another run_dir", "choose another --run-dir")
     return _FLAG_FIELDS.sub(lambda m: f"{_FLAGS[m[1]]} ({m[1]})", message)
 
 
@@ -346,7 +354,9 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
         rejections.update(r.get("rejections", {}))  # (absent from records written before it existed)
     if rejections:
         total = sum(rejections.values())
-        common = ", ".join(f"{reason} {count / total:.0%}" for reason, count in rejections.most_common(6))
+        common = ", ".join(
+            f"{reason} {_percent(count, total)}" for reason, count in rejections.most_common(6)
+        )
         lines.append(f"\nwhy proposals were rejected ({total} in all): {common}")
     failed, updates = _learner_failures(rows)
     if failed:
@@ -356,6 +366,11 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
             f"{first['generation']}, member {first['member']}: {first['error']}: {first['message']})"
         )
     return "\n".join(lines)
+
+
+def _percent(count: int, total: int) -> str:
+    """``count`` of ``total`` as a whole percentage, a nonzero count under 0.5% as ``<1%`` (it read 0%)."""
+    return "<1%" if count > 0 and count * 200 < total else f"{count / total:.0%}"
 
 
 def _learner_failures(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
@@ -368,6 +383,7 @@ def _learner_failures(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
 def train(args: TrainArgs) -> int:
     """Runs ``populora train``; returns the exit status."""
     import torch
+    import transformers
 
     import agents.members  # noqa: F401  # registers the "lora" members and the "grpo" learner
     from agents.base import BaseModelLoadError, build_tiny_base, missing_local_dir
@@ -378,6 +394,9 @@ def train(args: TrainArgs) -> int:
 
     # PEFT calls a transformers method deprecated in v5 on every adapter it adds: noise, not a problem here
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    # and transformers' own bars for every load and save of a member ("Loading weights", "Writing model
+    # shards") broke up the run's one bar and its generation lines (a review)
+    transformers.utils.logging.disable_progress_bar()
     start = time.perf_counter()
     started = made = False
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if _main_thread() else None
@@ -387,11 +406,11 @@ def train(args: TrainArgs) -> int:
         _check_threads(args.threads)
         if not isinstance(args.group_size, int) or args.group_size < 2:  # named as the option, not the env's
             raise ValueError(  # two fields
-                f"group_size must be an int >= 2 (GRPO's advantages are relative to the group: a group of one "
+                f"--group-size must be an int >= 2 (GRPO's advantages are relative to the group: a group of one "
                 f"has none, and nothing learns), got {args.group_size!r}"
             )
         if not (isinstance(args.learning_rate, int | float) and 0 < args.learning_rate < math.inf):
-            raise ValueError(f"learning_rate must be a finite number > 0, got {args.learning_rate!r}")
+            raise ValueError(f"--learning-rate must be a finite number > 0, got {args.learning_rate!r}")
         config = _train_config(args, args.base or "tiny-base")
         lora = LoRAMemberOptions.from_member_options(config.member_options)
         grpo_config(config.member_options, lora)
@@ -417,13 +436,19 @@ def train(args: TrainArgs) -> int:
             base = args.base
         torch.set_num_threads(args.threads)
         config = _train_config(args, base)
+        print(_run_state(Path(args.run_dir), config.generations), file=sys.stderr)
         started = True
         run_dir = run_pbt(config)
     except RunInUseError as error:  # the folder is another run's now: nothing of it is touched
-        print(f"populora train: {error}", file=sys.stderr)
+        print(f"populora train: {_as_flags(str(error))}", file=sys.stderr)
         return 2
     except (ValueError, BaseModelLoadError, CheckpointError) as error:  # (BaseModelLoadError is an OSError:
-        print(f"populora train: {_as_flags(str(error))}", file=sys.stderr)  # it comes first)
+        message = _as_flags(str(error))  # it comes first)
+        if "holds a run with another config" in message:
+            message += (
+                "; rerun with the options it was made with (its config.json), or give another --run-dir"
+            )
+        print(f"populora train: {message}", file=sys.stderr)
         _remove_if_made_and_empty(Path(args.run_dir), made)
         return 2
     except OSError as error:  # an unwritable --run-dir or --cache-dir, a full disk
@@ -441,6 +466,7 @@ def train(args: TrainArgs) -> int:
     except (KeyboardInterrupt, _Terminated) as stop:
         name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"
         print(f"populora train: stopped by {name}; {_resume_hint(Path(args.run_dir))}", file=sys.stderr)
+        _remove_if_made_and_empty(Path(args.run_dir), made)  # (stopped while the base was built: no run yet)
         return 128 + (signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
     finally:
         if previous is not None:
@@ -473,7 +499,7 @@ def _check_threads(threads: Any) -> None:
     word, and the first parallel product crashed the process: SIGSEGV)."""
     cpus = os.cpu_count() or 1
     if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= cpus:
-        raise ValueError(f"threads must be an int from 1 to {cpus} (this machine's CPUs), got {threads!r}")
+        raise ValueError(f"--threads must be an int from 1 to {cpus} (this machine's CPUs), got {threads!r}")
 
 
 def _failure(error: Exception, run_dir: Path) -> str:
@@ -539,6 +565,23 @@ def _remove_if_made_and_empty(run_dir: Path, made: bool) -> None:
             finally:
                 os.close(fd)
         run_dir.rmdir()
+
+
+def _run_state(run_dir: Path, generations: int) -> str:
+    """What this command does with ``run_dir``: starts a run, resumes or extends one, or shows a finished
+    one (a rerun said nothing and printed the same table again; a review)."""
+    from evolve.checkpoint import list_checkpoints
+
+    try:
+        saved = list_checkpoints(run_dir / "checkpoints")
+    except OSError:
+        saved = []
+    done = int(saved[-1].stem.split("_")[-1]) if saved else 0
+    if not saved:
+        return f"run: starting {run_dir} ({generations} generation{'' if generations == 1 else 's'})"
+    if done >= generations:
+        return f"run: {run_dir} is finished ({done} generations, {saved[-1].name}): its results again"
+    return f"run: resuming {run_dir} after generation {done} of {generations} ({saved[-1].name})"
 
 
 def _resume_hint(run_dir: Path) -> str:

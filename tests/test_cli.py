@@ -315,3 +315,27 @@ def test_base_build_caches_the_tiny_base_and_names_bad_values(tmp_path, capsys):
         cpus = os.cpu_count()
         assert f"threads must be an int from 1 to {cpus} (this machine's CPUs), got {threads}" in \
             capsys.readouterr().err  # fmt: skip
+
+
+def test_rejection_shares_are_whole_percentages_and_a_rare_reason_is_not_zero():
+    """A reason seen once in 300 proposals read "0%" in populora train's summary (a review)."""
+    from populora_env.cli import _percent
+
+    assert [_percent(n, 300) for n in (1, 2, 150, 300)] == ["<1%", "1%", "50%", "100%"]
+
+
+def test_train_errors_name_the_options_not_the_config_fields():
+    """Same-named options read as config fields ("generations must be", "another run_dir", "population:
+    saved 2"), and replace_fraction, which --population sets, as no option at all (a review)."""
+    from populora_env.cli import _as_flags
+
+    assert _as_flags("generations must be an int >= 1, got 0") == "--generations must be an int >= 1, got 0"
+    assert _as_flags("x is in use by another run (pid 7): wait for it to end or choose another run_dir") == (
+        "x is in use by another run (pid 7): wait for it to end or choose another --run-dir"
+    )
+    differ = "x holds a run with another config (fields [..] differ: replace_fraction: saved 0.5, now 0.25; " \
+             "population: saved 2, now 4)"  # fmt: skip
+    assert _as_flags(differ).endswith(
+        "differ: --population (replace_fraction): saved 0.5, now 0.25; --population: saved 2, now 4)"
+    )
+    assert _as_flags("a population of 3 generations") == "a population of 3 generations"  # (prose stays)

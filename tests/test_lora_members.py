@@ -307,9 +307,12 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
     argv = ["train", "--preset", "self-play", "--base", str(tiny_base_dir), "--run-dir", str(run_dir),
             "--generations", "2", "--max-new-tokens", "4", "--rank", "2", "--no-tensorboard"]  # fmt: skip
     assert main(argv) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     table = [line.split() for line in out.splitlines() if line[:3].strip().isdigit()]
     assert [row[0] for row in table] == ["0", "1"]
+    # what the command does with the folder, and a line a generation above the bar
+    assert f"run: starting {run_dir} (2 generations)" in err
+    assert "generation 0: solve rate " in err and "generation 1: solve rate " in err
     assert f"checkpoints  {run_dir / 'checkpoints'}" in out
     config = json.loads((run_dir / "config.json").read_text())
     assert config["self_play"] and config["teachers"] == config["students"] == "lora"
@@ -320,15 +323,13 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
     assert rejected > 0 and f"why proposals were rejected ({rejected} in all): format_error/" in out
     assert main(argv) == 0  # the same command again: resumed from the last checkpoint, nothing to redo
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics
-    assert [
-        line.split()[0] for line in capsys.readouterr().out.splitlines() if line[:3].strip().isdigit()
-    ] == [
-        "0",
-        "1",
-    ]
+    out, err = capsys.readouterr()
+    assert [line.split()[0] for line in out.splitlines() if line[:3].strip().isdigit()] == ["0", "1"]
+    assert f"run: {run_dir} is finished (2 generations, gen_000002.ckpt): its results again" in err
     assert main([*argv[:-3], "--rank", "4", "--no-tensorboard"]) == 2  # another config in that folder
     assert "another config (fields ['member_options'] differ: --rank (member_options.lora.rank): saved 2, " \
-           "now 4)" in capsys.readouterr().err  # fmt: skip
+           "now 4); rerun with the options it was made with (its config.json), or give another --run-dir" \
+           in capsys.readouterr().err  # fmt: skip
     # the run is saved before its figure is drawn: a figure that cannot be written is said, not a failure
     (run_dir / "curves.png").unlink()
     (run_dir / "curves.png").mkdir()
@@ -350,14 +351,15 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     for extra, message in (
-        (["--population", "0"], "population must be an int >= 1, got 0"),
-        (["--threads", "0"], "threads must be an int from 1 to "),
+        (["--population", "0"], "--population must be an int >= 1, got 0"),
+        (["--threads", "0"], "--threads must be an int from 1 to "),
         (["--threads", "100000"], f"threads must be an int from 1 to {os.cpu_count()} (this machine's CPUs)"),
         (["--rank", "0"], "--rank (member_options['lora']['rank']) must be an int >= 1, got 0"),
         (["--episodes", "1"], "--episodes (episodes_per_generation) * seats (1 * 1) must be >= population"),
-        (["--learning-rate", "-1"], "learning_rate must be"),
-        (["--learning-rate", "nan"], "learning_rate must be a finite number > 0, got nan"),
-        (["--group-size", "0"], "group_size must be an int >= 2"),
+        (["--learning-rate", "-1"], "--learning-rate must be"),
+        (["--learning-rate", "nan"], "--learning-rate must be a finite number > 0, got nan"),
+        (["--group-size", "0"], "--group-size must be an int >= 2"),
+        (["--generations", "0"], "populora train: --generations must be an int >= 1, got 0"),
         (["--group-size", "1"], "a group of one has none, and nothing learns), got 1"),
         (["--run-dir", str(a_file / "run")], str(a_file / "run")),
         (["--run-dir", str(a_file)], f"--run-dir {a_file} is a file, not a folder"),
@@ -381,6 +383,27 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
     assert main(argv) == 2
     assert "cannot load base model" in capsys.readouterr().err
     assert not (tmp_path / "run-nobase").exists()
+
+
+def test_populora_train_stopped_while_the_base_is_built_leaves_no_run_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM before the run began (the base's pretraining takes minutes) left the empty --run-dir the
+    command had made (a review)."""
+    import agents.base
+
+    def killed_in_the_build(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the build")
+
+    monkeypatch.setattr(agents.base, "build_tiny_base", killed_in_the_build)
+    argv = ["train", "--run-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache")]
+    assert main(argv) == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM; no checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "kept").mkdir()  # a folder the command did not make stays
+    assert main([*argv[:1], "--run-dir", str(tmp_path / "kept"), *argv[3:]]) == 128 + signal.SIGTERM
+    assert (tmp_path / "kept").is_dir()
 
 
 def test_populora_train_resumes_when_the_cached_base_is_reached_by_another_path(
@@ -642,3 +665,7 @@ def test_populora_train_stopped_by_a_signal_says_so_in_one_line(
     assert signal.getsignal(signal.SIGTERM) == before
     # on a line of its own: the progress bar is closed first (it was glued in front and drawn again after)
     assert f"\npopulora train: stopped by {name}" in err and not err.rstrip().endswith("it]")
+    if signum == signal.SIGTERM:  # resumed: the command says from where
+        monkeypatch.setattr(evolve.pbt, "run_generation", real)
+        assert main(argv) == 0
+        assert f"run: resuming {run_dir} after generation 1 of 3 (gen_000001.ckpt)" in capsys.readouterr().err
