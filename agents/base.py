@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
@@ -328,22 +329,49 @@ def build_tiny_base(
             pass  # another process sharing the cache moved it first (and builds it too; the rename decides)
         _remove(aside)
     _make_cache_folder(root)
-    _remove_stale_builds(root, key)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-{os.getpid()}-", dir=root))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(num_threads if num_threads is not None else threads)
-        _build_into(staging, config, progress)
-        (staging / "populora_tiny_base.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+    with _building(root):
+        if os.path.lexists(final) and _damage(final) is None:  # built by the process this one waited for
+            return final
+        _remove_stale_builds(root, key)
+        staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-{os.getpid()}-", dir=root))
+        threads = torch.get_num_threads()
         try:
-            os.rename(staging, final)
-        except OSError:
-            if not (final / "config.json").is_file():  # a concurrent builder won the rename otherwise
-                raise
-    finally:
-        torch.set_num_threads(threads)
-        shutil.rmtree(staging, ignore_errors=True)
+            torch.set_num_threads(num_threads if num_threads is not None else threads)
+            _build_into(staging, config, progress)
+            (staging / "populora_tiny_base.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+            try:
+                os.rename(staging, final)
+            except OSError:
+                if not (final / "config.json").is_file():  # a concurrent builder won the rename otherwise
+                    raise
+        finally:
+            torch.set_num_threads(threads)
+            shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+@contextlib.contextmanager
+def _building(root: Path) -> Iterator[None]:
+    """One build at a time in a cache: an exclusive ``flock`` on the cache folder itself (no lock file left
+    behind; the kernel releases it when a builder dies). Two first runs on a fresh machine each pretrained the
+    same base for minutes (a review); the second now waits, says so, and takes the first one's. A file
+    system without ``flock`` builds unlocked, as before."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning("another process is building a tiny base in %s: waiting for it to finish", root)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # (no flock here)
+            pass
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 def _make_cache_folder(root: Path) -> None:

@@ -145,6 +145,50 @@ def test_build_tiny_base_reuses_cache_and_cleans_stale_builds(tmp_path: Path) ->
     assert "HF_HUB" not in str(info.value)
 
 
+def test_a_second_build_waits_for_the_first_and_takes_its_base(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two first runs on a fresh machine each pretrained the same base for minutes (a review): a build waits
+    for the one holding the cache (an ``flock`` on the cache folder), says so, and returns the base that one
+    made without building it again."""
+    import fcntl
+    import threading
+
+    config = TinyBaseConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                            max_position_embeddings=128, corpus_documents=40, seq_len=64, batch_size=2, steps=2,
+                            warmup_steps=1)  # fmt: skip
+    made = build_tiny_base(tmp_path / "elsewhere", config, progress=False, num_threads=1)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    holder = os.open(cache, os.O_RDONLY)  # the other builder
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    waiting = threading.Event()
+    real_warning = base_module.logger.warning
+
+    def warning(message: str, *args: Any) -> None:
+        real_warning(message, *args)
+        if "waiting for it to finish" in message:
+            waiting.set()
+
+    def finish_the_other_build() -> None:
+        assert waiting.wait(60), "the second build did not wait"
+        shutil.copytree(made, cache / made.name)
+        os.close(holder)
+
+    def build_again(*args: Any) -> None:
+        raise AssertionError("built a base the other process had built")
+
+    monkeypatch.setattr(base_module.logger, "warning", warning)
+    monkeypatch.setattr(base_module, "_build_into", build_again)
+    other = threading.Thread(target=finish_the_other_build)
+    other.start()
+    try:
+        assert build_tiny_base(cache, config, progress=False) == cache / made.name
+    finally:
+        other.join()
+    assert waiting.is_set() and sorted(p.name for p in cache.iterdir()) == [made.name]
+
+
 def test_interrupted_build_leaves_no_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = TinyBaseConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                             corpus_documents=40, seq_len=64, batch_size=2, steps=2, warmup_steps=1)  # fmt: skip
