@@ -652,10 +652,14 @@ def base(args: BaseArgs) -> int:
 
 @dataclass(frozen=True)
 class PlotArgs:
-    """Draw a run's learning curves (solve and invalid rates, rewards, fitness, difficulty) into a PNG, or
+    """Draw a run's learning curves (solve and invalid rates, rewards, fitness, difficulty) into an image, or
     compare several runs (e.g. the self-play, 1t1s and 4t8s presets) in one figure and a table."""
 
-    run_dirs: Annotated[tuple[Path, ...], tyro.conf.Positional, tyro.conf.arg(help_behavior_hint="")]
+    run_dirs: Annotated[
+        tuple[Path, ...],
+        tyro.conf.Positional,
+        tyro.conf.arg(metavar="RUN_DIR [RUN_DIR ...]", help_behavior_hint=""),
+    ]
     """Run folders of populora train / run_pbt (holding metrics.jsonl); two or more are compared."""
     out: Annotated[
         Path | None,
@@ -664,7 +668,8 @@ class PlotArgs:
             help_behavior_hint="(default: RUN_DIR/curves.png for one run, ./compare.png for several)",
         ),
     ] = None
-    """Where to write the PNG (an existing folder: curves.png or compare.png in it)."""
+    """Where to write the figure: its extension picks the format (.png, .pdf, .svg; matplotlib's), an existing
+    folder gets curves.png or compare.png."""
 
 
 def _comparison_table(rows: list[dict[str, Any]]) -> str:
