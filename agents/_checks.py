@@ -4,7 +4,16 @@ as 1 and was refused only once an episode had begun, a robustness review)."""
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
+
+
+def plain_number(value: Any) -> Any:
+    """numpy's numbers (a value read from an array) as Python's: a ``numbers.Integral`` as ``int``, another
+    ``numbers.Real`` as ``float``; bools and everything else as they are (for the checks below to judge)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or type(value) in (int, float):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def is_int(value: Any) -> bool:

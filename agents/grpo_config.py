@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Literal
 
-from agents._checks import is_number
+from agents._checks import is_number, plain_number
 
 __all__ = [
     "LOSS_TYPES",
@@ -80,11 +79,8 @@ class GRPOConfig:
         # numpy's numbers as Python's (a value read from an array), bools refused
         for name in _FLOATS + _INTS:
             value = getattr(self, name)
-            if isinstance(value, numbers.Real) and not isinstance(value, bool | int | float):
-                object.__setattr__(
-                    self, name, int(value) if isinstance(value, numbers.Integral) else float(value)
-                )
-            elif isinstance(value, bool):
+            object.__setattr__(self, name, plain_number(value))
+            if isinstance(value, bool):
                 raise ValueError(f"GRPOConfig.{name} must be a number, not a bool, got {value!r}")
         # the optimizer and the loss compute in float32 (1e39 raised inside AdamW's step)
         for name in _FLOATS:

@@ -6,7 +6,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from agents._checks import is_int, is_number
+from agents._checks import is_int, is_number, plain_number
 from agents.generation import texts_of
 from populora_env.tasks import TASK_TYPES
 from populora_env.text_format import format_answer, format_proposal
@@ -132,6 +132,9 @@ class LoRAPolicy:
         names = getattr(population, "adapter_names", None)
         if names is not None and adapter not in names:
             raise KeyError(f"unknown adapter {adapter!r}; the population has {list(names)}")
+        max_new_tokens, temperature, top_p, seed = map(
+            plain_number, (max_new_tokens, temperature, top_p, seed)
+        )
         if not (is_int(max_new_tokens) and max_new_tokens >= 0):
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         if not (is_number(temperature) and temperature >= 0):

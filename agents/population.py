@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import numbers
 import os
 import re
 import shutil
@@ -27,7 +26,7 @@ from typing import Any, Literal
 
 import torch
 
-from agents._checks import is_int, is_number
+from agents._checks import is_int, is_number, plain_number
 from agents.base import load_base
 from agents.batched_lora import lora_linear_layers, stacked_lora
 from agents.generation import decode_tokens, texts_of
@@ -100,6 +99,7 @@ class LoRAPopulation:
             raise TypeError(f"names must be a sequence of adapter names, not the single string {names!r}")
         if not names:
             raise ValueError("names must hold at least one adapter name")
+        rank, alpha, seed = plain_number(rank), plain_number(alpha), plain_number(seed)
         if not is_int(rank) or rank < 1:
             raise ValueError(f"rank must be an int >= 1, got {rank!r}")
         if alpha is not None and not (is_number(alpha) and alpha > 0):
@@ -394,7 +394,7 @@ class LoRAPopulation:
         """
         # numpy's numbers (a config read from an array) as Python's: the checks and torch take those
         max_new_tokens, temperature, top_p, seed = map(
-            _plain_number, (max_new_tokens, temperature, top_p, seed)
+            plain_number, (max_new_tokens, temperature, top_p, seed)
         )
         _check_generate_args(prompts, adapters, max_new_tokens, temperature, top_p, seed)
         if strategy not in ("stacked", "peft_mixed", "loop"):
@@ -619,13 +619,6 @@ def _check_name(name: str, model: torch.nn.Module, taken: Iterable[str] = ()) ->
             f"adapter name {name!r} is a part of the model's module and parameter names (PEFT would write the "
             "adapters' files under keys that do not load back): choose another"
         )
-
-
-def _plain_number(value: Any) -> Any:
-    """A ``numbers.Integral`` as ``int``, another ``numbers.Real`` as ``float`` (bools and the rest as they are)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return value
-    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def _check_generate_args(

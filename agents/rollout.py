@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from agents._checks import is_int, is_number
+from agents._checks import is_int, is_number, plain_number
 from agents.policy import GeneratingPopulation, generate_with_ids, model_input
 from populora_env.credit import ProposalLedger
 
@@ -73,6 +73,8 @@ class RolloutConfig:
     part of the action the env parses and of the prompt the learner sees, not of the trained completion."""
 
     def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "temperature", "top_p", "seed"):  # (numpy's numbers as Python's)
+            object.__setattr__(self, name, plain_number(getattr(self, name)))
         # (True passed as 1, to be refused by generate once an episode had begun: a robustness review)
         if not (is_int(self.max_new_tokens) and self.max_new_tokens >= 1):
             raise ValueError(f"RolloutConfig.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
@@ -239,6 +241,7 @@ class RolloutCollector:
         Raises:
             ValueError: ``episodes`` is not an int >= 0 (-3 gave an empty list).
         """
+        episodes = plain_number(episodes)
         if not (is_int(episodes) and episodes >= 0):
             raise ValueError(f"episodes must be an int >= 0, got {episodes!r}")
         return [self.episode(env, None if seed is None else seed + i) for i in range(episodes)]

@@ -308,6 +308,21 @@ def test_collector_rejects_bad_setups(verifier: Any) -> None:
             RolloutConfig(**{field: value})
     with pytest.raises(ValueError, match="episodes must be an int >= 0, got -3"):
         RolloutCollector(fake, {"teacher_0": "T", "student_0": "S"}).collect(env, episodes=-3)  # type: ignore[arg-type]
+    # numpy's numbers (a seed or budget read from an array) are taken as Python's, as GRPOConfig takes them;
+    # numpy's bool is not a number (they were all refused)
+    import numpy as np
+
+    config = RolloutConfig(max_new_tokens=np.int64(8), temperature=np.float32(0.5), top_p=np.float64(0.9),
+                           seed=np.uint32(3))  # fmt: skip
+    assert config == RolloutConfig(max_new_tokens=8, temperature=0.5, top_p=0.9, seed=3)
+    assert type(config.seed) is int and type(config.temperature) is float
+    with pytest.raises(ValueError, match=r"RolloutConfig\.seed must be an int >= 0"):
+        RolloutConfig(seed=np.bool_(True))
+    assert (
+        RolloutCollector(fake, {"teacher_0": "T", "student_0": "S"}).collect(env, episodes=np.int64(0)) == []
+    )  # type: ignore[arg-type]
+    policy = LoRAPolicy(fake, "T", max_new_tokens=np.int32(4), temperature=np.float16(1), seed=np.int64(2))  # type: ignore[arg-type]
+    assert (type(policy.max_new_tokens), type(policy.temperature), type(policy.seed)) == (int, float, int)
     structured = make_env(verifier, n_teachers=1, n_students=1, mode="structured")
     with pytest.raises(ValueError, match="text-mode"):
         RolloutCollector(fake, {"teacher_0": "T", "student_0": "S"}).episode(structured, seed=0)  # type: ignore[arg-type]
