@@ -2080,7 +2080,7 @@ def test_round_35_a_class_made_during_an_import_vouches_for_nothing(verifier):
 def test_every_allowed_module_and_codec_imports_in_a_guarded_call(verifier):
     """What the allowed modules and the codecs make while a guarded call imports them is theirs
     (``_child._made_by_a_module`` vouches for every class of theirs, and only a module's own code registers a
-    standard class with an ABC): none of it is refused. The README says so; the codecs are imported by
+    standard class with an ABC): none of it is refused. docs/threat-model.md says so; the codecs are imported by
     ``str.encode``, below no frame of the program's."""
     import encodings
     import pkgutil

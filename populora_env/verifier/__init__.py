@@ -5,7 +5,7 @@
     with Verifier() as v:
         v.run("def f(x):\\n    return x * 2", "3")     # Execution(status="ok", output="6", detail="")
 
-See :class:`Verifier` and the README's threat model.
+See :class:`Verifier`, the README's threat model and, in full, docs/threat-model.md.
 """
 
 from __future__ import annotations
