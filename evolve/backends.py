@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from evolve.genome import check_finite
 from evolve.learners import LEARNERS
 from evolve.members import POLICIES
-from evolve.protocols import Transition
+from evolve.protocols import LearnStats, Transition
 from evolve.ratings import MatchResult, MemberMatchmaker, RatingTable
 from evolve.runlog import LearnerFailure, finite_or_none
 from populora_env import teacher_student_v0
@@ -164,6 +164,22 @@ def play_episodes(
     return PlayOutcome(transitions, results, metrics, returns)
 
 
+def learn_stats(stats: Any, member: Member | None) -> LearnStats:
+    """A learner's ``update`` result, which must be ``LearnStats`` (``None`` or a float failed as
+    "'NoneType' object has no attribute 'loss'", naming neither the learner nor the rule; a review)."""
+    if not isinstance(stats, LearnStats):
+        who = (
+            "a learner"
+            if member is None
+            else f"member {member.id}'s learner ({type(member.learner).__name__})"
+        )
+        raise TypeError(
+            f"{who}: update() must return evolve.protocols.LearnStats(loss, samples), got "
+            f"{type(stats).__name__} {stats!r:.60}"
+        )
+    return stats
+
+
 def learn_locally(
     members: Sequence[Member], outcome: PlayOutcome, generation: int
 ) -> tuple[Losses, list[LearnerFailure]]:
@@ -173,14 +189,16 @@ def learn_locally(
     for member in members:
         if member.learner is None or not outcome.transitions.get(member.id):
             continue
-        genome = member.policy.get_genome()
+        # a copy: get_genome may return views (the protocol allows it: a state_dict()), which an in-place
+        # optimizer step changes, and the "undone" update was kept (a review)
+        genome = copy.deepcopy(member.policy.get_genome())
         learner_state = copy.deepcopy(member.learner.state_dict())
         try:
             stats = member.learner.update(member.policy, outcome.transitions[member.id])
             # a learner that diverged without raising: its weights would be checkpointed, and every resume
             # would replay into the same failure of play or of the operators
             check_finite(member.policy.get_genome(), f"member {member.id}'s genome after its update")
-            losses[str(member.id)] = finite_or_none(stats.loss)
+            losses[str(member.id)] = finite_or_none(learn_stats(stats, member).loss)
         except Exception as error:  # any learner bug: undo, skip this member for the generation, keep the run
             member.policy.set_genome(genome)
             member.learner.reset()
@@ -338,9 +356,10 @@ class MemberWorker:
             stats = self.learner.update(self.policy, experience)
             genome = self.policy.get_genome()
             check_finite(genome, "the member's genome after its update")  # as learn_locally
+            loss = learn_stats(stats, None).loss
         except Exception as error:  # reported to the coordinator, which keeps the member unchanged
             return ("error", type(error).__name__, str(error))
-        return ("ok", genome, self.learner.state_dict(), stats.loss)
+        return ("ok", genome, self.learner.state_dict(), loss)
 
 
 CLOSE_TIMEOUT = 10.0

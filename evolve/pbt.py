@@ -41,7 +41,7 @@ from evolve.checkpoint import (
 from evolve.genome import torch_threads
 from evolve.learners import LEARNERS, LearnerConfig
 from evolve.members import POLICIES, NetConfig, is_finite_number, is_int_at_least
-from evolve.population import Population, extend, run_generation
+from evolve.population import FIXED_KINDS, Population, extend, run_generation
 from evolve.ratings import RatingTable
 from evolve.runlog import GenerationMetrics, RunLog
 from populora_env.game import TeacherStudentConfig, warn_constant_teacher_reward
@@ -49,7 +49,6 @@ from populora_env.game import TeacherStudentConfig, warn_constant_teacher_reward
 logger = logging.getLogger(__name__)
 _WARNED: set[str] = set()  # PBTConfig's warnings given in this process
 
-FIXED_KINDS = ("scripted", "random")
 KIND_MODES = {"torch": "structured", "sb3": "structured", "lora": "text"}
 """The env mode each built-in member kind plays."""
 PLAIN_GENOME_KINDS = ("torch", "sb3")

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from evolve import operators
-from evolve.genome import check_finite
+from evolve.genome import check_finite, lora_pairs
 from evolve.learners import LEARNERS
 from evolve.lineage import LineageRecord, MemberRole, operator_use
 from evolve.members import POLICIES
@@ -30,6 +30,21 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 _WARNED_RESEED: set[str] = set()  # policy kinds warned about, once a process
+_WARNED_FIXED: set[str] = set()  # kinds of the user's that turned out not evolvable, warned once a process
+#: The built-in kinds with no genome (their members play as fixed ones)
+FIXED_KINDS = ("scripted", "random")
+
+
+def _check_operators_suit(config: PBTConfig, kind: str, genome: dict[str, Any]) -> None:
+    """``ValueError`` before the first generation when a LoRA-only operator is configured for members whose
+    genome holds no LoRA pair (a kind of the user's: PBTConfig checks the built-in ones; the error came after a
+    whole generation, advising a lower mutation_strength; a review)."""
+    lora_only = sorted(operators.LORA_ONLY & {*config.crossovers, *config.mutations})
+    if lora_only and not lora_pairs(genome):
+        raise ValueError(
+            f"operators {lora_only} act on LoRA genomes only (PEFT's '...lora_A.weight'/'...lora_B.weight' "
+            f"keys); {kind!r} members have a plain genome (keys {sorted(genome)[:3]}...): choose others"
+        )
 
 
 @dataclass
@@ -88,13 +103,21 @@ class Population:
             count = config.population if first.evolves else seats
             rest = [pop._new_member(role, kind, f"{role}/{i}", env) for i in range(1, count)]
             pop.groups[role] = [first, *rest]
+            if first.evolves:
+                _check_operators_suit(config, kind, first.policy.get_genome())
         return pop
 
     def _new_member(self, role: str, kind: str, slot: str, env: Any) -> Member:
         seed = int(self.rng.integers(2**31))
         member_id, self.next_id = self.next_id, self.next_id + 1
         self.lineage.append(LineageRecord(member_id, cast(MemberRole, role), -1, "initial"))
-        policy = POLICIES[kind](env, role, seed, self.config)
+        try:
+            policy = POLICIES[kind](env, role, seed, self.config)
+        except TypeError as error:  # (a factory of another signature named neither the kind nor the rule)
+            raise TypeError(
+                f"policy kind {kind!r}: its factory is called as factory(env, role, seed, config) "
+                f"(evolve.members.POLICIES) and raised: {error}"
+            ) from error
         if not hasattr(policy, "reseed") and kind not in _WARNED_RESEED:
             _WARNED_RESEED.add(kind)
             logger.warning(
@@ -103,8 +126,26 @@ class Population:
                 kind,
             )
         if not is_evolvable(policy):
+            if kind not in FIXED_KINDS and kind not in _WARNED_FIXED:
+                # (a kind of the user's lacking set_genome played as a fixed member: its learner never ran,
+                # no operator touched it, its role shrank to its seats, and nothing said so; a review)
+                _WARNED_FIXED.add(kind)
+                missing = [n for n in ("get_genome", "set_genome") if not callable(getattr(policy, n, None))]
+                logger.warning(
+                    "policy kind %r has no %s: its members play as fixed ones (one per seat), with no learner "
+                    "and no evolution; give its policies get_genome() and set_genome(genome) "
+                    "(evolve.protocols.EvolvablePolicy) to evolve them",
+                    kind, " or ".join(missing),
+                )  # fmt: skip
             return Member(member_id, role, kind, slot, policy, None)
-        learner = LEARNERS[self.config.learner_for(role)](policy, self.config.learner_config)
+        name = self.config.learner_for(role)
+        try:
+            learner = LEARNERS[name](policy, self.config.learner_config)
+        except TypeError as error:  # (the same for a learner's factory)
+            raise TypeError(
+                f"learner {name!r} for {role} members of kind {kind!r}: its factory is called as "
+                f"factory(policy, learner_config) (evolve.learners.LEARNERS) and raised: {error}"
+            ) from error
         return Member(member_id, role, kind, slot, policy, learner)
 
     def members(self) -> list[Member]:
@@ -286,6 +327,8 @@ def _replace(pop: Population, role: str, fitness: list[float | None], generation
                 child, rng=pop.torch_rng, strength=cfg.mutation_strength
             )
         except ValueError as error:  # (1e300 overflowed the child, naming no setting: a review)
+            if "overflow" not in str(error):  # (not the strength's doing: no advice to lower it)
+                raise ValueError(f"generation {generation}: mutation {step.mutation!r}: {error}") from error
             raise ValueError(
                 f"generation {generation}: mutation {step.mutation!r} at mutation_strength "
                 f"{cfg.mutation_strength:g} made no {role} child ({error}); lower mutation_strength"

@@ -119,9 +119,19 @@ _PROPOSAL_DRAWS = 20
 class _SkilledStudent:
     """Shared state of the scripted students: the env they read, a skill in [0, 1], their own generator."""
 
+    MODE = ""  # the env mode the student plays (the subclasses')
+    OTHER = ""  # the scripted student of the other mode
+
     def __init__(self, env: Any, skill: float = 1.0, seed: int = 0) -> None:
         if not 0.0 <= skill <= 1.0:
             raise ValueError(f"skill must be in [0, 1], got {skill}")
+        mode = getattr(getattr(getattr(env, "unwrapped", env), "config", None), "mode", self.MODE)
+        if (
+            mode != self.MODE
+        ):  # (ExecutingStudent in text mode: "Cannot choose from an empty sequence"; a review)
+            raise ValueError(
+                f"{type(self).__name__} plays {self.MODE} mode; this env is in {mode} mode: use {self.OTHER}"
+            )
         self.env = env
         self.skill = skill
         self.rng = random.Random(seed)
@@ -141,6 +151,8 @@ class ReferenceStudent(_SkilledStudent):
         seed: seed of the policy's own generator.
     """
 
+    MODE, OTHER = "text", "ExecutingStudent"
+
     def act(self, observation: Any, agent: str) -> str:
         """The gold answer or a wrong one, in the answer format."""
         task = _task_of(self.env)
@@ -159,6 +171,8 @@ class ExecutingStudent(_SkilledStudent):
         skill: probability of solving by execution.
         seed: seed of the policy's own generator.
     """
+
+    MODE, OTHER = "structured", "ReferenceStudent"
 
     def act(self, observation: Any, agent: str) -> int:
         """A candidate index."""

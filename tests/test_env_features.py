@@ -359,3 +359,16 @@ def test_candidates_are_told_right_or_wrong_by_what_a_student_sees_and_ordered_b
     assert checked > 40
     for task_type, counts in positions.items():
         assert max(counts.values()) / sum(counts.values()) < 0.5, (task_type, counts)  # 0.25 by chance
+
+
+def test_a_scripted_student_of_the_other_mode_is_refused_when_made() -> None:
+    """ExecutingStudent in a text game failed at its first act with random's "Cannot choose from an empty
+    sequence" (a plug-in review); each scripted student names the mode it plays and the one to use."""
+    text, structured = teacher_student_v0.env(), teacher_student_v0.env(mode="structured")
+    with pytest.raises(ValueError, match="ExecutingStudent plays structured mode; this env is in text mode: use "
+                       "ReferenceStudent"):  # fmt: skip
+        ExecutingStudent(text)
+    with pytest.raises(ValueError, match="ReferenceStudent plays text mode; this env is in structured mode: use "
+                       "ExecutingStudent"):  # fmt: skip
+        ReferenceStudent(structured)
+    ExecutingStudent(structured), ReferenceStudent(text)  # (and through a wrapper's unwrapped)

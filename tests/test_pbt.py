@@ -1047,3 +1047,116 @@ def test_a_member_s_illegal_actions_are_penalised_and_logged(
     with pytest.raises(RuntimeError, match=r"member \d+'s policy \(_Garbage\) raised while playing student_0 in "
                        r"episode 0 of the generation: ValueError: boom"):  # fmt: skip
         run_pbt(_garbage_config(tmp_path / "raising"))
+
+
+# ----- a plug-in review: kinds and learners of the user's ------------------------------------------------------
+def test_a_failed_update_is_undone_when_get_genome_returns_views(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The protocol lets ``get_genome`` return views (``state_dict()``): the loop's snapshot was those views,
+    which the learner's in-place step changed, and the "rolled back" member kept the NaN weights (the next
+    generation's operators then refused them)."""
+    from evolve import members
+
+    def viewing(env: Any, role: str, seed: int, config: Any) -> Any:
+        policy = members.POLICIES["torch"](env, role, seed, config)
+        policy.get_genome = lambda: dict(policy.state_dict())  # views of the parameters
+        return policy
+
+    monkeypatch.setitem(members.POLICIES, "viewing", viewing)
+    _flaky_factory.built = 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(LEARNERS, "under_test", _flaky_factory)
+    config = PBTConfig(
+        run_dir=str(tmp_path / "run"), generations=2, episodes_per_generation=2, env=_env(2), population=2,
+        teachers="viewing", students="scripted", learner="under_test", replace_fraction=0.5, progress=False,
+        tensorboard=False,
+    )  # fmt: skip
+    history = _history(run_pbt(config))  # (the second generation's crossover refused NaN parents)
+    assert [f["message"] for h in history for f in h["learner_failures"]] == ["learner exploded"] * 2
+    state = load_latest(tmp_path / "run" / "checkpoints")
+    assert state is not None
+    assert all(torch.isfinite(t).all() for m in state["groups"]["teacher"] for t in m["genome"].values())
+
+
+def test_a_kind_of_the_user_s_without_a_genome_is_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kind whose policies lack ``set_genome`` played as fixed members (no learner, no evolution, one per
+    seat) with no word; the built-in fixed kinds are not warned about."""
+    import logging
+
+    from evolve import members, population
+    from evolve.ratings import RatingTable
+
+    class Half:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def act(self, *args: Any) -> Any:
+            return self.inner.act(*args)
+
+        def get_genome(self) -> Any:
+            return self.inner.get_genome()
+
+        def reseed(self, seed: int) -> None:
+            self.inner.reseed(seed)
+
+    monkeypatch.setitem(members.POLICIES, "half", lambda *args: Half(members.POLICIES["torch"](*args)))
+    monkeypatch.setattr(population, "_WARNED_FIXED", set())
+    config = PBTConfig(run_dir=str(tmp_path / "run"), generations=1, episodes_per_generation=2, env=_env(1),
+                       population=2, teachers="scripted", students="half", progress=False, tensorboard=False)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="evolve.population"):
+        pop = population.Population.create(
+            config, teacher_student_v0.raw_env(config=config.env), RatingTable()
+        )
+    assert [r.getMessage() for r in caplog.records if r.name == "evolve.population"] == [
+        "policy kind 'half' has no set_genome: its members play as fixed ones (one per seat), with no learner "
+        "and no evolution; give its policies get_genome() and set_genome(genome) "
+        "(evolve.protocols.EvolvablePolicy) to evolve them"
+    ]
+    assert len(pop.groups["student"]) == 1 and pop.groups["student"][0].learner is None
+
+
+def test_a_user_s_kind_and_learner_are_checked_before_the_first_generation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LoRA-only operators on a kind of the user's with a plain genome failed after a whole generation with
+    the advice to lower mutation_strength; factories of another signature, the default learner on a policy
+    it cannot train, and an update returning no LearnStats failed naming neither the rule nor the part."""
+    from evolve import members
+
+    base = dict(generations=1, episodes_per_generation=2, env=_env(1), population=2, teachers="scripted",
+                progress=False, tensorboard=False)  # fmt: skip
+    monkeypatch.setitem(members.POLICIES, "mine", members.POLICIES["torch"])
+    config = PBTConfig(run_dir=str(tmp_path / "a"), students="mine", mutations=("svd_spectrum",), **base)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"operators \['svd_spectrum'\] act on LoRA genomes only .* 'mine' "
+                       r"members have a plain genome"):  # fmt: skip
+        run_pbt(config)
+    assert (
+        not (tmp_path / "a" / "metrics.jsonl").exists() or not (tmp_path / "a" / "metrics.jsonl").read_text()
+    )
+    monkeypatch.setitem(members.POLICIES, "two_args", lambda env, role: None)
+    with pytest.raises(TypeError, match=r"policy kind 'two_args': its factory is called as factory\(env, role, "
+                       r"seed, config\)"):  # fmt: skip
+        run_pbt(PBTConfig(run_dir=str(tmp_path / "b"), students="two_args", **base))  # type: ignore[arg-type]
+    monkeypatch.setitem(LEARNERS, "one_arg", lambda policy: None)
+    with pytest.raises(TypeError, match=r"learner 'one_arg' for student members of kind 'torch': its factory is "
+                       r"called as factory\(policy, learner_config\)"):  # fmt: skip
+        run_pbt(PBTConfig(run_dir=str(tmp_path / "c"), students="torch", learner="one_arg", **base))  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError, match=r"the 'reinforce' learner needs a torch.nn.Module policy with log_prob"
+    ):
+        ReinforceLearner(object(), LearnerConfig())  # type: ignore[arg-type]
+
+    class NoStats(ReinforceLearner):
+        def update(self, policy: Any, experience: Any) -> Any:
+            return None
+
+    monkeypatch.setitem(LEARNERS, "no_stats", NoStats)
+    history = _history(run_pbt(PBTConfig(run_dir=str(tmp_path / "d"), students="torch", learner="no_stats",
+                                         **base)))  # type: ignore[arg-type]  # fmt: skip
+    messages = {f["message"] for h in history for f in h["learner_failures"]}
+    assert len(messages) == 2 and all(
+        re.fullmatch(r"member \d+'s learner \(NoStats\): update\(\) must return evolve.protocols.LearnStats\(loss, "
+                     r"samples\), got NoneType None", m) for m in messages
+    ), messages  # fmt: skip
