@@ -84,8 +84,10 @@ class LazyRegistry(Registry):
     def __missing__(self, name: str) -> Any:
         if name not in self.lazy:
             names = sorted(key for key in self if key not in self.lazy)
+            # (a kind the driver registered was "unknown" in a Ray actor, with no word why: a review)
             raise KeyError(f"unknown {self.kind} {name!r}; registered: {', '.join(names)}; "
-                           f"optional: {', '.join(sorted(self.lazy))}")  # fmt: skip
+                           f"optional: {', '.join(sorted(self.lazy))} (a name registered in a script is known to "
+                           "that process only: on Ray, register it in a module the actors import)")  # fmt: skip
         module, extra = self.lazy[name]
         try:
             importlib.import_module(module)

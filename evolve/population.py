@@ -35,6 +35,32 @@ _WARNED_FIXED: set[str] = set()  # kinds of the user's that turned out not evolv
 FIXED_KINDS = ("scripted", "random")
 
 
+def _warn_if_unmoved(kind: str, mutation: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+    """Logs, once a process for each kind and mutation, the tensors the first such mutation left as they were:
+    the mutations scale their noise to each tensor's spread, so a scalar, a one-element or a constant tensor (a
+    hyper-parameter genome, a zero-initialised table) never moved while lineage.jsonl recorded a mutation (a
+    review)."""
+    if (kind, mutation) in _CHECKED_MUTATIONS:
+        return
+    _CHECKED_MUTATIONS.add((kind, mutation))
+    # (only tensors with no spread: layer_gaussian and neftune_a leave others alone by design)
+    unmoved = [
+        key for key, value in before.items()
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel()
+        and bool((value == value.flatten()[0]).all()) and torch.equal(value, after[key])
+    ]  # fmt: skip
+    if unmoved:
+        shown = ", ".join(repr(key) for key in unmoved[:4]) + (", ..." if len(unmoved) > 4 else "")
+        logger.warning(
+            "mutation %r left %d of the %d tensors of a %r child as they were (%s): its noise is scaled to each "
+            "tensor's spread, and a scalar, one-element or constant tensor has none",
+            mutation, len(unmoved), len(before), kind, shown,
+        )  # fmt: skip
+
+
+_CHECKED_MUTATIONS: set[tuple[str, str]] = set()
+
+
 def _check_operators_suit(config: PBTConfig, kind: str, genome: dict[str, Any]) -> None:
     """``ValueError`` before the first generation when a LoRA-only operator is configured for members whose
     genome holds no LoRA pair (a kind of the user's: PBTConfig checks the built-in ones; the error came after a
@@ -323,9 +349,11 @@ def _replace(pop: Population, role: str, fitness: list[float | None], generation
                 fitness=[fitness[p] for p in step.parents],
             )
         try:
+            unmutated = child
             child = operators.MUTATIONS[step.mutation](
                 child, rng=pop.torch_rng, strength=cfg.mutation_strength
             )
+            _warn_if_unmoved(group[step.slot].kind, step.mutation, unmutated, child)
         except ValueError as error:  # (1e300 overflowed the child, naming no setting: a review)
             if "overflow" not in str(error):  # (not the strength's doing: no advice to lower it)
                 raise ValueError(f"generation {generation}: mutation {step.mutation!r}: {error}") from error

@@ -1160,3 +1160,32 @@ def test_a_user_s_kind_and_learner_are_checked_before_the_first_generation(
         re.fullmatch(r"member \d+'s learner \(NoStats\): update\(\) must return evolve.protocols.LearnStats\(loss, "
                      r"samples\), got NoneType None", m) for m in messages
     ), messages  # fmt: skip
+
+
+def test_a_mutation_that_cannot_move_a_tensor_is_warned_about_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The mutations scale their noise to each tensor's spread: a hyper-parameter scalar or a zero-initialised
+    table never moved while the lineage recorded a mutation, and nothing said so (a plug-in review). Tensors
+    left alone by design (layer_gaussian's other layers) are not named."""
+    import logging
+
+    from evolve import operators, population
+
+    monkeypatch.setattr(population, "_CHECKED_MUTATIONS", set())
+    genome = {"w": torch.randn(4, generator=torch.Generator().manual_seed(0)), "log_lr": torch.tensor(-3.0),
+              "table": torch.zeros(2, 3)}  # fmt: skip
+    child = operators.MUTATIONS["gaussian"](genome, rng=torch.Generator().manual_seed(1), strength=0.1)
+    assert not torch.equal(child["w"], genome["w"])
+    with caplog.at_level(logging.WARNING, logger="evolve.population"):
+        for _ in range(2):
+            population._warn_if_unmoved("mine", "gaussian", genome, child)
+    assert [r.getMessage() for r in caplog.records] == [
+        "mutation 'gaussian' left 2 of the 3 tensors of a 'mine' child as they were ('log_lr', 'table'): its "
+        "noise is scaled to each tensor's spread, and a scalar, one-element or constant tensor has none"
+    ]
+    caplog.clear()
+    moved = {"w": genome["w"], "other": torch.randn(3)}  # (unchanged but with a spread: by design)
+    with caplog.at_level(logging.WARNING, logger="evolve.population"):
+        population._warn_if_unmoved("mine", "layer_gaussian", moved, dict(moved))
+    assert caplog.records == []
