@@ -49,12 +49,14 @@ class PlayOutcome:
         results: teacher-vs-student attempt outcomes, in play order.
         metrics: the env's arms-race metrics per episode.
         returns: each member's summed reward per role over the generation.
+        illegal: each member's count of illegal actions (paid the format penalty), members with any only.
     """
 
     transitions: dict[int, list[Transition]]
     results: list[MatchResult]
     metrics: list[EpisodeMetrics]
     returns: dict[int, dict[str, float]]
+    illegal: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 class Backend(Protocol):
@@ -117,16 +119,20 @@ def play_episodes(
         matchmaker.seat(seats)
         env.reset(seed=int(seed))
         plan = PhasePlan(policies)
-        pending: dict[str, tuple[Any, Any, Any]] = {}  # a student's last decision, credited at its next turn
-        ledger: ProposalLedger[tuple[str, Any, Any, Any]] = ProposalLedger()  # proposals, paid at resolution
+        pending: dict[
+            str, tuple[Any, Any, Any, bool]
+        ] = {}  # a student's last decision, credited at its next turn
+        ledger: ProposalLedger[tuple[str, Any, Any, Any, bool]] = (
+            ProposalLedger()
+        )  # proposals, paid at resolution
         for agent in env.agent_iter():
             observation, reward, terminated, truncated, _ = env.last()
             member, role = seats[agent], _role(agent)
             returns[member][role] = returns[member].get(role, 0.0) + float(reward)
             if agent in pending:  # the reward since this seat's last decision is that decision's credit
-                obs, action, sample = pending.pop(agent)
+                obs, action, sample, refused = pending.pop(agent)
                 transitions[member].append(
-                    Transition(agent, role, obs, action, float(reward), episode, sample)
+                    Transition(agent, role, obs, action, float(reward), episode, sample, refused)
                 )
             if terminated or truncated:
                 env.step(None)
@@ -140,15 +146,16 @@ def play_episodes(
                 ) from error
             sample = _sample_record(policies[member], observation, action)
             env.step(action)
-            if env.unwrapped.infos.get(agent, {}).get("status") == "illegal_action":
+            refused = env.unwrapped.infos.get(agent, {}).get("status") == "illegal_action"
+            if refused:
                 illegal.setdefault(member, []).append(f"{agent}: {action!r:.80}")
             if role == "teacher":
-                ledger.record(env, agent, (agent, observation, action, sample))
+                ledger.record(env, agent, (agent, observation, action, sample, refused))
             else:
-                pending[agent] = (observation, action, sample)
-            for (teacher, obs, proposal, sample), paid in ledger.settle(env):
+                pending[agent] = (observation, action, sample, refused)
+            for (teacher, obs, proposal, sample, refused), paid in ledger.settle(env):
                 transitions[seats[teacher]].append(
-                    Transition(teacher, "teacher", obs, proposal, paid, episode, sample)
+                    Transition(teacher, "teacher", obs, proposal, paid, episode, sample, refused)
                 )
         if unpaid := ledger.unsettled():
             raise RuntimeError(f"episode {episode}: proposals never resolved: {unpaid}")
@@ -161,7 +168,7 @@ def play_episodes(
             len(actions),
             actions[0],
         )
-    return PlayOutcome(transitions, results, metrics, returns)
+    return PlayOutcome(transitions, results, metrics, returns, {m: len(a) for m, a in illegal.items()})
 
 
 def learn_stats(stats: Any, member: Member | None) -> LearnStats:

@@ -103,7 +103,8 @@ class ReinforceLearner:
         module: Any = self.policy
         by_role: dict[str, list[Transition]] = {}
         for t in experience:
-            by_role.setdefault(t.role, []).append(t)
+            if not t.illegal:  # (an action the env refused has no log-probability to score)
+                by_role.setdefault(t.role, []).append(t)
         if not by_role:
             return LearnStats(float("nan"), 0)
         loss_value = float("nan")
@@ -117,7 +118,7 @@ class ReinforceLearner:
             loss.backward()
             self.optimizer.step()
             loss_value = float(loss.detach())
-        return LearnStats(loss_value, len(experience))
+        return LearnStats(loss_value, sum(map(len, by_role.values())))
 
     def state_dict(self) -> dict[str, Any]:
         """Adam's moments and step counts."""

@@ -463,6 +463,7 @@ def run_generation(
         learner_failures=[f.__dict__ for f in failures],
         operator_use=operator_use(children),
         lineage=[r.to_json() for r in children],
+        illegal_actions={str(m): n for m, n in sorted(outcome.illegal.items())},
         **summarize_episodes(outcome.metrics),
     )
     pop.history.append(record.to_json())

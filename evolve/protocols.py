@@ -51,6 +51,9 @@ class Transition:
             (``sample_record(observation, action)``, an optional policy method; ``None`` without one):
             an LLM member's sampled token ids, so that its learner trains on them wherever it runs (a Ray
             learner actor never saw the episode actor's sampling).
+        illegal: the env refused the action (``illegal_action``: out of the action space, a masked candidate,
+            a wrong type) and paid it the format penalty; a learner that scores actions should skip it (an
+            index out of range crashed a user's learner, a review). PBT's games never raise on one.
     """
 
     agent: str
@@ -60,6 +63,7 @@ class Transition:
     reward: float
     episode: int
     sample: Any = None
+    illegal: bool = False
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,8 @@ class GenerationMetrics:
         lineage: the children born at the end of this generation (``LineageRecord.to_json``).
         rejections: why this generation's proposals were turned away, summed over its episodes: counts by
             ``"<verdict>/<status>"`` (``EpisodeMetrics.rejections``; empty in records written before it).
+        illegal_actions: actions the env refused (paid the format penalty), by member id, members with any
+            only (empty in records written before it; they were in the log alone, a review).
     """
 
     generation: int
@@ -76,6 +78,7 @@ class GenerationMetrics:
     lineage: list[dict[str, Any]]
     op_coverage: float = 0.0
     rejections: dict[str, int] = field(default_factory=dict)
+    illegal_actions: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""

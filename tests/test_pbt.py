@@ -1043,6 +1043,14 @@ def test_a_member_s_illegal_actions_are_penalised_and_logged(
                      r"\[1, 2, 3\]", m)
         for m in logged
     )  # fmt: skip
+    # and counted in the metrics by member (they were in the log alone: a plug-in review)
+    counted = {f"member {k} played {n} illegal" for h in history for k, n in h["illegal_actions"].items()}
+    assert counted == {m.split(" action")[0] for m in logged}
+    # a learner that scores actions gets them flagged, and the default one skips them (it had failed on
+    # the list as an action index every generation)
+    config = dataclasses.replace(_garbage_config(tmp_path / "learning"), learner="reinforce")
+    history = _history(run_pbt(config))
+    assert all(h["learner_failures"] == [] and h["illegal_actions"] for h in history)
     monkeypatch.setattr(_Garbage, "raising", True)
     with pytest.raises(RuntimeError, match=r"member \d+'s policy \(_Garbage\) raised while playing student_0 in "
                        r"episode 0 of the generation: ValueError: boom"):  # fmt: skip
