@@ -12,19 +12,26 @@ from __future__ import annotations
 
 from evolve import operators
 from evolve.genome import Genome, LoraPair, lora_pairs
+from evolve.learners import LEARNERS, LearnerConfig
+from evolve.members import POLICIES
 from evolve.operators import CROSSOVERS, MUTATIONS
 from evolve.pbt import PBTConfig, RunInUseError, run_pbt
-from evolve.protocols import EvolvablePolicy, Learner
+from evolve.protocols import EvolvablePolicy, Learner, LearnStats, Transition
 
 __all__ = [
     "CROSSOVERS",
+    "LEARNERS",
     "MUTATIONS",
+    "POLICIES",
     "EvolvablePolicy",
     "Genome",
+    "LearnStats",
     "Learner",
+    "LearnerConfig",
     "LoraPair",
     "PBTConfig",
     "RunInUseError",
+    "Transition",
     "lora_pairs",
     "operators",
     "run_pbt",
