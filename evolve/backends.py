@@ -14,15 +14,18 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import numbers
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
+
 from evolve.genome import check_finite
 from evolve.learners import LEARNERS
 from evolve.members import POLICIES
-from evolve.protocols import LearnStats, Transition
+from evolve.protocols import Transition
 from evolve.ratings import MatchResult, MemberMatchmaker, RatingTable
 from evolve.runlog import LearnerFailure, finite_or_none
 from populora_env import teacher_student_v0
@@ -171,10 +174,12 @@ def play_episodes(
     return PlayOutcome(transitions, results, metrics, returns, {m: len(a) for m, a in illegal.items()})
 
 
-def learn_stats(stats: Any, member: Member | None) -> LearnStats:
-    """A learner's ``update`` result, which must be ``LearnStats`` (``None`` or a float failed as
-    "'NoneType' object has no attribute 'loss'", naming neither the learner nor the rule; a review)."""
-    if not isinstance(stats, LearnStats):
+def learn_stats(stats: Any, member: Member | None) -> Any:
+    """A learner's ``update`` result: ``LearnStats``, or any object with a number as ``loss`` (``None`` or a
+    float failed as "'NoneType' object has no attribute 'loss'", naming neither the learner nor the rule; a
+    review)."""
+    loss = getattr(stats, "loss", None)
+    if isinstance(loss, bool) or not isinstance(loss, numbers.Real):
         who = (
             "a learner"
             if member is None
@@ -198,7 +203,10 @@ def learn_locally(
             continue
         # a copy: get_genome may return views (the protocol allows it: a state_dict()), which an in-place
         # optimizer step changes, and the "undone" update was kept (a review)
-        genome = copy.deepcopy(member.policy.get_genome())
+        genome = {
+            key: value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+            for key, value in member.policy.get_genome().items()
+        }  # (deepcopy refuses a tensor with autograd history: a clone of a parameter)
         learner_state = copy.deepcopy(member.learner.state_dict())
         try:
             stats = member.learner.update(member.policy, outcome.transitions[member.id])

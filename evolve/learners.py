@@ -86,11 +86,11 @@ class ReinforceLearner:
     def __init__(self, policy: torch.nn.Module, config: LearnerConfig) -> None:
         # (a policy of another kind failed with an AttributeError at the first update, or every update failed
         # and the run "finished": a review; ppo and grpo check their policy's type too)
-        if not isinstance(policy, torch.nn.Module) or not callable(getattr(policy, "log_prob", None)):
+        if not all(callable(getattr(policy, name, None)) for name in ("parameters", "log_prob")):
             raise TypeError(
-                "the 'reinforce' learner needs a torch.nn.Module policy with log_prob(role, observations, "
-                f"actions) (as TorchPolicy has), got a {type(policy).__name__}; register a learner of your "
-                "own for this kind (evolve.learners.LEARNERS) or set PBTConfig.learner/learners"
+                "the 'reinforce' learner needs a policy with parameters() and log_prob(role, observations, "
+                f"actions) (a torch.nn.Module such as TorchPolicy), got a {type(policy).__name__}; register a "
+                "learner of your own for this kind (evolve.learners.LEARNERS) or set PBTConfig.learner/learners"
             )
         self.policy = policy
         self.config = config

@@ -551,6 +551,14 @@ def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:
         bar = tqdm(
             total=config.generations, initial=population.generation, disable=not config.progress, desc="PBT"
         )
+        if config.progress:  # what this call does with the folder, once its checks have passed (a review)
+            done, total = population.generation, config.generations
+            state = (
+                f"starting {run_dir}: {total} generation{'' if total == 1 else 's'}" if saved is None
+                else f"{run_dir}: all {total} generations done; nothing to run" if done >= total
+                else f"resuming {run_dir}: {done} of {total} generations done"
+            )  # fmt: skip
+            bar.write(f"run: {state}", file=bar.fp)
         for generation in range(population.generation, config.generations):
             record = run_generation(population, backend, config, generation)
             last = generation + 1 == config.generations

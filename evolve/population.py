@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -35,26 +36,37 @@ _WARNED_FIXED: set[str] = set()  # kinds of the user's that turned out not evolv
 FIXED_KINDS = ("scripted", "random")
 
 
+def _takes(factory: Any, count: int) -> bool:
+    """Whether ``factory`` can be called with ``count`` positional arguments (``True`` when its signature
+    cannot be read: its own error is then shown as it is)."""
+    try:
+        inspect.signature(factory).bind(*range(count))
+    except TypeError:
+        return False
+    except ValueError:  # (no signature: a built-in)
+        return True
+    return True
+
+
 def _warn_if_unmoved(kind: str, mutation: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
-    """Logs, once a process for each kind and mutation, the tensors the first such mutation left as they were:
-    the mutations scale their noise to each tensor's spread, so a scalar, a one-element or a constant tensor (a
-    hyper-parameter genome, a zero-initialised table) never moved while lineage.jsonl recorded a mutation (a
-    review)."""
+    """Logs, once a process for each kind and mutation, when the first such mutation left its child as it was:
+    the mutations scale their noise to each tensor's spread, so a genome of scalars, one-element or constant
+    tensors (hyper-parameters, a zero-initialised table) never moved while lineage.jsonl recorded a mutation
+    (a review)."""
     if (kind, mutation) in _CHECKED_MUTATIONS:
         return
     _CHECKED_MUTATIONS.add((kind, mutation))
-    # (only tensors with no spread: layer_gaussian and neftune_a leave others alone by design)
-    unmoved = [
-        key for key, value in before.items()
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel()
-        and bool((value == value.flatten()[0]).all()) and torch.equal(value, after[key])
-    ]  # fmt: skip
-    if unmoved:
-        shown = ", ".join(repr(key) for key in unmoved[:4]) + (", ..." if len(unmoved) > 4 else "")
+    # only a child the mutation did not change at all: single tensors are left alone by design elsewhere
+    # (layer_gaussian's other layers, neftune_a's B, a fresh adapter's B = 0)
+    floats = [
+        key for key, value in before.items() if isinstance(value, torch.Tensor) and value.is_floating_point()
+    ]
+    if floats and all(torch.equal(before[key], after[key]) for key in floats):
+        shown = ", ".join(repr(key) for key in floats[:4]) + (", ..." if len(floats) > 4 else "")
         logger.warning(
-            "mutation %r left %d of the %d tensors of a %r child as they were (%s): its noise is scaled to each "
-            "tensor's spread, and a scalar, one-element or constant tensor has none",
-            mutation, len(unmoved), len(before), kind, shown,
+            "mutation %r left a %r child as it was (%s): its noise is scaled to each tensor's spread, and a "
+            "scalar, one-element or constant tensor has none",
+            mutation, kind, shown,
         )  # fmt: skip
 
 
@@ -137,9 +149,12 @@ class Population:
         seed = int(self.rng.integers(2**31))
         member_id, self.next_id = self.next_id, self.next_id + 1
         self.lineage.append(LineageRecord(member_id, cast(MemberRole, role), -1, "initial"))
+        factory = POLICIES[kind]
         try:
-            policy = POLICIES[kind](env, role, seed, self.config)
+            policy = factory(env, role, seed, self.config)
         except TypeError as error:  # (a factory of another signature named neither the kind nor the rule)
+            if _takes(factory, 4):
+                raise
             raise TypeError(
                 f"policy kind {kind!r}: its factory is called as factory(env, role, seed, config) "
                 f"(evolve.members.POLICIES) and raised: {error}"
@@ -165,9 +180,12 @@ class Population:
                 )  # fmt: skip
             return Member(member_id, role, kind, slot, policy, None)
         name = self.config.learner_for(role)
+        make_learner = LEARNERS[name]
         try:
-            learner = LEARNERS[name](policy, self.config.learner_config)
-        except TypeError as error:  # (the same for a learner's factory)
+            learner = make_learner(policy, self.config.learner_config)
+        except TypeError as error:  # (the same for a learner's factory; its own checks' errors as they are)
+            if _takes(make_learner, 2):
+                raise
             raise TypeError(
                 f"learner {name!r} for {role} members of kind {kind!r}: its factory is called as "
                 f"factory(policy, learner_config) (evolve.learners.LEARNERS) and raised: {error}"

@@ -370,7 +370,8 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
 
 def _percent(count: int, total: int) -> str:
     """``count`` of ``total`` as a whole percentage, a nonzero count under 0.5% as ``<1%`` (it read 0%)."""
-    return "<1%" if count > 0 and count * 200 < total else f"{count / total:.0%}"
+    share = f"{count / total:.0%}"
+    return "<1%" if count > 0 and share == "0%" else share
 
 
 def _learner_failures(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
@@ -395,8 +396,11 @@ def train(args: TrainArgs) -> int:
     # PEFT calls a transformers method deprecated in v5 on every adapter it adds: noise, not a problem here
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     # and transformers' own bars for every load and save of a member ("Loading weights", "Writing model
-    # shards") broke up the run's one bar and its generation lines (a review)
-    transformers.utils.logging.disable_progress_bar()
+    # shards") broke up the run's one bar and its generation lines (a review); kept for a Hub id, whose
+    # download they show, and restored at the end (the switch is the process's)
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    if args.base is None or Path(args.base).expanduser().is_dir():
+        transformers.utils.logging.disable_progress_bar()
     start = time.perf_counter()
     started = made = False
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if _main_thread() else None
@@ -436,7 +440,6 @@ def train(args: TrainArgs) -> int:
             base = args.base
         torch.set_num_threads(args.threads)
         config = _train_config(args, base)
-        print(_run_state(Path(args.run_dir), config.generations), file=sys.stderr)
         started = True
         run_dir = run_pbt(config)
     except RunInUseError as error:  # the folder is another run's now: nothing of it is touched
@@ -471,6 +474,8 @@ def train(args: TrainArgs) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
     elapsed = time.perf_counter() - start
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     print(_summary_table(rows))
@@ -565,23 +570,6 @@ def _remove_if_made_and_empty(run_dir: Path, made: bool) -> None:
             finally:
                 os.close(fd)
         run_dir.rmdir()
-
-
-def _run_state(run_dir: Path, generations: int) -> str:
-    """What this command does with ``run_dir``: starts a run, resumes or extends one, or shows a finished
-    one (a rerun said nothing and printed the same table again; a review)."""
-    from evolve.checkpoint import list_checkpoints
-
-    try:
-        saved = list_checkpoints(run_dir / "checkpoints")
-    except OSError:
-        saved = []
-    done = int(saved[-1].stem.split("_")[-1]) if saved else 0
-    if not saved:
-        return f"run: starting {run_dir} ({generations} generation{'' if generations == 1 else 's'})"
-    if done >= generations:
-        return f"run: {run_dir} is finished ({done} generations, {saved[-1].name}): its results again"
-    return f"run: resuming {run_dir} after generation {done} of {generations} ({saved[-1].name})"
 
 
 def _resume_hint(run_dir: Path) -> str:

@@ -322,6 +322,7 @@ def test_rejection_shares_are_whole_percentages_and_a_rare_reason_is_not_zero():
     from populora_env.cli import _percent
 
     assert [_percent(n, 300) for n in (1, 2, 150, 300)] == ["<1%", "1%", "50%", "100%"]
+    assert _percent(1, 200) == "<1%"  # (0.5% rounds to 0% half-to-even)
 
 
 def test_train_errors_name_the_options_not_the_config_fields():

@@ -311,7 +311,7 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
     table = [line.split() for line in out.splitlines() if line[:3].strip().isdigit()]
     assert [row[0] for row in table] == ["0", "1"]
     # what the command does with the folder, and a line a generation above the bar
-    assert f"run: starting {run_dir} (2 generations)" in err
+    assert f"run: starting {run_dir}: 2 generations" in err
     assert "generation 0: solve rate " in err and "generation 1: solve rate " in err
     assert f"checkpoints  {run_dir / 'checkpoints'}" in out
     config = json.loads((run_dir / "config.json").read_text())
@@ -325,7 +325,7 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics
     out, err = capsys.readouterr()
     assert [line.split()[0] for line in out.splitlines() if line[:3].strip().isdigit()] == ["0", "1"]
-    assert f"run: {run_dir} is finished (2 generations, gen_000002.ckpt): its results again" in err
+    assert f"run: {run_dir}: all 2 generations done; nothing to run" in err
     assert main([*argv[:-3], "--rank", "4", "--no-tensorboard"]) == 2  # another config in that folder
     assert "another config (fields ['member_options'] differ: --rank (member_options.lora.rank): saved 2, " \
            "now 4); rerun with the options it was made with (its config.json), or give another --run-dir" \
@@ -668,4 +668,4 @@ def test_populora_train_stopped_by_a_signal_says_so_in_one_line(
     if signum == signal.SIGTERM:  # resumed: the command says from where
         monkeypatch.setattr(evolve.pbt, "run_generation", real)
         assert main(argv) == 0
-        assert f"run: resuming {run_dir} after generation 1 of 3 (gen_000001.ckpt)" in capsys.readouterr().err
+        assert f"run: resuming {run_dir}: 1 of 3 generations done" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import re
 import shutil
+import types
 from pathlib import Path
 from typing import Any
 
@@ -1071,19 +1072,26 @@ def test_a_failed_update_is_undone_when_get_genome_returns_views(
         policy.get_genome = lambda: dict(policy.state_dict())  # views of the parameters
         return policy
 
+    def cloning(env: Any, role: str, seed: int, config: Any) -> Any:  # (clones with autograd history)
+        policy = members.POLICIES["torch"](env, role, seed, config)
+        policy.get_genome = lambda: {key: p.clone() for key, p in policy.named_parameters()}
+        return policy
+
     monkeypatch.setitem(members.POLICIES, "viewing", viewing)
-    _flaky_factory.built = 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(members.POLICIES, "cloning", cloning)
     monkeypatch.setitem(LEARNERS, "under_test", _flaky_factory)
-    config = PBTConfig(
-        run_dir=str(tmp_path / "run"), generations=2, episodes_per_generation=2, env=_env(2), population=2,
-        teachers="viewing", students="scripted", learner="under_test", replace_fraction=0.5, progress=False,
-        tensorboard=False,
-    )  # fmt: skip
-    history = _history(run_pbt(config))  # (the second generation's crossover refused NaN parents)
-    assert [f["message"] for h in history for f in h["learner_failures"]] == ["learner exploded"] * 2
-    state = load_latest(tmp_path / "run" / "checkpoints")
-    assert state is not None
-    assert all(torch.isfinite(t).all() for m in state["groups"]["teacher"] for t in m["genome"].values())
+    for kind in ("viewing", "cloning"):  # (deepcopy refused the second kind's genome: the run stopped)
+        _flaky_factory.built = 0  # type: ignore[attr-defined]
+        config = PBTConfig(
+            run_dir=str(tmp_path / kind), generations=2, episodes_per_generation=2, env=_env(2), population=2,
+            teachers=kind, students="scripted", learner="under_test", replace_fraction=0.5, progress=False,
+            tensorboard=False,
+        )  # fmt: skip
+        history = _history(run_pbt(config))  # (the second generation's crossover refused NaN parents)
+        assert [f["message"] for h in history for f in h["learner_failures"]] == ["learner exploded"] * 2
+        state = load_latest(tmp_path / kind / "checkpoints")
+        assert state is not None
+        assert all(torch.isfinite(t).all() for m in state["groups"]["teacher"] for t in m["genome"].values())
 
 
 def test_a_kind_of_the_user_s_without_a_genome_is_warned_about(
@@ -1152,9 +1160,18 @@ def test_a_user_s_kind_and_learner_are_checked_before_the_first_generation(
                        r"called as factory\(policy, learner_config\)"):  # fmt: skip
         run_pbt(PBTConfig(run_dir=str(tmp_path / "c"), students="torch", learner="one_arg", **base))  # type: ignore[arg-type]
     with pytest.raises(
-        TypeError, match=r"the 'reinforce' learner needs a torch.nn.Module policy with log_prob"
+        TypeError, match=r"the 'reinforce' learner needs a policy with parameters\(\) and log_prob"
     ):
         ReinforceLearner(object(), LearnerConfig())  # type: ignore[arg-type]
+
+    class Wrapper:  # (a policy that forwards to a module is no module, and trains as before)
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    ReinforceLearner(Wrapper(TorchPolicy(_env(1), "student", NetConfig(), 0)), LearnerConfig())  # type: ignore[arg-type]
 
     class NoStats(ReinforceLearner):
         def update(self, policy: Any, experience: Any) -> Any:
@@ -1169,31 +1186,40 @@ def test_a_user_s_kind_and_learner_are_checked_before_the_first_generation(
                      r"samples\), got NoneType None", m) for m in messages
     ), messages  # fmt: skip
 
+    class OwnStats(ReinforceLearner):  # (a result of its own with a number as loss is taken, as before)
+        def update(self, policy: Any, experience: Any) -> Any:
+            return types.SimpleNamespace(loss=0.25, samples=len(experience))
 
-def test_a_mutation_that_cannot_move_a_tensor_is_warned_about_once(
+    monkeypatch.setitem(LEARNERS, "own_stats", OwnStats)
+    history = _history(run_pbt(PBTConfig(run_dir=str(tmp_path / "e"), students="torch", learner="own_stats",
+                                         **base)))  # type: ignore[arg-type]  # fmt: skip
+    assert all(h["learner_failures"] == [] and set(h["losses"].values()) == {0.25} for h in history)
+
+
+def test_a_mutation_that_cannot_move_a_genome_is_warned_about_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The mutations scale their noise to each tensor's spread: a hyper-parameter scalar or a zero-initialised
-    table never moved while the lineage recorded a mutation, and nothing said so (a plug-in review). Tensors
-    left alone by design (layer_gaussian's other layers) are not named."""
+    """The mutations scale their noise to each tensor's spread: a genome of hyper-parameter scalars or a
+    zero-initialised table never moved while the lineage recorded a mutation, and nothing said so (a plug-in
+    review). A child the mutation changed somewhere is not named (single tensors are left alone by design: a
+    fresh adapter's B = 0, layer_gaussian's other layers)."""
     import logging
 
     from evolve import operators, population
 
     monkeypatch.setattr(population, "_CHECKED_MUTATIONS", set())
-    genome = {"w": torch.randn(4, generator=torch.Generator().manual_seed(0)), "log_lr": torch.tensor(-3.0),
-              "table": torch.zeros(2, 3)}  # fmt: skip
+    genome = {"log_lr": torch.tensor(-3.0), "table": torch.zeros(2, 3), "steps": torch.tensor([4])}
     child = operators.MUTATIONS["gaussian"](genome, rng=torch.Generator().manual_seed(1), strength=0.1)
-    assert not torch.equal(child["w"], genome["w"])
     with caplog.at_level(logging.WARNING, logger="evolve.population"):
         for _ in range(2):
             population._warn_if_unmoved("mine", "gaussian", genome, child)
     assert [r.getMessage() for r in caplog.records] == [
-        "mutation 'gaussian' left 2 of the 3 tensors of a 'mine' child as they were ('log_lr', 'table'): its "
-        "noise is scaled to each tensor's spread, and a scalar, one-element or constant tensor has none"
+        "mutation 'gaussian' left a 'mine' child as it was ('log_lr', 'table'): its noise is scaled to each "
+        "tensor's spread, and a scalar, one-element or constant tensor has none"
     ]
     caplog.clear()
-    moved = {"w": genome["w"], "other": torch.randn(3)}  # (unchanged but with a spread: by design)
+    moving = {**genome, "w": torch.randn(4, generator=torch.Generator().manual_seed(0))}
+    child = operators.MUTATIONS["gaussian"](moving, rng=torch.Generator().manual_seed(1), strength=0.1)
     with caplog.at_level(logging.WARNING, logger="evolve.population"):
-        population._warn_if_unmoved("mine", "layer_gaussian", moved, dict(moved))
+        population._warn_if_unmoved("other", "gaussian", moving, child)
     assert caplog.records == []

@@ -122,7 +122,11 @@ def _check_text(text: object, what: str, max_chars: int) -> str:
     return text
 
 
-def _parse_expression(source: str) -> ast.expr:
+def _parse_expression(source: str, line_shift: int = 0) -> ast.expr:
+    """``source`` parsed as an expression; ``line_shift``: lines it has before the text a message is about
+    (``_parse_args``' ``f(``), taken off the lines a syntax error names."""
+    import re
+
     try:
         return parse_quietly(source, mode="eval").body
     except RecursionError as e:
@@ -130,7 +134,10 @@ def _parse_expression(source: str) -> ast.expr:
     except (SyntaxError, ValueError, MemoryError, OverflowError) as e:
         # The parser itself refuses > 200 nested brackets ("too many nested parentheses"),
         # and the text length is capped before we get here.
-        raise LiteralError(f"not valid Python: {type(e).__name__}: {_short(str(e))}") from None
+        found = str(e)
+        if line_shift:
+            found = re.sub(r"\bline (\d+)", lambda m: f"line {max(1, int(m[1]) - line_shift)}", found)
+        raise LiteralError(f"not valid Python: {type(e).__name__}: {_short(found)}") from None
 
 
 def _eval_node(node: ast.expr, max_depth: int, max_nodes: int, line_shift: int = 0) -> Any:
@@ -197,7 +204,7 @@ def parse_args(
 def _parse_args(text: str, max_depth: int, max_nodes: int) -> tuple[Any, ...]:
     import ast
 
-    node = _parse_expression(f"f(\n{text}\n)")
+    node = _parse_expression(f"f(\n{text}\n)", line_shift=1)
     # Text such as "1), g(2" closes the call early: the result is then not a single call of `f`.
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "f"):
         raise LiteralError("args must be a plain argument list, like '[1, 2], 3'")
