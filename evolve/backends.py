@@ -122,12 +122,10 @@ def play_episodes(
         matchmaker.seat(seats)
         env.reset(seed=int(seed))
         plan = PhasePlan(policies)
-        pending: dict[
-            str, tuple[Any, Any, Any, bool]
-        ] = {}  # a student's last decision, credited at its next turn
-        ledger: ProposalLedger[tuple[str, Any, Any, Any, bool]] = (
-            ProposalLedger()
-        )  # proposals, paid at resolution
+        # a student's last decision (observation, action, sample, refused), credited at its next turn
+        pending: dict[str, tuple[Any, Any, Any, bool]] = {}
+        # proposals (seat, observation, action, sample, refused), paid at their round's resolution
+        ledger: ProposalLedger[tuple[str, Any, Any, Any, bool]] = ProposalLedger()
         for agent in env.agent_iter():
             observation, reward, terminated, truncated, _ = env.last()
             member, role = seats[agent], _role(agent)

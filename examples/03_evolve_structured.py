@@ -65,10 +65,8 @@ def main(args: Args) -> None:
             env=env, learner_config=LearnerConfig(lr=0.03, steps=4), **extra,  # type: ignore[arg-type]
         )  # fmt: skip
         run_dir = run_pbt(config)
-    except (
-        ValueError,
-        CheckpointError,
-    ) as error:  # a bad setting, or a shorter --generations on a run folder
+    # a bad setting, or a shorter --generations on a run folder
+    except (ValueError, CheckpointError) as error:
         raise SystemExit(f"03_evolve_structured: {error}") from None
     for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)

@@ -445,8 +445,9 @@ def train(args: TrainArgs) -> int:
     except RunInUseError as error:  # the folder is another run's now: nothing of it is touched
         print(f"populora train: {_as_flags(str(error))}", file=sys.stderr)
         return 2
-    except (ValueError, BaseModelLoadError, CheckpointError) as error:  # (BaseModelLoadError is an OSError:
-        message = _as_flags(str(error))  # it comes first)
+    # (BaseModelLoadError is an OSError: it comes first)
+    except (ValueError, BaseModelLoadError, CheckpointError) as error:
+        message = _as_flags(str(error))
         if "holds a run with another config" in message:
             message += (
                 "; rerun with the options it was made with (its config.json), or give another --run-dir"

@@ -126,9 +126,8 @@ class _SkilledStudent:
         if not 0.0 <= skill <= 1.0:
             raise ValueError(f"skill must be in [0, 1], got {skill}")
         mode = getattr(getattr(getattr(env, "unwrapped", env), "config", None), "mode", self.MODE)
-        if (
-            mode != self.MODE
-        ):  # (ExecutingStudent in text mode: "Cannot choose from an empty sequence"; a review)
+        # (ExecutingStudent in text mode: "Cannot choose from an empty sequence" at its first act; a review)
+        if mode != self.MODE:
             raise ValueError(
                 f"{type(self).__name__} plays {self.MODE} mode; this env is in {mode} mode: use {self.OTHER}"
             )
