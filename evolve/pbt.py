@@ -44,6 +44,7 @@ from evolve.members import POLICIES, NetConfig, is_finite_number, is_int_at_leas
 from evolve.population import FIXED_KINDS, Population, extend, run_generation
 from evolve.ratings import RatingTable
 from evolve.runlog import GenerationMetrics, RunLog
+from evolve.selection import share_of
 from populora_env.game import TeacherStudentConfig, warn_constant_teacher_reward
 
 logger = logging.getLogger(__name__)
@@ -284,7 +285,7 @@ class PBTConfig:
             object.__setattr__(self, "torch_threads", int(self.torch_threads))
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be None or a non-empty string, got {self.ray_address!r}")
-        replaced = math.floor(round(self.replace_fraction * self.population, 9))  # (as selection.truncation)
+        replaced = share_of(self.replace_fraction, self.population)  # (what selection.truncation replaces)
         if evolving and self.population > 1 and self.replace_fraction > 0 and replaced == 0:
             # (a population of 2 or 3 at the default 0.25 evolved nothing, and nothing said so: a review)
             message = (

@@ -45,9 +45,14 @@ def truncation(
     if not 0.0 <= fraction <= 0.5:
         raise ValueError(f"fraction must be in [0, 0.5], got {fraction}")
     order = rank_order(fitness, tiebreak)
-    # the product rounded first: 0.29 * 100 is 28.999999999999996 in binary floating point, 29 members
-    k = min(math.floor(round(fraction * (len(order) if of is None else of), 9)), len(order) // 2)
+    k = min(share_of(fraction, len(order) if of is None else of), len(order) // 2)
     return order[:k], order[::-1][:k]
+
+
+def share_of(fraction: float, n: int) -> int:
+    """``floor(fraction * n)``, the product rounded first: 0.29 * 100 is 28.999999999999996 in binary
+    floating point, and is 29 members."""
+    return math.floor(round(fraction * n, 9))
 
 
 def tournament(
