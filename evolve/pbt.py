@@ -43,12 +43,11 @@ from evolve.learners import LEARNERS, LearnerConfig
 from evolve.members import POLICIES, NetConfig, is_finite_number, is_int_at_least
 from evolve.population import FIXED_KINDS, Population, extend, run_generation
 from evolve.ratings import RatingTable
-from evolve.runlog import GenerationMetrics, RunLog
+from evolve.runlog import GenerationMetrics, RunLog, warn_once
 from evolve.selection import share_of
 from populora_env.game import TeacherStudentConfig, warn_constant_teacher_reward
 
 logger = logging.getLogger(__name__)
-_WARNED: set[str] = set()  # PBTConfig's warnings given in this process
 
 KIND_MODES = {"torch": "structured", "sb3": "structured", "lora": "text"}
 """The env mode each built-in member kind plays."""
@@ -294,9 +293,7 @@ class PBTConfig:
                 f"evolve; set replace_fraction >= {math.ceil(100 / self.population) / 100:.2f} to replace one "
                 "per generation"
             )
-            if message not in _WARNED:  # (once a process: configs are rebuilt on resume and in Ray actors)
-                _WARNED.add(message)
-                logger.warning("%s", message)
+            warn_once(logger, message, "%s", message)
         if self.teachers not in FIXED_KINDS:  # evolving teachers learn from, and are selected by, rewards
             # run_pbt's matchmaker: PFSP with `pfsp`, else every student attempts every task
             warn_constant_teacher_reward(self.env, "PBTConfig", "pfsp" if self.pfsp else "all_pairs")

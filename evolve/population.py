@@ -22,7 +22,7 @@ from evolve.lineage import LineageRecord, MemberRole, operator_use
 from evolve.members import POLICIES
 from evolve.protocols import Learner, Transition, is_evolvable
 from evolve.ratings import MatchResult, RatingTable
-from evolve.runlog import GenerationMetrics, summarize_episodes
+from evolve.runlog import GenerationMetrics, summarize_episodes, warn_once
 from evolve.selection import CLONE, plan_replacements
 
 if TYPE_CHECKING:
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
     from evolve.pbt import PBTConfig
 
 logger = logging.getLogger(__name__)
-_WARNED_RESEED: set[str] = set()  # policy kinds warned about, once a process
-_WARNED_FIXED: set[str] = set()  # kinds of the user's that turned out not evolvable, warned once a process
 #: The built-in kinds with no genome (their members play as fixed ones)
 FIXED_KINDS = ("scripted", "random")
 
@@ -159,20 +157,20 @@ class Population:
                 f"policy kind {kind!r}: its factory is called as factory(env, role, seed, config) "
                 f"(evolve.members.POLICIES) and raised: {error}"
             ) from error
-        if not hasattr(policy, "reseed") and kind not in _WARNED_RESEED:
-            _WARNED_RESEED.add(kind)
-            logger.warning(
+        if not hasattr(policy, "reseed"):
+            warn_once(
+                logger, ("no reseed", kind),
                 "policy kind %r has no reseed(seed): if its policies draw random numbers, a resumed, extended "
                 "or Ray run differs from an uninterrupted local one (their generators are not replayed)",
                 kind,
-            )
+            )  # fmt: skip
         if not is_evolvable(policy):
-            if kind not in FIXED_KINDS and kind not in _WARNED_FIXED:
+            if kind not in FIXED_KINDS:
                 # (a kind of the user's lacking set_genome played as a fixed member: its learner never ran,
                 # no operator touched it, its role shrank to its seats, and nothing said so; a review)
-                _WARNED_FIXED.add(kind)
                 missing = [n for n in ("get_genome", "set_genome") if not callable(getattr(policy, n, None))]
-                logger.warning(
+                warn_once(
+                    logger, ("not evolvable", kind),
                     "policy kind %r has no %s: its members play as fixed ones (one per seat), with no learner "
                     "and no evolution; give its policies get_genome() and set_genome(genome) "
                     "(evolve.protocols.EvolvablePolicy) to evolve them",

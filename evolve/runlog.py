@@ -1,13 +1,14 @@
 """Per-generation metric records and their sinks: JSONL files (exactly the checkpointed history) and
-TensorBoard scalars."""
+TensorBoard scalars; and the once-a-process warnings of a run (``warn_once``)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,17 @@ class LearnerFailure:
     generation: int
     error: str
     message: str
+
+
+def warn_once(log: logging.Logger, key: Hashable, message: str, *args: Any) -> None:
+    """``log.warning(message, *args)`` the first time this process meets ``key`` (configs are rebuilt on
+    resume and in Ray actors, members made by the dozen: one word of each problem is enough)."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning(message, *args)
+
+
+_WARNED: set[Hashable] = set()  # the keys warn_once has met in this process
 
 
 @dataclass(frozen=True)

@@ -214,9 +214,9 @@ def test_nested_configs_are_checked_naming_the_field(make: Any, message: str) ->
 def test_a_replace_fraction_that_replaces_no_member_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     """The default 0.25 of a population of 2 or 3 floors to no member: the run evolved nothing and nothing said so
     (a review); once a process for each such config, and not for fixed kinds or a fraction that replaces one."""
-    from evolve import pbt
+    from evolve import runlog
 
-    pbt._WARNED.clear()
+    runlog._WARNED.clear()
     with caplog.at_level("WARNING", logger="evolve.pbt"):
         for population in (3, 3, 4):
             PBTConfig(run_dir="x", population=population, episodes_per_generation=4)
@@ -842,7 +842,7 @@ def test_a_plugged_in_kind_without_reseed_is_warned_about(
     """Its generator is not replayed on resume, extension or Ray: the run silently stopped being exact."""
     import logging
 
-    from evolve import members, population
+    from evolve import members, population, runlog
     from evolve.ratings import RatingTable
 
     class NoReseed:
@@ -856,7 +856,7 @@ def test_a_plugged_in_kind_without_reseed_is_warned_about(
         return NoReseed(members.POLICIES["random"](env, role, seed, config))
 
     monkeypatch.setitem(members.POLICIES, "noreseed", factory)
-    monkeypatch.setattr(population, "_WARNED_RESEED", set())
+    monkeypatch.setattr(runlog, "_WARNED", set())
     config = PBTConfig(run_dir=str(tmp_path / "run"), generations=1, episodes_per_generation=1, env=_env(1),
                        population=1, teachers="scripted", students="noreseed", progress=False, tensorboard=False)  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="evolve.population"):
@@ -1101,7 +1101,7 @@ def test_a_kind_of_the_user_s_without_a_genome_is_warned_about(
     seat) with no word; the built-in fixed kinds are not warned about."""
     import logging
 
-    from evolve import members, population
+    from evolve import members, population, runlog
     from evolve.ratings import RatingTable
 
     class Half:
@@ -1118,7 +1118,7 @@ def test_a_kind_of_the_user_s_without_a_genome_is_warned_about(
             self.inner.reseed(seed)
 
     monkeypatch.setitem(members.POLICIES, "half", lambda *args: Half(members.POLICIES["torch"](*args)))
-    monkeypatch.setattr(population, "_WARNED_FIXED", set())
+    monkeypatch.setattr(runlog, "_WARNED", set())
     config = PBTConfig(run_dir=str(tmp_path / "run"), generations=1, episodes_per_generation=2, env=_env(1),
                        population=2, teachers="scripted", students="half", progress=False, tensorboard=False)  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="evolve.population"):
