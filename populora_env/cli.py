@@ -83,6 +83,7 @@ def verify(args: VerifyArgs) -> int:
 
     from populora_env.verifier import Verifier, VerifierConfig
     from populora_env.verifier.jsonl import load_records, summarize, verify_records
+    from populora_env.verifier.literals import NEVER_RUN
 
     if (args.path is None) == (not args.examples):
         print("populora verify: give a JSONL path or --examples (not both)", file=sys.stderr)
@@ -141,7 +142,7 @@ def verify(args: VerifyArgs) -> int:
         print("  statuses: " + ", ".join(f"{k} {n}" for k, n in sorted(summary.statuses.items())))
         active = [k for k, on in asdict(isolation).items() if k != "errors" and on]
         print(f"  isolation: {'full' if isolation.full else 'PARTIAL'} ({', '.join(active)})")
-    calls = sum(v.execution.status == "bad_input" and "literal text is never run" in v.execution.detail
+    calls = sum(v.execution.status == "bad_input" and NEVER_RUN in v.execution.detail
                 for v in verdicts)  # fmt: skip
     if calls and not args.expression_inputs:  # (CRUXEval's file without the flag: 12 errors and no word why)
         print(f"populora verify: {calls} input(s) are not literals (such as dict(a=1)); --expression-inputs "

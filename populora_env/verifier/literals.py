@@ -112,6 +112,10 @@ _SCALARS = (int, float, complex, str, bytes, bool, type(None))
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 
 
+#: How a message about text that is no literal ends (``populora verify`` counts such inputs by it)
+NEVER_RUN = "literal text is never run"
+
+
 def _check_text(text: object, what: str, max_chars: int) -> str:
     if not isinstance(text, str):
         raise TypeError(f"{what} must be str, got {type(text).__name__}")
@@ -122,11 +126,18 @@ def _check_text(text: object, what: str, max_chars: int) -> str:
     return text
 
 
-def _parse_expression(source: str, line_shift: int = 0) -> ast.expr:
-    """``source`` parsed as an expression; ``line_shift``: lines it has before the text a message is about
-    (``_parse_args``' ``f(``), taken off the lines a syntax error names."""
+def _shifted(message: str, line_shift: int) -> str:
+    """``message`` with the lines it names ``line_shift`` lines earlier (at least line 1): the parsed source had
+    that many lines before the text the message is about (``_parse_args``' ``f(`` line)."""
+    if not line_shift:
+        return message
     import re
 
+    return re.sub(r"\bline (\d+)", lambda m: f"line {max(1, int(m[1]) - line_shift)}", message)
+
+
+def _parse_expression(source: str, line_shift: int = 0) -> ast.expr:
+    """``source`` parsed as an expression; ``line_shift``: see ``_shifted``."""
     try:
         return parse_quietly(source, mode="eval").body
     except RecursionError as e:
@@ -134,15 +145,13 @@ def _parse_expression(source: str, line_shift: int = 0) -> ast.expr:
     except (SyntaxError, ValueError, MemoryError, OverflowError) as e:
         # The parser itself refuses > 200 nested brackets ("too many nested parentheses"),
         # and the text length is capped before we get here.
-        found = str(e)
-        if line_shift:
-            found = re.sub(r"\bline (\d+)", lambda m: f"line {max(1, int(m[1]) - line_shift)}", found)
-        raise LiteralError(f"not valid Python: {type(e).__name__}: {_short(found)}") from None
+        raise LiteralError(
+            f"not valid Python: {type(e).__name__}: {_short(_shifted(str(e), line_shift))}"
+        ) from None
 
 
 def _eval_node(node: ast.expr, max_depth: int, max_nodes: int, line_shift: int = 0) -> Any:
-    """``literal_eval`` of ``node``, checked as plain data; ``line_shift``: lines the parsed source had
-    before the text (``_parse_args``' ``f(`` line), taken off the line a message names."""
+    """``literal_eval`` of ``node``, checked as plain data; ``line_shift``: see ``_shifted``."""
     import ast
     import re
 
@@ -156,8 +165,7 @@ def _eval_node(node: ast.expr, max_depth: int, max_nodes: int, line_shift: int =
     except (ValueError, TypeError, SyntaxError, MemoryError, OverflowError) as e:
         # literal_eval names the offending node with its address; keep the kind, drop the address.
         found = re.sub(r"<ast\.(\w+) object at 0x[0-9a-f]+>", r"a \1 expression", str(e))
-        found = re.sub(r"on line (\d+)", lambda m: f"on line {int(m[1]) - line_shift}", found)
-        raise LiteralError(f"not a literal ({_short(found)}); literal text is never run") from None
+        raise LiteralError(f"not a literal ({_short(_shifted(found, line_shift))}); {NEVER_RUN}") from None
     return value
 
 
