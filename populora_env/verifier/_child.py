@@ -969,26 +969,45 @@ def _supplied_by_a_module(value: Any, files: frozenset[str] | None = None, depth
     """Whether ``value``, a callable or descriptor in the namespace of a class made while a module is imported,
     is what a module's own code puts there: a function written in a file (a program's are
     ``<program>``/``<args>``, those compiled from strings ``<string>``), or a ``classmethod``,
-    ``staticmethod`` or ``property`` of such functions (classes are judged by name: ``_made_by_a_module``).
-    With ``files`` (``_files_on_the_stack``), only functions written in one of those files count."""
+    ``staticmethod`` or ``property`` of such functions (``_functions_in``; classes are judged by name:
+    ``_made_by_a_module``). With ``files`` (``_files_on_the_stack``), only functions written in one of those
+    files count."""
+    functions = _functions_in(value)
+    return functions is not None and all(
+        _a_module_s_function(function, files, depth if function is value else 0) for function in functions
+    )
+
+
+def _a_module_s_function(function: Any, files: frozenset[str] | None, depth: int) -> bool:
+    filename = function.__code__.co_filename
+    return (
+        type(filename) is str
+        and (filename[:1] == "/" or filename[:8] == "<frozen ")
+        and (files is None or filename in files)
+        and _holds_what_a_module_holds(function, files, depth)
+    )
+
+
+def _functions_in(value: Any) -> list[Any] | None:
+    """The functions ``value`` calls: itself if a function, those of its ``classmethod``, ``staticmethod`` or
+    ``property``, nested ones included (a property's empty fields skipped), or ``None`` when some part is no
+    function (a C callable, a partial). The one walk of those descriptors for ``_supplied_by_a_module`` and
+    ``_reads_what_a_module_holds``: the second had unpacked one level only, and ``classmethod(property(f))``
+    left ``f``'s names unread."""
     kind = type(value)
     if kind is _FUNCTION:
-        filename = value.__code__.co_filename
-        return (
-            type(filename) is str
-            and (filename[:1] == "/" or filename[:8] == "<frozen ")
-            and (files is None or filename in files)
-            and _holds_what_a_module_holds(value, files, depth)
-        )
+        return [value]
     if kind is classmethod or kind is staticmethod:
-        inner = value.__func__
-        return _supplied_by_a_module(inner, files)
-    if kind is property:
-        return all(
-            part is None or _supplied_by_a_module(part, files)
-            for part in (value.fget, value.fset, value.fdel)
-        )
-    return False
+        return _functions_in(value.__func__)
+    if kind is not property:
+        return None
+    found: list[Any] = []
+    for part in (value.fget, value.fset, value.fdel):
+        inner = [] if part is None else _functions_in(part)
+        if inner is None:
+            return None
+        found += inner
+    return found
 
 
 _CONSTANTS = (str, int, float, bool, bytes, type(None))
@@ -1211,7 +1230,7 @@ def _reads_what_a_module_holds(value: Any, namespace: dict[str, Any], files: fro
     ``self.data.pop(i)``, as a ``__getattr__`` with a program object as ``data`` (and as a metaclass's ``mro``
     and ``__instancecheck__``) ran the program's ``pop`` as a hook of a class taken for a module's (red-team
     round 52)."""
-    for function in _functions_in(value):
+    for function in _functions_in(value) or ():
         for name in function.__code__.co_names:
             held = dict.get(namespace, name, _ABSENT) if type(name) is str else _ABSENT
             if held is _ABSENT or held is value:
@@ -1225,20 +1244,6 @@ def _reads_what_a_module_holds(value: Any, namespace: dict[str, Any], files: fro
 
 
 _ABSENT = object()
-
-
-def _functions_in(value: Any) -> list[Any]:
-    """The functions a value ``_supplied_by_a_module`` takes calls: itself, or those in its ``classmethod``,
-    ``staticmethod`` or ``property``, nested ones included (``classmethod(property(f))``, whose ``f`` had
-    been skipped: only one level was unpacked)."""
-    kind = type(value)
-    if kind is _FUNCTION:
-        return [value]
-    if kind is classmethod or kind is staticmethod:
-        return _functions_in(value.__func__)
-    if kind is property:
-        return [f for part in (value.fget, value.fset, value.fdel) for f in _functions_in(part)]
-    return []
 
 
 def _a_member(value: Any) -> bool:
