@@ -191,16 +191,19 @@ class Worker:
         allowed = self.allowed if request.get("guards", True) else None
         jobs = [_child.prepare(program, calls, allowed=allowed) for program, calls in request["jobs"]]
         units = [job.call(index) for job in jobs for index in range(len(job.args))]
+        # A shifted pool's worker holds one more block of every small size class, and a class object's, for
+        # the request (the extra blocks it took at its start are lost in its history), while the other pool's
+        # makes and drops the same: its children take those very blocks, the shifted pool's the next. (A class
+        # is freed by the collection below: it is a cycle.)
+        shifted = [
+            object(), 0.5 + len(self._held), sandbox.unrecorded_class("Shift"), *(bytes(n) for n in _SHIFT_SIZES)
+        ]  # fmt: skip
+        if not self._held:
+            shifted.clear()
         # Once per request, so that each child's own collection (`_start_child`) finds little to free: a
         # full collection empties the free lists of tuples, lists, dicts and floats, ~50 page faults in
         # every child when they are full (measured here), a few here.
         gc.collect()
-        # and a shifted pool's worker holds one more block of every small size class, and a class object's,
-        # for the request (the extra blocks it took at its start are lost in its history), while the other
-        # pool's makes and drops the same: its children take those very blocks, the shifted pool's the next
-        shifted = [object(), 0.5 + len(self._held), type("Shift", (), {}), *(bytes(n) for n in _SHIFT_SIZES)]
-        if not self._held:
-            shifted.clear()
         # A program's memory is `memory_mb` on top of the process it is forked as: an absolute cap left it
         # what this worker had not taken, less after a large program had been compiled, and a program that
         # counted the allocations it could make before MemoryError told a fresh worker from a used one (a
