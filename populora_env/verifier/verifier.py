@@ -38,6 +38,10 @@ class _Task:
     attempts: int = 0
     alone: bool = False  # sent in a request of its own (after a worker died on a batch holding it)
     lost: bool = False  # its results are its worker's death or hang, not the program's: never cached
+    # a first run's second run, started before the first's results came back (``Verifier._dispatch``), and
+    # for that second run, the first run it checks
+    twin: _Task | None = None
+    first: _Task | None = None
 
 
 MAX_REPLY_BYTES = 64 << 20
@@ -226,8 +230,9 @@ class Verifier:
     def _execute(self, todo: dict[str, list[str]], mode: str) -> dict[tuple[str, str], Execution]:
         """Checks and runs every pending call under the first hash seed and re-runs the successful ones
         under the second: a call that already failed is invalid whatever the seed, so it costs one run, not
-        two. The host's static checks of a program are made while the workers run the programs before it,
-        and a program's second run is queued as soon as its first one is back."""
+        two, unless the second pool had nothing else to do (its run then started early, see ``_dispatch``,
+        and is not read). The host's static checks of a program are made while the workers run the
+        programs before it, and a program's second run is queued as soon as its first one is back."""
         fresh: dict[tuple[str, str], Execution] = {}
         runs: dict[tuple[str, str], list[list[Any]]] = {}
 
@@ -246,15 +251,27 @@ class Verifier:
         lost: set[tuple[str, str]] = set()
 
         def finished(task: _Task) -> _Task | None:
-            results = task.results or []
-            for args, result in zip(task.calls, results):
-                runs.setdefault((task.program, args), []).append(result)
-                if task.lost:
-                    lost.add((task.program, args))
-            if task.pool + 1 < len(self._pools):
-                again = [args for args, result in zip(task.calls, results) if result[0] == "ok"]
+            first = task.first or task
+            second = first.twin
+            if second is not None and (first.results is None or second.results is None):
+                return None  # a run started early and the run it checks: the one back last takes both
+            results = first.results or []
+            for args, result in zip(first.calls, results):
+                runs.setdefault((first.program, args), []).append(result)
+                if first.lost:
+                    lost.add((first.program, args))
+            if first.pool + 1 < len(self._pools):
+                ok = [result[0] == "ok" for result in results]
+                # an early second run counts for the calls ok in the first pool only, as if run after them;
+                # one its worker's death ended is made again
+                if second is not None and not second.lost:
+                    for args, good, result in zip(second.calls, ok, second.results or []):
+                        if good:
+                            runs[(first.program, args)].append(result)
+                    return None
+                again = [args for args, good in zip(first.calls, ok) if good]
                 if again:
-                    return _Task(task.program, again, task.pool + 1, mode)
+                    return _Task(first.program, again, first.pool + 1, mode)
             return None
 
         # a request's calls, at most: its reply's worst case (each call's line at max_output_chars)
@@ -326,6 +343,20 @@ class Verifier:
         try:
             while True:
                 for p in range(n_pools):
+                    if p and idle[p] and drained and not any(queue[: p + 1]):
+                        # Nothing else to run in this pool before its tasks come back from the one before:
+                        # their runs here start now, while they run there, not after (the determinism
+                        # check's two runs at once, on workers that would wait anyway). The runs of calls
+                        # that fail there are wasted, never read.
+                        early = [
+                            t
+                            for _, batch in busy.values()
+                            for t in batch
+                            if t.pool == p - 1 and t.twin is None
+                        ]
+                        for task in early:
+                            task.twin = _Task(task.program, list(task.calls), p, task.mode, first=task)
+                            queue[p].append(task.twin)
                     while idle[p]:
                         if p == 0:
                             draw(most)
