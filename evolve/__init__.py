@@ -15,11 +15,12 @@ from evolve.genome import Genome, LoraPair, lora_pairs
 from evolve.learners import LEARNERS, LearnerConfig
 from evolve.members import POLICIES
 from evolve.operators import CROSSOVERS, MUTATIONS
-from evolve.pbt import PBTConfig, RunInUseError, run_pbt
+from evolve.pbt import KIND_MODES, PBTConfig, RunInUseError, run_pbt
 from evolve.protocols import EvolvablePolicy, Learner, LearnStats, Transition
 
 __all__ = [
     "CROSSOVERS",
+    "KIND_MODES",
     "LEARNERS",
     "MUTATIONS",
     "POLICIES",

@@ -50,7 +50,8 @@ from populora_env.game import TeacherStudentConfig, warn_constant_teacher_reward
 logger = logging.getLogger(__name__)
 
 KIND_MODES = {"torch": "structured", "sb3": "structured", "lora": "text"}
-"""The env mode each built-in member kind plays."""
+"""The env mode each member kind plays (``PBTConfig`` refuses a game of the other mode before any member is
+made); a plug-in kind that plays one mode only declares it here: ``KIND_MODES["mine"] = "structured"``."""
 PLAIN_GENOME_KINDS = ("torch", "sb3")
 """Built-in kinds whose genome is a plain parameter dict (``operators.LORA_ONLY`` cannot act on it)."""
 _NOT_RESULTS = ("run_dir", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "backend",
@@ -211,6 +212,8 @@ class PBTConfig:
             POLICIES[getattr(self, name)]  # KeyError listing the registered kinds
         for kind in (self.teachers, self.students):
             mode = KIND_MODES.get(kind)
+            if mode not in (None, "text", "structured"):
+                raise ValueError(f"KIND_MODES[{kind!r}] must be 'text' or 'structured', got {mode!r}")
             if mode is not None and self.env.mode != mode:
                 raise ValueError(f"env.mode must be {mode!r} for {kind} members, got {self.env.mode!r}")
         if self.self_play:

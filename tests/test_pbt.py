@@ -17,7 +17,7 @@ import torch
 from evolve.checkpoint import load_latest
 from evolve.learners import LEARNERS, LearnerConfig, ReinforceLearner
 from evolve.members import NetConfig, TorchPolicy
-from evolve.pbt import PBTConfig, run_pbt
+from evolve.pbt import KIND_MODES, PBTConfig, run_pbt
 from evolve.protocols import EvolvablePolicy, is_evolvable
 from evolve.sb3_members import SB3Options
 from populora_env import cli, teacher_student_v0
@@ -1151,6 +1151,21 @@ def test_a_user_s_kind_and_learner_are_checked_before_the_first_generation(
     assert (
         not (tmp_path / "a" / "metrics.jsonl").exists() or not (tmp_path / "a" / "metrics.jsonl").read_text()
     )
+    # a kind that declares its mode is refused a game of the other before any member is made
+    made: list[str] = []
+    monkeypatch.setitem(
+        members.POLICIES, "counted", lambda *args: made.append("x") or members.POLICIES["torch"](*args)
+    )
+    monkeypatch.setitem(KIND_MODES, "counted", "structured")
+    text = {**base, "env": _env(1, mode="text"), "mutations": ("gaussian",)}
+    with pytest.raises(ValueError, match=r"env.mode must be 'structured' for counted members, got 'text'"):
+        PBTConfig(run_dir=str(tmp_path / "m"), students="counted", **text)  # type: ignore[arg-type]
+    monkeypatch.setitem(KIND_MODES, "counted", "image")
+    with pytest.raises(
+        ValueError, match=r"KIND_MODES\['counted'\] must be 'text' or 'structured', got 'image'"
+    ):
+        PBTConfig(run_dir=str(tmp_path / "m"), students="counted", **base)  # type: ignore[arg-type]
+    assert made == []
     monkeypatch.setitem(members.POLICIES, "two_args", lambda env, role: None)
     with pytest.raises(TypeError, match=r"policy kind 'two_args': its factory is called as factory\(env, role, "
                        r"seed, config\)"):  # fmt: skip
