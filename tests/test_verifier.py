@@ -196,6 +196,24 @@ def test_the_second_hash_seed_run_starts_while_the_first_runs(monkeypatch):
     assert events[:2] == [("send", 11), ("send", 29)] and len(events) == 4, events
 
 
+def test_early_second_runs_are_spread_over_the_second_pool(monkeypatch):
+    """The second runs started early are the last work there is: they are dealt out over the second pool's
+    workers like the end of a queue, not sent as one request that one worker runs one call after another
+    while the others wait (with as many workers as calls, each second run has a worker of its own)."""
+    jobs: dict[int, list[int]] = {11: [], 29: []}  # programs per request, by pool
+    send = verifier_module.WorkerHandle.send
+
+    def counting_send(self, message, deadline, max_reply):
+        jobs[self.hash_seed].append(len(message["jobs"]))
+        return send(self, message, deadline, max_reply)
+
+    with Verifier(workers=3, hash_seeds=(11, 29), cache_size=0) as v:
+        monkeypatch.setattr(verifier_module.WorkerHandle, "send", counting_send)
+        programs = [(f"def f(x):\n    return x * {i}", "2") for i in range(3)]
+        assert [e.output for e in v.run_many(programs)] == ["0", "2", "4"]
+    assert jobs == {11: [1, 1, 1], 29: [1, 1, 1]}, jobs
+
+
 def test_a_second_run_started_early_counts_only_where_the_first_was_ok():
     """A call that fails under the first hash seed is that failure, whatever the second run gave (as when
     the second run came only after a first ``ok``); where the first is ``ok``, the two are compared."""

@@ -338,7 +338,12 @@ class Verifier:
                     queue[0].append(task)
 
         def coming(p: int) -> bool:  # whether more tasks may still join queue[p]
-            return not drained or any(queue[:p]) or any(b[0].pool < p for _, b in busy.values())
+            # (a task in flight whose second run started early brings none: that run is queued already)
+            return (
+                not drained
+                or any(queue[:p])
+                or any(t.pool < p and t.twin is None for _, batch in busy.values() for t in batch)
+            )
 
         try:
             while True:
