@@ -189,11 +189,73 @@ def test_the_second_hash_seed_run_starts_while_the_first_runs(monkeypatch):
             events.append(("reply", self.hash_seed))
         return frame
 
-    with Verifier(workers=1, hash_seeds=(11, 29)) as v:
+    with Verifier(workers=1, hash_seeds=(11, 29), cache_size=0) as v:
+        v._cpus = 2  # (early second runs take idle CPUs only: as on a machine with two)
         monkeypatch.setattr(verifier_module.WorkerHandle, "send", logged_send)
         monkeypatch.setattr(verifier_module.WorkerHandle, "poll_frame", logged_poll)
         assert v.run(DOUBLE, "3").output == "6"
-    assert events[:2] == [("send", 11), ("send", 29)] and len(events) == 4, events
+        assert events[:2] == [("send", 11), ("send", 29)] and len(events) == 4, events
+        # with no CPU to spare the runs go one after the other: the time-out is wall-clock, and a program
+        # that took most of it alone timed out sharing a CPU with its own second run (a review)
+        v._cpus = 1
+        events.clear()
+        assert v.run(DOUBLE, "4").output == "8"
+        assert events == [("send", 11), ("reply", 11), ("send", 29), ("reply", 29)], events
+
+
+def test_an_early_second_run_is_cut_short_when_its_first_run_failed(monkeypatch, caplog):
+    """A program failing at once under the first seed and looping under the second: the verdict is the
+    first run's failure, and the early second run, whose results for that call are never read, is not
+    waited for up to the time-out (its worker is replaced); the calls that were ok in the first run get
+    their second run as usual."""
+    texts = [f"k{i}" for i in range(64)]
+    pairs = list(zip(texts, _parities(11, texts), _parities(29, texts)))
+    loops_second = next(t for t, a, b in pairs if (a, b) == (0, 1))
+    never_loops = next(t for t, a, b in pairs if (a, b) == (0, 0))
+    program = (
+        "def f(x, fail):\n    if hash(x) % 2:\n        while True:\n            pass\n"
+        "    if fail:\n        raise ValueError(x)\n    return 1\n"
+    )
+    with Verifier(workers=1, hash_seeds=(11, 29), cache_size=0, timeout=30.0) as v:
+        v._cpus = 2
+        second_pool = v._pools[1][0].pid
+        with caplog.at_level(logging.DEBUG, logger="populora_env.verifier"):
+            got = v.run_many([(program, f"{loops_second!r}, True"), (program, f"{never_loops!r}, False")])
+        assert [(e.status, e.output) for e in got] == [("runtime", None), ("ok", "1")], got
+        assert "ValueError" in got[0].detail
+        assert v._pools[1][0].pid != second_pool  # the looping run's worker was replaced, not waited for
+        assert any("cut short" in r.getMessage() for r in caplog.records)
+
+
+def test_a_verifier_recovers_when_replacement_workers_fail_to_start(monkeypatch):
+    """An early second run's worker died, and its replacement and the one started for the first run's
+    busy worker both failed to start: the killed handle stayed in its pool, and its descriptor numbers,
+    reused by the next worker's pipes, made every later call fail (a review). The call fails; the next
+    ones run."""
+    send, ready = verifier_module.WorkerHandle.send, verifier_module.WorkerHandle.wait_ready
+    state = {"kill": False, "fail": 0}
+
+    def send_then_kill(self, message, deadline, max_reply):
+        send(self, message, deadline, max_reply)
+        if state["kill"] and self.hash_seed == 29:
+            state["kill"] = False
+            os.kill(self.pid, 9)
+
+    def failing_start(self, timeout=60.0):
+        if state["fail"]:
+            state["fail"] -= 1
+            self.kill()
+            raise verifier_module.WorkerDied("cannot start (injected)")
+        return ready(self, timeout)
+
+    with Verifier(workers=1, hash_seeds=(11, 29), cache_size=0) as v:
+        v._cpus = 2
+        monkeypatch.setattr(verifier_module.WorkerHandle, "send", send_then_kill)
+        monkeypatch.setattr(verifier_module.WorkerHandle, "wait_ready", failing_start)
+        state.update(kill=True, fail=2)
+        with pytest.raises(verifier_module.WorkerDied, match="injected"):
+            v.run(DOUBLE, "1")
+        assert [v.run(DOUBLE, str(i)).output for i in range(2, 5)] == ["4", "6", "8"]
 
 
 def test_early_second_runs_are_spread_over_the_second_pool(monkeypatch):
@@ -208,6 +270,7 @@ def test_early_second_runs_are_spread_over_the_second_pool(monkeypatch):
         return send(self, message, deadline, max_reply)
 
     with Verifier(workers=3, hash_seeds=(11, 29), cache_size=0) as v:
+        v._cpus = 6  # (early second runs take idle CPUs only: as on a machine with six)
         monkeypatch.setattr(verifier_module.WorkerHandle, "send", counting_send)
         programs = [(f"def f(x):\n    return x * {i}", "2") for i in range(3)]
         assert [e.output for e in v.run_many(programs)] == ["0", "2", "4"]

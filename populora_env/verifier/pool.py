@@ -188,6 +188,10 @@ class WorkerHandle:
                     stream.close()
             except OSError:
                 pass
+        # Their numbers go to the next pipes opened (a replacement worker's): a killed handle left in its pool
+        # (its replacement failed to start) then wrote into another worker and shared its key in the
+        # dispatcher's table, and every later call failed (a review). Now any use of it fails, as a death.
+        self.in_fd = self.out_fd = -1
 
     def close(self) -> None:
         """Asks the worker to exit by closing its input, then makes sure it is gone."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -42,7 +43,16 @@ class _Task:
     # for that second run, the first run it checks
     twin: _Task | None = None
     first: _Task | None = None
+    # an early second run's: when it was sent, and when to stop it (its first run made part of it needless)
+    started: float = 0.0
+    cut_at: float | None = None
 
+
+EARLY_RUN_GRACE = 0.1
+"""Least seconds an early second run (see ``Verifier._dispatch``) may go on after its first run came back
+with a call that failed (it may go on as long again as it has run, at least this): then its worker is
+replaced and the calls that were ``ok`` run again as usual, so that a program failing at once under one seed
+and looping under the other costs a call about what it did before."""
 
 MAX_REPLY_BYTES = 64 << 20
 """Most bytes a request's reply may take at worst (every call at ``max_output_chars``): a program's calls
@@ -96,6 +106,8 @@ class Verifier:
             self._worker_config["seccomp_error"] = error
         self._pools: list[list[WorkerHandle]] = [[] for _ in seeds]
         self._seeds = list(seeds)
+        # the CPUs this process may run on: early second runs only use idle ones (``_dispatch``)
+        self._cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         try:
             for index, (pool, seed) in enumerate(zip(self._pools, seeds)):
                 pool.extend(WorkerHandle(seed, self._pool_config(index)) for _ in range(n))
@@ -337,6 +349,23 @@ class Verifier:
                 else:
                     queue[0].append(task)
 
+        def busy_with(task: _Task) -> list[_Task]:  # the batch in flight holding ``task`` ([] if none)
+            return next((b for _, b in busy.values() if any(t is task for t in b)), [])
+
+        def cut(worker: WorkerHandle, second: _Task) -> WorkerHandle:
+            """Stops an early second run whose first run failed for some call (the second pool's workers
+            would otherwise wait for it, up to the time-out per call, for results never read): its worker
+            is replaced, and the calls ok in the first run run again as an ordinary second run."""
+            fresh = self._replace(
+                worker, second.pool, "was cut short (an early second run not needed)", logging.DEBUG
+            )
+            second.results = [["timeout", None, "cut short"]] * len(second.calls)
+            second.lost = True
+            follow = finished(second)
+            if follow is not None:
+                queue[follow.pool].append(follow)
+            return fresh
+
         def coming(p: int) -> bool:  # whether more tasks may still join queue[p]
             # (a task in flight whose second run started early brings none: that run is queued already)
             return (
@@ -351,17 +380,22 @@ class Verifier:
                     if p and idle[p] and drained and not any(queue[: p + 1]):
                         # Nothing else to run in this pool before its tasks come back from the one before:
                         # their runs here start now, while they run there, not after (the determinism
-                        # check's two runs at once, on workers that would wait anyway). The runs of calls
-                        # that fail there are wasted, never read.
-                        early = [
-                            t
-                            for _, batch in busy.values()
-                            for t in batch
-                            if t.pool == p - 1 and t.twin is None
-                        ]
-                        for task in early:
-                            task.twin = _Task(task.program, list(task.calls), p, task.mode, first=task)
-                            queue[p].append(task.twin)
+                        # check's two runs at once), each in a request of its own, on as many workers as
+                        # there are idle CPUs: the time-out is wall-clock, and runs sharing a CPU timed out
+                        # where one after the other they did not (a review). What such a run does for calls
+                        # that fail there is never read (and it is cut short, see `cut`).
+                        spare = min(len(idle[p]), self._cpus - len(busy))
+                        early = [t for _, b in busy.values() for t in b if t.pool == p - 1 and t.twin is None]
+                        for task in early[: max(0, spare)]:
+                            task.twin = _Task(
+                                task.program,
+                                list(task.calls),
+                                p,
+                                task.mode,
+                                first=task,
+                                started=time.monotonic(),
+                            )
+                            self._send(idle[p].pop(), [task.twin], busy)
                     while idle[p]:
                         if p == 0:
                             draw(most)
@@ -375,7 +409,7 @@ class Verifier:
                     continue
                 # with checks left to make, make some while the workers run (then look again at once)
                 spare = not drained and len(queue[0]) < most * len(self._pools[0])
-                deadline = min(w.busy_until or 0.0 for w, _ in busy.values())
+                deadline = min(min(w.busy_until or 0.0, b[0].cut_at or math.inf) for w, b in busy.values())
                 wait = 0.0 if spare else max(0.0, deadline - time.monotonic())
                 ready = readable(list(busy), wait)
                 if spare and not ready:
@@ -383,6 +417,10 @@ class Verifier:
                     continue
                 now = time.monotonic()
                 for fd, (worker, batch) in list(busy.items()):
+                    if fd not in ready and (batch[0].cut_at or math.inf) <= now:
+                        del busy[fd]
+                        idle[batch[0].pool].append(cut(worker, batch[0]))
+                        continue
                     if fd not in ready and (worker.busy_until or 0.0) > now:
                         continue
                     pool = batch[0].pool
@@ -402,6 +440,16 @@ class Verifier:
                     del busy[fd]
                     idle[pool].append(worker)
                     for task in done:
+                        second = task.twin
+                        if (
+                            second is not None
+                            and second.results is None
+                            and len(busy_with(second)) == 1
+                            and not all(result[0] == "ok" for result in task.results or [])
+                        ):
+                            # (a run as long as its first one, a little behind it, is not cut: a memory
+                            # bomb's second run was, and its worker replaced for nothing)
+                            second.cut_at = now + max(EARLY_RUN_GRACE, now - second.started)
                         follow = finished(task)
                         if follow is not None:
                             queue[follow.pool].append(follow)
@@ -469,9 +517,11 @@ class Verifier:
         addresses (see ``_worker.Worker``)."""
         return {**self._worker_config, "heap_shift": pool}
 
-    def _replace(self, worker: WorkerHandle, pool: int, why: str = "died or hung") -> WorkerHandle:
+    def _replace(
+        self, worker: WorkerHandle, pool: int, why: str = "died or hung", level: int = logging.WARNING
+    ) -> WorkerHandle:
         worker.kill()
-        logger.warning("verifier worker %d %s; starting a replacement", worker.pid, why)
+        logger.log(level, "verifier worker %d %s; starting a replacement", worker.pid, why)
         fresh = WorkerHandle(self._seeds[pool], self._pool_config(pool))
         fresh.wait_ready(self.config.start_timeout)
         members = self._pools[pool]
