@@ -242,8 +242,8 @@ class Verifier:
     def _execute(self, todo: dict[str, list[str]], mode: str) -> dict[tuple[str, str], Execution]:
         """Checks and runs every pending call under the first hash seed and re-runs the successful ones
         under the second: a call that already failed is invalid whatever the seed, so it costs one run, not
-        two, unless the second pool had nothing else to do (its run then started early, see ``_dispatch``,
-        and is not read). The host's static checks of a program are made while the workers run the
+        two, unless the second pool and a CPU were idle (its run then started early, see ``_dispatch``, and
+        is not read). The host's static checks of a program are made while the workers run the
         programs before it, and a program's second run is queued as soon as its first one is back."""
         fresh: dict[tuple[str, str], Execution] = {}
         runs: dict[tuple[str, str], list[list[Any]]] = {}
