@@ -349,8 +349,13 @@ class Verifier:
                 else:
                     queue[0].append(task)
 
-        def busy_with(task: _Task) -> list[_Task]:  # the batch in flight holding ``task`` ([] if none)
-            return next((b for _, b in busy.values() if any(t is task for t in b)), [])
+        def in_flight_alone(task: _Task) -> bool:  # whether ``task`` is a request of its own, in flight
+            return any(len(b) == 1 and b[0] is task for _, b in busy.values())
+
+        def settle(task: _Task) -> None:  # a task with results: its follow-up, if any, is queued
+            follow = finished(task)
+            if follow is not None:
+                queue[follow.pool].append(follow)
 
         def cut(worker: WorkerHandle, second: _Task) -> WorkerHandle:
             """Stops an early second run whose first run failed for some call (the second pool's workers
@@ -361,9 +366,7 @@ class Verifier:
             )
             second.results = [["timeout", None, "cut short"]] * len(second.calls)
             second.lost = True
-            follow = finished(second)
-            if follow is not None:
-                queue[follow.pool].append(follow)
+            settle(second)
             return fresh
 
         def coming(p: int) -> bool:  # whether more tasks may still join queue[p]
@@ -444,15 +447,13 @@ class Verifier:
                         if (
                             second is not None
                             and second.results is None
-                            and len(busy_with(second)) == 1
+                            and in_flight_alone(second)
                             and not all(result[0] == "ok" for result in task.results or [])
                         ):
                             # (a run as long as its first one, a little behind it, is not cut: a memory
                             # bomb's second run was, and its worker replaced for nothing)
                             second.cut_at = now + max(EARLY_RUN_GRACE, now - second.started)
-                        follow = finished(task)
-                        if follow is not None:
-                            queue[follow.pool].append(follow)
+                        settle(task)
         except BaseException:
             # Interrupted (Ctrl-C, a host check that raised, a worker that cannot start): the busy workers'
             # answers would be read as the next call's, so they are replaced now.
