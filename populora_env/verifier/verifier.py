@@ -380,7 +380,7 @@ class Verifier:
         try:
             while True:
                 for p in range(n_pools):
-                    if p and idle[p] and drained and not any(queue[: p + 1]):
+                    if p and idle[p] and drained and not any(queue[: p + 1]) and len(busy) < self._cpus:
                         # Nothing else to run in this pool before its tasks come back from the one before:
                         # their runs here start now, while they run there, not after (the determinism
                         # check's two runs at once), each in a request of its own, on as many workers as
@@ -389,7 +389,7 @@ class Verifier:
                         # that fail there is never read (and it is cut short, see `cut`).
                         spare = min(len(idle[p]), self._cpus - len(busy))
                         early = [t for _, b in busy.values() for t in b if t.pool == p - 1 and t.twin is None]
-                        for task in early[: max(0, spare)]:
+                        for task in early[:spare]:
                             task.twin = _Task(
                                 task.program,
                                 list(task.calls),
