@@ -17,6 +17,8 @@ Prints one JSON line: programs per second for
     process per CPU in parallel: forks per second of the whole machine, the kernel's floor. Half of it
     (``fork_floor_two_runs_per_s``) bounds any executor that forks a fresh child per program and runs each
     program under two hash seeds, as ours does by default, before it executes anything;
+the latency of one call at a time (``*_one_call_ms``: ours with and without the determinism re-run, on the
+peer sample, against one ``Process`` + Pipe per call, also one at a time);
 and the ratios ours / each. Every executor runs once per round (``--rounds``, default 3) and its median is
 kept; all runs are in ``runs_per_s``. Peers that take ~10 ms or more per program run on a sample of
 ``--peer-sample`` programs; rates are comparable because they are per program. Every executor checks
@@ -59,14 +61,20 @@ def empty_programs(count: int) -> list[dict]:
     ]
 
 
-def ours(triples: list[dict], check_determinism: bool) -> tuple[float, int]:
+def ours(triples: list[dict], check_determinism: bool, one_at_a_time: bool = False) -> tuple[float, int]:
+    """Programs per second of one ``run_many`` of them all, or (``one_at_a_time``) of one call after another:
+    the latency a caller with one program waits, as an env step does."""
     with Verifier(check_determinism=check_determinism, cache_size=0) as v:
         v.run("def f(x):\n    return x", "1")  # warm the pools
         # programs never seen before, as in training: the host's static checks start cold in every run
         prefilter.cache_clear()
         prefilter_expression.cache_clear()
+        items = [(t["code"], t["input"]) for t in triples]
         start = time.perf_counter()
-        executions = v.run_many([(t["code"], t["input"]) for t in triples], expression_args=True)
+        if one_at_a_time:
+            executions = [v.run_many([item], expression_args=True)[0] for item in items]
+        else:
+            executions = v.run_many(items, expression_args=True)
         elapsed = time.perf_counter() - start
     passed = sum(e.ok and outputs_equal(e.output or "", t["output"]) for e, t in zip(executions, triples))
     return len(triples) / elapsed, passed
@@ -203,6 +211,10 @@ def main() -> None:
         "human_eval": lambda: human_eval_style(sample, workers),
         "process_pipe": lambda: process_pipe(sample, workers),
         "python_c": lambda: python_c(sample, workers),
+        # latency: one call at a time (one worker thread for the peer)
+        "ours_one_call": lambda: ours(sample, True, one_at_a_time=True),
+        "ours_one_call_no_determinism": lambda: ours(sample, False, one_at_a_time=True),
+        "process_pipe_one_call": lambda: process_pipe(sample, 1),
     }
     # Round-robin: this VM's speed drifts by a third within minutes, so each executor runs once per round
     # and its median is kept; a slow spell then weighs on every executor alike, not on whichever ran in it.
@@ -241,6 +253,16 @@ def main() -> None:
     figures["ratio_fork_floor_two_runs_vs_human_eval"] = ratio(
         "fork_floor_two_runs_per_s", "human_eval_per_s"
     )
+    for name in ("ours_one_call", "ours_one_call_no_determinism", "process_pipe_one_call"):
+        rate = figures.get(f"{name}_per_s")
+        figures[f"{name}_ms"] = None if not rate else 1000.0 / rate
+    for name in (
+        "ours_one_call",
+        "ours_one_call_no_determinism",
+    ):  # its wait ÷ ours: above 1, ours is quicker
+        figures[f"ratio_{name}_vs_process_pipe_one_call"] = ratio(
+            f"{name}_per_s", "process_pipe_one_call_per_s"
+        )
     with Verifier(workers=1) as v:
         figures["isolation_full"] = v.isolation.full
     figures["machine"] = (
