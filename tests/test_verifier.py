@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -206,8 +207,9 @@ def test_the_second_hash_seed_run_starts_while_the_first_runs(monkeypatch):
 def test_an_early_second_run_is_cut_short_when_its_first_run_failed(monkeypatch, caplog):
     """A program failing at once under the first seed and looping under the second: the verdict is the
     first run's failure, and the early second run, whose results for that call are never read, is not
-    waited for up to the time-out (its worker is replaced); the calls that were ok in the first run get
-    their second run as usual."""
+    waited for up to the time-out: its worker stops it and stays (it was replaced, ~150 ms of the dispatch
+    loop's time, and a hostile-family test that counts the workers failed now and then); the calls that were
+    ok in the first run get their second run as usual."""
     texts = [f"k{i}" for i in range(64)]
     pairs = list(zip(texts, _parities(11, texts), _parities(29, texts)))
     loops_second = next(t for t, a, b in pairs if (a, b) == (0, 1))
@@ -223,8 +225,65 @@ def test_an_early_second_run_is_cut_short_when_its_first_run_failed(monkeypatch,
             got = v.run_many([(program, f"{loops_second!r}, True"), (program, f"{never_loops!r}, False")])
         assert [(e.status, e.output) for e in got] == [("runtime", None), ("ok", "1")], got
         assert "ValueError" in got[0].detail
-        assert v._pools[1][0].pid != second_pool  # the looping run's worker was replaced, not waited for
+        assert v._pools[1][0].pid == second_pool  # the looping run was stopped, not waited for, by its worker
         assert any("cut short" in r.getMessage() for r in caplog.records)
+        assert v.run_many([(program, f"{never_loops!r}, False"), (DOUBLE, "4")])[1].output == "8"
+
+
+def test_a_cut_second_run_keeps_the_results_it_finished(monkeypatch):
+    """An early second run cut short during its second call answers for its first: that call is not run a
+    third time (one request to the second pool, not two), and both verdicts are right."""
+    texts = [f"k{i}" for i in range(64)]
+    pairs = list(zip(texts, _parities(11, texts), _parities(29, texts)))
+    loops_second = next(t for t, a, b in pairs if (a, b) == (0, 1))
+    never_loops = next(t for t, a, b in pairs if (a, b) == (0, 0))
+    # the first run's failing call takes a while (a few hundred ms), so the second run has finished the
+    # call before it and is looping when it is cut
+    program = (
+        "def f(x, fail):\n    if hash(x) % 2:\n        while True:\n            pass\n"
+        "    if fail:\n        for _ in range(3_000_000):\n            pass\n        raise ValueError(x)\n"
+        "    return 1\n"
+    )
+    sent: list[int] = []  # hash seeds of the requests sent
+    send = verifier_module.WorkerHandle.send
+
+    def logged_send(self, message, deadline, max_reply):
+        sent.append(self.hash_seed)
+        return send(self, message, deadline, max_reply)
+
+    with Verifier(workers=1, hash_seeds=(11, 29), cache_size=0, timeout=30.0) as v:
+        v._cpus = 2
+        second_pool = v._pools[1][0].pid
+        monkeypatch.setattr(verifier_module.WorkerHandle, "send", logged_send)
+        got = v.run_many([(program, f"{never_loops!r}, False"), (program, f"{loops_second!r}, True")])
+        assert [(e.status, e.output) for e in got] == [("ok", "1"), ("runtime", None)], got
+        assert sent == [11, 29], sent
+        assert v._pools[1][0].pid == second_pool
+
+
+def test_a_worker_stops_its_request_when_cut_and_ignores_a_late_cut():
+    """The worker's side of a cut (an empty frame): a request looping under a 30 s time-out answers at
+    once for the calls it finished (none here, of three: the two children still at their gates are sent
+    away too), and the worker serves the next request; a cut that arrives after its request was answered
+    is skipped, not read as the next request's frame."""
+    with Verifier(workers=1, hash_seeds=(11, 29), cache_size=0, timeout=30.0) as v:
+        worker = v._pools[1][0]
+
+        def request(program: str, calls: list[str]) -> None:
+            busy: dict = {}
+            v._send(worker, [verifier_module._Task(program, calls, 1, "literal")], busy)
+
+        request("def f(x):\n    while True:\n        pass", ["1", "2", "3"])
+        time.sleep(0.3)
+        worker.cut()
+        assert worker.receive(time.monotonic() + 10) == b""
+        request(DOUBLE, ["4"])
+        assert worker.receive(time.monotonic() + 10).startswith(b"ok")
+        worker.cut()  # late: the request was answered
+        request(DOUBLE, ["5"])
+        reply = worker.receive(time.monotonic() + 10)
+        assert reply.count(b"\n") == 1 and b"10" in reply, reply
+        assert v.run(DOUBLE, "6") == Execution("ok", "12", "")
 
 
 def test_a_verifier_recovers_when_replacement_workers_fail_to_start(monkeypatch):

@@ -7,6 +7,9 @@ each a frame of a 4-byte big-endian length and a payload, on stdin/stdout:
 
     request   marshal of {"jobs": [(program, [call, ...]), ...], "mode": str, "timeout": s, "memory_mb": n, ...}
     response  one verdict line per call of every job, in order (``verdicts.py``), concatenated
+    cut       an empty frame, sent while a request runs: its child is killed and the calls not done yet are
+              left out of the response (their lines are missing, not failed); one that arrives after the
+              response was written is read before the next request and ignored
 
 ``CONFIG`` is the hex of a marshalled dict. The first frame the worker writes is its isolation report, as
 the ``repr`` of a dict of plain literals. The host writes every marshal payload; nothing a program can
@@ -91,6 +94,7 @@ class Worker:
         # kept open to read this process's size before each request (Landlock checks paths when opened)
         self.statm = sandbox.open_statm()
         self.base = 0  # this process's address space when the request's children are forked (`handle`)
+        self.cut = False  # the host cut the request short (see the module's doc): no more calls of it run
         self.report = sandbox.isolate_worker() if isolate else {"errors": []}
         if imports_error is None and self.keep_fds:
             imports_error = _check_import_fds(self.keep_fds)
@@ -209,8 +213,11 @@ class Worker:
         # counted the allocations it could make before MemoryError told a fresh worker from a used one (a
         # red-team review).
         self.base = sandbox.statm_bytes(self.statm)
+        self.cut = False
         lines: list[bytes] = []
         for start in range(0, len(units), _GATED):
+            if self.cut:
+                break
             started = [self._start_child(unit, request) for unit in units[start : start + _GATED]]
             for child in started:
                 lines.extend(self._finish_child(child, request))
@@ -273,6 +280,11 @@ class Worker:
         child dies or lasts too long); the child is reaped, killed first if it must be."""
         pid, read_fd, gate_write = child
         try:
+            if self.cut:  # its gate is closed unopened: the child exits without running its program
+                os.close(gate_write)
+                _kill_group(pid)
+                os.waitpid(pid, 0)
+                return []
             try:
                 os.write(gate_write, b"g")
             except OSError:
@@ -311,7 +323,12 @@ class Worker:
         verdict: bytes | None = None
         while len(lines) < n_calls:
             left = deadline - monotonic()
-            ready = select.select([fd], [], [], max(left, 0))[0] if left > 0 else []
+            ready = select.select([fd, 0], [], [], max(left, 0))[0] if left > 0 else []
+            if 0 in ready and _cut_requested():
+                self.cut = True
+                _kill_group(pid)
+                os.waitpid(pid, 0)
+                return lines
             if not ready:
                 verdict = verdicts.line("timeout", None, f"no result within {timeout:g} s (wall clock)")
                 break
@@ -409,6 +426,18 @@ def _preload(allowed: frozenset[str]) -> None:
             pass  # Windows-only codecs (mbcs, oem) do not import here
 
 
+def _cut_requested() -> bool:
+    """Reads the host's frame that arrived during a request: a cut (an empty frame), or the end of the
+    input (the host closed it: nothing more of the request is wanted either). Anything else is out of
+    protocol and ends the worker (the host replaces it)."""
+    header = os.read(0, 4)
+    if not header:
+        return True
+    if header != bytes(4):
+        raise RuntimeError(f"unexpected frame from the host during a request: {header!r}")
+    return True
+
+
 def _kill_group(pid: int) -> None:
     """SIGKILL to the child's process group (the child alone if the group is gone: it cannot leave it)."""
     for target in (os.killpg, os.kill):
@@ -440,6 +469,8 @@ def main() -> None:
     while True:
         try:
             size = int.from_bytes(read_exact(0, 4), "big")
+            if not size:
+                continue  # a cut that came after its request was answered
             request = marshal.loads(read_exact(0, size))
         except EOFError:
             return

@@ -125,6 +125,13 @@ class WorkerHandle:
         self.busy_until = deadline
         self.max_frame = max(max_reply + 4096, 1 << 16)
 
+    def cut(self) -> None:
+        """Asks the worker to stop the request it runs (an empty frame, see ``_worker``): it kills the
+        current call's child and answers for the calls it finished. A worker already done, or gone, is
+        left to its reply or its death, which the host reads as usual."""
+        with contextlib.suppress(OSError):
+            os.write(self.in_fd, bytes(4))
+
     def poll_frame(self) -> bytes | None:
         """Reads what is available; returns a complete frame's payload or ``None`` (raises if the worker
         ended)."""

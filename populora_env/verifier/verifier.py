@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import threading
 import time
@@ -43,16 +42,8 @@ class _Task:
     # for that second run, the first run it checks
     twin: _Task | None = None
     first: _Task | None = None
-    # an early second run's: when it was sent, and when to stop it (its first run made part of it needless)
-    started: float = 0.0
-    cut_at: float | None = None
+    cut: bool = False  # an early second run its worker was told to stop: its results may be a prefix
 
-
-EARLY_RUN_GRACE = 0.1
-"""Least seconds an early second run (see ``Verifier._dispatch``) may go on after its first run came back
-with a call that failed (it may go on as long again as it has run, at least this): then its worker is
-replaced and the calls that were ``ok`` run again as usual, so that a program failing at once under one seed
-and looping under the other costs a call about what it did before."""
 
 MAX_REPLY_BYTES = 64 << 20
 """Most bytes a request's reply may take at worst (every call at ``max_output_chars``): a program's calls
@@ -243,7 +234,7 @@ class Verifier:
         """Checks and runs every pending call under the first hash seed and re-runs the successful ones
         under the second: a call that already failed is invalid whatever the seed, so it costs one run, not
         two, unless the second pool and a CPU were idle (its run then started early, see ``_dispatch``, and
-        is not read). The host's static checks of a program are made while the workers run the
+        is cut short). The host's static checks of a program are made while the workers run the
         programs before it, and a program's second run is queued as soon as its first one is back."""
         fresh: dict[tuple[str, str], Execution] = {}
         runs: dict[tuple[str, str], list[list[Any]]] = {}
@@ -275,13 +266,14 @@ class Verifier:
             if first.pool + 1 < len(self._pools):
                 ok = [result[0] == "ok" for result in results]
                 # an early second run counts for the calls ok in the first pool only, as if run after them;
-                # one its worker's death ended is made again
+                # one its worker's death ended is made again, and so are the calls a cut left out
+                done = 0
                 if second is not None and not second.lost:
+                    done = len(second.results or [])
                     for args, good, result in zip(second.calls, ok, second.results or []):
                         if good:
                             runs[(first.program, args)].append(result)
-                    return None
-                again = [args for args, good in zip(first.calls, ok) if good]
+                again = [args for args, good in zip(first.calls[done:], ok[done:]) if good]
                 if again:
                     return _Task(first.program, again, first.pool + 1, mode)
             return None
@@ -357,18 +349,6 @@ class Verifier:
             if follow is not None:
                 queue[follow.pool].append(follow)
 
-        def cut(worker: WorkerHandle, second: _Task) -> WorkerHandle:
-            """Stops an early second run whose first run failed for some call (the second pool's workers
-            would otherwise wait for it, up to the time-out per call, for results never read): its worker
-            is replaced, and the calls ok in the first run run again as an ordinary second run."""
-            fresh = self._replace(
-                worker, second.pool, "was cut short (an early second run not needed)", logging.DEBUG
-            )
-            second.results = [["timeout", None, "cut short"]] * len(second.calls)
-            second.lost = True
-            settle(second)
-            return fresh
-
         def coming(p: int) -> bool:  # whether more tasks may still join queue[p]
             # (a task in flight whose second run started early brings none: that run is queued already)
             return (
@@ -396,7 +376,6 @@ class Verifier:
                                 p,
                                 task.mode,
                                 first=task,
-                                started=time.monotonic(),
                             )
                             self._send(idle[p].pop(), [task.twin], busy)
                     while idle[p]:
@@ -412,7 +391,7 @@ class Verifier:
                     continue
                 # with checks left to make, make some while the workers run (then look again at once)
                 spare = not drained and len(queue[0]) < most * len(self._pools[0])
-                deadline = min(min(w.busy_until or 0.0, b[0].cut_at or math.inf) for w, b in busy.values())
+                deadline = min(w.busy_until or 0.0 for w, _ in busy.values())
                 wait = 0.0 if spare else max(0.0, deadline - time.monotonic())
                 ready = readable(list(busy), wait)
                 if spare and not ready:
@@ -420,10 +399,6 @@ class Verifier:
                     continue
                 now = time.monotonic()
                 for fd, (worker, batch) in list(busy.items()):
-                    if fd not in ready and (batch[0].cut_at or math.inf) <= now:
-                        del busy[fd]
-                        idle[batch[0].pool].append(cut(worker, batch[0]))
-                        continue
                     if fd not in ready and (worker.busy_until or 0.0) > now:
                         continue
                     pool = batch[0].pool
@@ -433,7 +408,9 @@ class Verifier:
                         payload = worker.poll_frame()
                         if payload is None:
                             continue
-                        results = _checked_results(payload, sum(len(t.calls) for t in batch))
+                        n_calls = sum(len(t.calls) for t in batch)
+                        # (a cut request answers for the calls it finished: the first ones, maybe none)
+                        results = _checked_results(payload, n_calls, cut=len(batch) == 1 and batch[0].cut)
                         for task in batch:
                             task.results, results = results[: len(task.calls)], results[len(task.calls) :]
                         done = batch
@@ -447,12 +424,18 @@ class Verifier:
                         if (
                             second is not None
                             and second.results is None
+                            and not second.cut
                             and in_flight_alone(second)
                             and not all(result[0] == "ok" for result in task.results or [])
                         ):
-                            # (a run as long as its first one, a little behind it, is not cut: a memory
-                            # bomb's second run was, and its worker replaced for nothing)
-                            second.cut_at = now + max(EARLY_RUN_GRACE, now - second.started)
+                            # Its first run failed for some call: what the second run does there is never
+                            # read (and a program failing at once under one seed and looping under the
+                            # other would hold the worker up to the time-out), so it is stopped; the calls
+                            # ok in the first run that it had not finished run again as usual.
+                            second.cut = True
+                            owner = next(w for w, b in busy.values() if b[0] is second)
+                            logger.debug("verifier worker %d: early second run cut short", owner.pid)
+                            owner.cut()
                         settle(task)
         except BaseException:
             # Interrupted (Ctrl-C, a host check that raised, a worker that cannot start): the busy workers'
@@ -586,8 +569,13 @@ def _after_death(batch: list[_Task], error: WorkerDied, queue: list[_Task]) -> l
     """Deals out a batch whose worker died or hung: returns the tasks that got a verdict, queues the others.
 
     The programs of a batch go back one per request, as if never sent; a program alone gets one retry on a
-    fresh worker, then the worker's failure as its verdict (a hang at once: ``timeout``).
+    fresh worker, then the worker's failure as its verdict (a hang at once: ``timeout``). An early second run
+    that was being cut short (always a request of its own) is back with no results: the calls it was
+    needed for run again as usual.
     """
+    if batch[0].cut:
+        batch[0].results = []
+        return batch
     if len(batch) > 1:
         for task in reversed(batch):
             task.alone = True
@@ -610,9 +598,10 @@ def _line_bytes(max_output_chars: int) -> int:
     return 4 * max_output_chars + 4096 + 1
 
 
-def _checked_results(payload: bytes, n: int) -> list[list[Any]]:
+def _checked_results(payload: bytes, n: int, cut: bool = False) -> list[list[Any]]:
+    """The ``n`` results of a request's reply (of its first calls, maybe none, if the request was ``cut``)."""
     lines = payload.split(b"\n")
-    if len(lines) != n + 1 or lines[-1]:
+    if (len(lines) > n + 1 if cut else len(lines) != n + 1) or lines[-1]:
         raise WorkerDied("verifier worker answered with the wrong number of results")
     results = [parse_line(line) for line in lines[:-1]]  # None also for a status outside STATUSES
     if None in results:
