@@ -186,7 +186,9 @@ class ExecutingStudent(_SkilledStudent):
             elif task.task_type == "abduction":
                 ok = verifier.check_abduction(task.program, task.outputs[0], cand.text)
             else:
-                ok = verifier.check_induction(cand.text, list(task.hidden_pairs)) == 1.0
+                # right when it gives every pair, the shown ones too (as the env marks candidates)
+                pairs = [*task.shown_pairs, *task.hidden_pairs]
+                ok = verifier.check_induction(cand.text, pairs) == 1.0
             if ok:
                 return i
         return self.rng.choice(legal)

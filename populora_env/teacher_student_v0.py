@@ -22,7 +22,8 @@ A round (AEC order)
 Task types (Absolute Zero Reasoner, arXiv 2505.03335)
     deduction: program + input -> predict the output. abduction: program + output -> give an input that
     produces it (any such input counts). induction: message + half of the input/output pairs -> write
-    ``f``, scored on the other, hidden pairs.
+    ``f``, scored on the other, hidden pairs (text mode; a structured candidate is right when it gives every
+    pair, shown and hidden).
 
 Spaces, ``mode="text"`` (LLMs)
     Observation ``Dict(prompt=Text(max_prompt_chars, min_length=0, charset=tab+newline+printable ASCII),

@@ -95,7 +95,8 @@ def test_structured_candidates_are_verified(verifier):
             elif task.task_type == "abduction":
                 assert c.correct == verifier.check_abduction(task.program, task.outputs[0], c.text)
             else:
-                assert c.correct == (verifier.check_induction(c.text, list(task.hidden_pairs)) == 1.0)
+                pairs = [*task.shown_pairs, *task.hidden_pairs]
+                assert c.correct == (verifier.check_induction(c.text, pairs) == 1.0)
         obs = env.observe("student_0")
         assert obs["action_mask"].sum() == len(texts)
         if task.task_type == "abduction":  # the answer (the input index) is not leaked
@@ -106,6 +107,23 @@ def test_structured_candidates_are_verified(verifier):
         assert env.infos["student_0"]["verdict"] == "correct"
         seen += 1
     assert seen == 3
+
+
+def test_executing_student_at_full_skill_solves_every_structured_induction_task(verifier):
+    """It checked induction candidates on the hidden pairs only, while the env marks one right when it gives
+    every pair: a candidate failing a shown pair was picked (5 of 40 tasks, an audit)."""
+    env = teacher_student_v0.env(
+        verifier=verifier, mode="structured", n_teachers=1, n_students=1, rounds=1, task_types=("induction",)
+    )
+    solved = []
+    for seed in range(40):
+        env.reset(seed=seed)
+        env.step(ScriptedTeacher(env, 0.6, seed=seed).act(env.last()[0], "teacher_0"))
+        if env.agent_selection != "student_0":
+            continue  # (an invalid proposal: no task)
+        env.step(ExecutingStudent(env, 1.0, seed=0).act(env.last()[0], "student_0"))
+        solved.append(env.infos["student_0"]["verdict"] == "correct")
+    assert len(solved) >= 20 and all(solved), solved
 
 
 def test_pfsp_matchmaker_learns_ratings_in_the_env(verifier):
