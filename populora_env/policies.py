@@ -16,7 +16,7 @@ from gymnasium import spaces
 
 from populora_env import dsl
 from populora_env.tasks import TASK_TYPES, Task
-from populora_env.text_format import format_answer, format_proposal
+from populora_env.text_format import format_answer, format_proposal, shortest_answer
 
 WRONG_OUTPUT = "'__wrong__'"
 WRONG_PROGRAM = "def f(*args):\n    return '__wrong__'"
@@ -142,7 +142,9 @@ class _SkilledStudent:
 
 class ReferenceStudent(_SkilledStudent):
     """Text mode: answers with the task's reference (gold) answer with probability ``skill``, else with a
-    well-formed wrong answer.
+    well-formed wrong answer. The gold answer is written with a short reasoning, or, where that would not fit
+    the env's ``max_action_chars``, in its shortest form (``text_format.shortest_answer``), which fits for
+    every task the env accepts.
 
     Args:
         env: the env (reads the pending task).
@@ -156,7 +158,10 @@ class ReferenceStudent(_SkilledStudent):
         """The gold answer or a wrong one, in the answer format."""
         task = _task_of(self.env)
         if self.rng.random() < self.skill:
-            return format_answer(task.task_type, task.gold, reasoning="reference")
+            answer = format_answer(task.task_type, task.gold, reasoning="reference")
+            if len(answer) > self.env.unwrapped.config.max_action_chars:
+                answer = shortest_answer(task)
+            return answer
         wrong = WRONG_PROGRAM if task.task_type == "induction" else WRONG_OUTPUT
         return format_answer(task.task_type, wrong, reasoning="guess")
 

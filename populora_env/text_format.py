@@ -306,19 +306,31 @@ def unshowable(task: Task, max_prompt_chars: int, max_action_chars: int | None =
         return "answer_markup"
     if len(student_prompt(task)) > max_prompt_chars:
         return "prompt_too_long"
-    tag, cap = _ANSWER_BLOCKS[task.task_type]
+    shortest = _shortest_gold(task)
+    if len(shortest) > _ANSWER_BLOCKS[task.task_type][1] or (
+        max_action_chars is not None and len(shortest_answer(task)) > max_action_chars
+    ):
+        return "answer_too_long"
+    return None
+
+
+def _shortest_gold(task: Task) -> str:
+    """The gold answer's shortest text that counts: for deduction its most compact ``==`` literal."""
     shortest = task.gold if task.task_type == "induction" else task.gold.strip()
     if task.task_type == "deduction":
         try:
             shortest = _compact(parse_literal(shortest, max_chars=len(shortest)))
         except (LiteralError, TypeError, RecursionError):
             pass  # (a verifier's output always parses)
-    least_markup = len(f"<answer>```{tag}\n```</answer>")
-    if len(shortest) > cap or (
-        max_action_chars is not None and len(shortest) + least_markup > max_action_chars
-    ):
-        return "answer_too_long"
-    return None
+    return shortest
+
+
+def shortest_answer(task: Task) -> str:
+    """The task's gold answer in the fewest characters ``parse_answer`` takes as it: the gold's shortest
+    text (``_compact`` for deduction) in the least markup, no reasoning. ``unshowable`` accepts a task only
+    when this fits ``max_action_chars``."""
+    tag = _ANSWER_BLOCKS[task.task_type][0]
+    return f"<answer>```{tag}\n{_shortest_gold(task)}```</answer>"
 
 
 def _compact(value: Any) -> str:

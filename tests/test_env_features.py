@@ -14,6 +14,7 @@ from populora_env import teacher_student_v0
 from populora_env.matchmaking import RatingPFSP
 from populora_env.play import play
 from populora_env.policies import ExecutingStudent, ReferenceStudent, ScriptedTeacher
+from populora_env.text_format import format_proposal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,6 +125,27 @@ def test_executing_student_at_full_skill_solves_every_structured_induction_task(
         env.step(ExecutingStudent(env, 1.0, seed=0).act(env.last()[0], "student_0"))
         solved.append(env.infos["student_0"]["verdict"] == "correct")
     assert len(solved) >= 20 and all(solved), solved
+
+
+def test_reference_student_at_full_skill_fits_its_answer_to_max_action_chars(verifier):
+    """A task is valid when its gold answer fits ``max_action_chars`` in its shortest form; the reference
+    student wrote it in full with its reasoning (288 characters for ``list(range(60))`` against 256) and was
+    paid the format penalty (an audit). It now falls back to the shortest form."""
+    env = teacher_student_v0.env(
+        verifier=verifier,
+        n_teachers=1,
+        n_students=1,
+        rounds=1,
+        task_types=("deduction",),
+        max_action_chars=256,
+    )
+    env.reset(seed=0)
+    env.step(format_proposal("def f(x):\n    return list(range(x))", ["60"]))
+    assert env.infos["teacher_0"]["verdict"] == "valid", env.infos["teacher_0"]
+    answer = ReferenceStudent(env, 1.0, seed=0).act(env.last()[0], "student_0")
+    assert len(answer) <= 256
+    env.step(answer)
+    assert env.infos["student_0"]["verdict"] == "correct", env.infos["student_0"]
 
 
 def test_pfsp_matchmaker_learns_ratings_in_the_env(verifier):
