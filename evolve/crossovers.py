@@ -12,7 +12,8 @@ Every operator checks that parents share keys, shapes and dtypes (``ValueError``
 a new genome with those keys (in order), shapes and dtypes, computes in float32 (float64 stays float64),
 never modifies its inputs, and takes all randomness from ``rng``. Tensors an operator does not mix
 (integer buffers; non-LoRA entries of a LoRA genome) are copied from the first parent, whatever the
-fitness (``clone_mutate`` copies the parent it clones).
+fitness (``clone_mutate`` copies the parent it clones); trained adapter parts besides the factors (PEFT's
+``lora_bias=True``, DoRA's magnitudes) are refused by name (``evolve.genome.lora_pairs``).
 """
 
 from __future__ import annotations

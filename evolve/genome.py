@@ -40,6 +40,10 @@ _A_TAG = ".lora_A."
 _B_TAG = ".lora_B."
 _EMBEDDING_A = re.compile(r"(?:(.+)\.)?lora_embedding_A(\.[^.]+)?")
 _EMBEDDING_B = re.compile(r"(?:.+\.)?lora_embedding_B(\.[^.]+)?")
+# Trained parts of an adapter besides its factors: PEFT's `lora_bias=True` (`<module>.lora_B.bias`) and DoRA's
+# magnitudes (`use_dora=True`). The operators would pass them through from the first parent, so that an
+# interpolation all the way to the second parent kept the first's bias (an audit): refused by name instead.
+_ADAPTER_EXTRA = re.compile(r"(?:.+\.)?(?:lora_B(?:\.[^.]+)?\.bias|lora_magnitude_vector(?:\..+)?)")
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,8 @@ def lora_pairs(genome: Genome) -> tuple[LoraPair, ...]:
 
     Raises:
         ValueError: A factor without its partner, a factor that is not 2-D, ``A``/``B`` ranks that
-            disagree, rank 0, or no input or output features; the message names the key.
+            disagree, rank 0, or no input or output features, or a trained part of the adapter that the
+            operators do not combine (a LoRA bias, DoRA's magnitudes); the message names the key.
         TypeError: A factor that is not a floating-point tensor; the message names the key.
     """
     pairs = []
@@ -134,6 +139,14 @@ def lora_pairs(genome: Genome) -> tuple[LoraPair, ...]:
         pairs.append(LoraPair(module=head, a_key=key, b_key=b_key))
     if b_keys:
         raise ValueError(f"LoRA factor {sorted(b_keys)[0]!r} has no lora_A partner")
+    if pairs:
+        extra = next((key for key in genome if _ADAPTER_EXTRA.fullmatch(key)), None)
+        if extra is not None:
+            raise ValueError(
+                f"{extra!r} is a trained part of the LoRA adapter (PEFT's lora_bias=True or use_dora=True) that "
+                "the weight-space operators do not combine (they would copy it from the first parent whatever "
+                "the operator): adapt with LoraConfig(lora_bias=False, use_dora=False)"
+            )
     return tuple(pairs)
 
 

@@ -184,6 +184,20 @@ def test_mismatched_parents_name_the_key(name):
         cross(name, [parent, wrong_dtype])
 
 
+@pytest.mark.parametrize("extra", ["lora_B.bias", "lora_B.default.bias", "lora_magnitude_vector"])
+def test_trained_adapter_parts_the_operators_do_not_combine_are_refused_by_name(extra):
+    """PEFT's ``lora_bias=True`` bias and DoRA's magnitudes were passed through from the first parent: an
+    interpolation all the way to the second parent kept the first's bias (an audit)."""
+    key = f"base_model.model.layers.1.up_proj.{extra}"
+    parents = [{**lora_genome(seed), key: torch.full((40,), float(seed))} for seed in (1, 2)]
+    for name in operators.CROSSOVERS:
+        with pytest.raises(ValueError, match=re.escape(repr(key)) + ".*lora_bias=False, use_dora=False"):
+            cross(name, parents)
+    for name in operators.MUTATIONS:
+        with pytest.raises(ValueError, match=re.escape(repr(key))):
+            operators.MUTATIONS[name](parents[0], rng=torch.Generator().manual_seed(0), strength=0.1)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_parents_are_refused_naming_the_parent_and_key(bad):
     """ΔW-space operators failed inside LAPACK (naming a batch element), the others passed the NaN on."""
