@@ -21,7 +21,7 @@ import torch
 
 MAGIC = b"POPULORA-EVOLVE-CHECKPOINT\n"
 FORMAT_VERSION = 1
-_NAME = re.compile(r"^gen_(\d{6})\.ckpt$")
+_NAME = re.compile(r"^gen_(\d{6,})\.ckpt$")  # (seven digits from generation 1 000 000 on)
 
 
 class CheckpointError(RuntimeError):

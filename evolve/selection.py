@@ -68,9 +68,11 @@ def tournament(
     candidates.
 
     Raises:
-        ValueError: ``size < 1`` or no candidates.
+        ValueError: ``size < 1``, no candidates, or a NaN fitness (it won or lost by its position).
     """
     pool = list(range(len(fitness))) if candidates is None else list(candidates)
+    if np.isnan(np.asarray(fitness, dtype=np.float64)).any():
+        raise ValueError(f"fitness must not contain NaN, got {list(fitness)}")
     if size < 1:
         raise ValueError(f"size must be >= 1, got {size}")
     if not pool:

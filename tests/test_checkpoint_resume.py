@@ -216,6 +216,16 @@ def test_checkpoint_roundtrip_and_pruning(tmp_path: Path) -> None:
     assert load_latest(tmp_path / "missing") is None
 
 
+def test_checkpoints_past_generation_999_999_are_found(tmp_path: Path) -> None:
+    """Names have seven digits from generation 1 000 000 on, and the listing took six only: the newest was
+    invisible, a resume went back to the one before, and pruning never removed it (an audit)."""
+    for generation in (999_999, 1_000_000, 1_000_001):
+        save_checkpoint(tmp_path, generation, {"generation": generation}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["gen_1000000.ckpt", "gen_1000001.ckpt"]
+    state = load_latest(tmp_path)
+    assert state is not None and state["generation"] == 1_000_001
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [

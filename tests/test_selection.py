@@ -25,6 +25,12 @@ def test_rank_order_rejects_nan() -> None:
         rank_order([0.0, float("nan")])
 
 
+def test_tournament_rejects_nan() -> None:
+    """A NaN member won or lost by its position (``tournament([nan, 1.0], 2)`` picked it; an audit)."""
+    with pytest.raises(ValueError, match="NaN"):
+        tournament([float("nan"), 1.0], 2, np.random.default_rng(0))
+
+
 def test_truncation_counts_are_not_lost_to_floating_point() -> None:
     """``floor(fraction * n)`` as written: 0.29 * 100 is 28.999999999999996 as a float, but 29 members."""
     for fraction, n in ((0.29, 100), (0.35, 180), (0.07, 100), (0.5, 7), (0.25, 4)):
