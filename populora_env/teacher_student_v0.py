@@ -599,7 +599,7 @@ class raw_env(AECEnv):
         return lines
 
     def render(self) -> str | None:
-        """The current and previous rounds as text (``ansi``), or printed (``human``)."""
+        """The game log's last 120 lines (the rounds so far) as text (``ansi``), or printed (``human``)."""
         if self.render_mode is None:
             gymnasium.logger.warn("render() called without a render_mode; pass render_mode='ansi' or 'human'")
             return None

@@ -35,7 +35,7 @@ class SingleRoleEnv(gymnasium.Env):
             whose teachers proposed nothing valid); then ``RuntimeError``.
     """
 
-    metadata = {"render_modes": ["ansi"]}  # noqa: RUF012 -- Gymnasium's class attribute convention
+    metadata = {"render_modes": ["ansi", "human"]}  # noqa: RUF012 -- Gymnasium's class attribute convention
 
     def __init__(
         self, aec_env: Any, agent: str, policies: Mapping[str, Policy], max_empty_resets: int = 100

@@ -58,6 +58,14 @@ def test_gymnasium_check_env(verifier, make):
     check_env(make(verifier), skip_render_check=True)
 
 
+@pytest.mark.parametrize("render_mode", ["ansi", "human"])
+def test_gymnasium_check_env_with_each_render_mode(verifier, render_mode, capsys):
+    """The wrapper takes the env's render mode, and declared ``ansi`` only: with ``human`` Gymnasium's
+    checker refused it as unsupported (an audit)."""
+    check_env(_student_env(verifier, render_mode=render_mode))
+    assert SingleRoleEnv.metadata["render_modes"] == teacher_student_v0.raw_env.metadata["render_modes"]
+
+
 def test_gymnasium_check_env_text_roles(verifier):
     env = teacher_student_v0.env(verifier=verifier, n_teachers=1, n_students=1, rounds=2)
     check_env(
