@@ -167,19 +167,41 @@ def parallel_env(**kwargs: Any) -> Any:
 class _TurnBasedParallel(turn_based_aec_to_parallel_wrapper):
     """PettingZoo's turn-based wrapper, with clear errors where it raised bare ones (a robustness review: a
     ``KeyError`` for a dict without the acting agent, a ``TypeError`` for a string, an ``AttributeError`` for a
-    step before ``reset``)."""
+    step before ``reset``), and infos that name the acting agent from ``reset`` on. Its ``step`` is written
+    here (PettingZoo 1.27's added ``active_agent`` into the AEC env's own info dicts and returned those, so a
+    step's infos changed at the next step; and it returned four values, not five, after the episode end)."""
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        observations, infos = super().reset(seed=seed, options=options)
+        infos = {agent: dict(info) for agent, info in infos.items()}
+        for agent in self.aec_env.agents:  # (it was missing until the first step; an audit)
+            infos[agent]["active_agent"] = self.aec_env.agent_selection
+        return observations, infos
 
     def step(self, actions: Any) -> Any:
         if getattr(self, "agents", None) is None:
             raise RuntimeError("step() before reset(): call reset() first")
         if not isinstance(actions, Mapping):
             raise TypeError(f"actions must be a dict of agent -> action, got a {type(actions).__name__}")
-        if self.agents and (acting := self.aec_env.agent_selection) not in actions:
+        aec = self.aec_env
+        if not self.agents:
+            return {}, {}, {}, {}, {}
+        if (acting := aec.agent_selection) not in actions:
             raise ValueError(
                 f"actions must hold the acting agent {acting!r} (one agent acts per step; "
                 f"infos[agent]['active_agent'] names it), got {sorted(map(repr, actions))[:5]}"
             )
-        return super().step(actions)
+        aec.step(actions[acting])
+        rewards, terminations, truncations = dict(aec.rewards), dict(aec.terminations), dict(aec.truncations)
+        infos = {agent: dict(info) for agent, info in aec.infos.items()}
+        observations = {agent: aec.observe(agent) for agent in aec.agents}
+        # the agents done by this step leave now (their None steps change nothing but the acting agent)
+        while aec.agents and (aec.terminations[aec.agent_selection] or aec.truncations[aec.agent_selection]):
+            aec.step(None)
+        for agent in aec.agents:
+            infos[agent]["active_agent"] = aec.agent_selection
+        self.agents = aec.agents[:]
+        return observations, rewards, terminations, truncations, infos
 
 
 _VERIFIER_METHODS = ("run_many", "check_deduction", "check_abduction", "check_induction")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import numpy as np
@@ -86,6 +87,23 @@ def test_parallel_env_says_what_its_step_takes(verifier):
         env.step({"nobody": "x"})
     observations, rewards, *_ = env.step({"teacher_0": "not a proposal"})  # a format error, played
     assert rewards["teacher_0"] == 0.0 and "teacher_0" in observations
+
+
+def test_parallel_env_infos_name_the_acting_agent_from_reset_and_are_not_changed_later(verifier):
+    """``infos[agent]["active_agent"]``, which the step's error points to, was missing after ``reset``; a step's
+    infos were the AEC env's own dicts, changed by the next step; and after the episode's end ``step``
+    returned four values (PettingZoo 1.27's wrapper; an audit)."""
+    env = teacher_student_v0.parallel_env(verifier=verifier, n_teachers=2, n_students=1, rounds=2)
+    _, infos = env.reset(seed=0)
+    assert {infos[agent]["active_agent"] for agent in env.agents} == {"teacher_0"}, infos
+    *_, infos = env.step({"teacher_0": "not a proposal"})
+    kept = copy.deepcopy(infos)
+    *_, later = env.step({infos[env.agents[0]]["active_agent"]: "x"})
+    assert infos == kept  # the returned dicts are the caller's
+    assert all("active_agent" not in info for info in env.aec_env.infos.values())
+    while env.agents:
+        *_, later = env.step({later[env.agents[0]]["active_agent"]: "x"})
+    assert env.step({}) == ({}, {}, {}, {}, {})
 
 
 @pytest.mark.parametrize("mode", MODES)
