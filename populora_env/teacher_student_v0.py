@@ -184,7 +184,7 @@ class _TurnBasedParallel(turn_based_aec_to_parallel_wrapper):
         if not isinstance(actions, Mapping):
             raise TypeError(f"actions must be a dict of agent -> action, got a {type(actions).__name__}")
         aec = self.aec_env
-        if not self.agents:
+        if not aec.agents:
             return {}, {}, {}, {}, {}
         if (acting := aec.agent_selection) not in actions:
             raise ValueError(
