@@ -8,6 +8,7 @@ generator.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -199,6 +200,10 @@ class ExecutingStudent(_SkilledStudent):
         return self.rng.choice(legal)
 
 
+# ASCII digits only: `str.isdigit` takes "²", which `int` refuses (the policy crashed instead of asking again)
+_DECIMAL = re.compile(r"[0-9]+")
+
+
 class HumanPolicy:
     """Asks a person in the terminal.
 
@@ -232,7 +237,7 @@ class HumanPolicy:
             self.print_fn(f"--- {agent} --- choose a candidate among {legal}")
             while True:
                 reply = self.input_fn("> ").strip()
-                if reply.lstrip("-").isdigit() and int(reply) in legal:
+                if _DECIMAL.fullmatch(reply) and int(reply) in legal:
                     return int(reply)
                 self.print_fn(f"please type one of {legal}")
         nvec = space.nvec.tolist()
@@ -240,7 +245,7 @@ class HumanPolicy:
         while True:
             parts = self.input_fn("> ").split()
             if len(parts) == len(nvec) and all(
-                p.isdigit() and int(p) < n for p, n in zip(parts, nvec, strict=True)
+                _DECIMAL.fullmatch(p) and int(p) < n for p, n in zip(parts, nvec, strict=True)
             ):
                 return np.asarray([int(p) for p in parts], dtype=np.int64)
             self.print_fn(f"please type {len(nvec)} integers, each below {nvec}")

@@ -150,8 +150,15 @@ def test_human_policy_structured_reprompts(verifier):
     env.reset(seed=0)
     nvec = env.action_space("teacher_0").nvec
     good = " ".join("0" for _ in nvec)
-    lines = iter(["1 2", "x", good])
+    # "²" is a digit to str.isdigit, not to int: the policy crashed instead of asking again (an audit)
+    lines = iter(["1 2", "x", " ".join("\u00b2" for _ in nvec), good])
     shown = []
     human = HumanPolicy(env, input_fn=lambda _: next(lines), print_fn=shown.append)
     action = human.act(env.observe("teacher_0"), "teacher_0")
-    assert action.tolist() == [0] * len(nvec) and sum("please" in m for m in shown) == 2
+    assert action.tolist() == [0] * len(nvec) and sum("please" in m for m in shown) == 3
+    env.step(ScriptedTeacher(env, 1.0, seed=0).act(env.observe("teacher_0"), "teacher_0"))
+    assert env.agent_selection == "student_0", env.infos["teacher_0"]
+    lines = iter(["--1", "-\u00b2", "\u00b2", "x", "0"])
+    shown.clear()
+    assert human.act(env.observe("student_0"), "student_0") == 0
+    assert sum("please" in m for m in shown) == 4
