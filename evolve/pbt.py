@@ -131,9 +131,10 @@ class PBTConfig:
     tournament_size: int = 2
     """Entrants per parent tournament (drawn from the top fraction)."""
     n_parents: int = 2
-    """Parents per child."""
+    """Parents per child. With 1, every child is a clone of its parent, then mutated (``crossovers`` unused)."""
     crossovers: tuple[str, ...] = ("interpolate", "uniform", "dare", "es")
-    """Crossover names in ``operators.CROSSOVERS`` (one drawn per child)."""
+    """Crossover names in ``operators.CROSSOVERS`` (one drawn per child). ``clone_mutate`` mutates at its own
+    defaults (``gaussian``, 0.05) before the child's drawn mutation at ``mutation_strength``."""
     mutations: tuple[str, ...] = ("gaussian", "layer_gaussian")
     """Mutation names in ``operators.MUTATIONS`` (one drawn per child)."""
     mutation_strength: float = 0.05
@@ -248,7 +249,8 @@ class PBTConfig:
             )
         for name in self.crossovers:
             operators.CROSSOVERS[name]  # KeyError listing the registry
-        if self.n_parents != 2 and (two := sorted(operators.TWO_PARENTS & set(self.crossovers))):
+        # (with one parent every child is a clone, then mutated: the crossovers are not used; an audit)
+        if self.n_parents > 2 and (two := sorted(operators.TWO_PARENTS & set(self.crossovers))):
             raise ValueError(
                 f"n_parents must be 2 with the crossovers {two} (they take exactly two parents), got "
                 f"{self.n_parents}"

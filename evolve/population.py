@@ -369,7 +369,8 @@ def _replace(pop: Population, role: str, fitness: list[float | None], generation
             child = operators.MUTATIONS[step.mutation](
                 child, rng=pop.torch_rng, strength=cfg.mutation_strength
             )
-            _warn_if_unmoved(group[step.slot].kind, step.mutation, unmutated, child)
+            if cfg.mutation_strength > 0:  # (at 0 an unmoved child is what was asked for)
+                _warn_if_unmoved(group[step.slot].kind, step.mutation, unmutated, child)
         except ValueError as error:  # (1e300 overflowed the child, naming no setting: a review)
             if "overflow" not in str(error):  # (not the strength's doing: no advice to lower it)
                 raise ValueError(f"generation {generation}: mutation {step.mutation!r}: {error}") from error

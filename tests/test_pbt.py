@@ -68,6 +68,11 @@ def test_pbt_improves_teacher_fitness(tmp_path: Path) -> None:
         ("self_play", {"env": _env(1), "self_play": True, "population": 1, "learner": "reinforce"}),
         ("1T-1S", {"env": _env(1), "population": 1, "learner": "reinforce"}),
         ("evolution", {"env": _env(1), "population": 2, "learner": "none", "replace_fraction": 0.5}),
+        # (one parent with the default crossovers, two-parent ones among them, was refused: an audit)
+        (
+            "one_parent",
+            {"env": _env(2), "population": 2, "learner": "none", "n_parents": 1, "replace_fraction": 0.5},
+        ),
     ],
 )
 def test_baselines_are_configs_of_the_loop(tmp_path: Path, name: str, kwargs: dict[str, Any]) -> None:
@@ -84,7 +89,7 @@ def test_baselines_are_configs_of_the_loop(tmp_path: Path, name: str, kwargs: di
     lineage = [json.loads(line) for line in (run_dir / "lineage.jsonl").read_text().splitlines()]
     initial = [r for r in lineage if r["origin"] == "initial"]
     assert len(initial) == config.population * (1 if config.self_play else 2)
-    if name == "evolution":  # pure evolution: the worse of two members is replaced by a mutated clone
+    if name in ("evolution", "one_parent"):  # pure evolution: the worst replaced by a mutated clone
         children = [r for r in lineage if r["origin"] == "offspring"]
         assert children and all(r["crossover"] == "clone" and len(r["parents"]) == 1 for r in children)
 
