@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -306,12 +306,15 @@ def stop_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(i) for i in found if isinstance(i, int) and not isinstance(i, bool)))
 
 
-def texts_of(tokenizer: Any, rows: Sequence[Sequence[int]]) -> list[str]:
-    """Decode generated ids to text: special tokens removed (the stop tokens of chat bases are), the final
-    EOS (if any) dropped."""
-    eos = tokenizer.eos_token_id
+def texts_of(
+    tokenizer: Any, rows: Sequence[Sequence[int]], stops: Collection[int] | None = None
+) -> list[str]:
+    """Decode generated ids to text: special tokens removed, and a row's final token dropped when it is one of
+    ``stops`` (default: the tokenizer's EOS; pass ``stop_token_ids(model, tokenizer)``: a stop id of the
+    model's generation config that is not a special token kept its text in the completion, an audit)."""
+    ends = {tokenizer.eos_token_id} if stops is None else set(stops)
     return tokenizer.batch_decode(
-        [row[:-1] if row and row[-1] == eos else row for row in rows], skip_special_tokens=True
+        [row[:-1] if row and row[-1] in ends else row for row in rows], skip_special_tokens=True
     )
 
 
@@ -328,4 +331,6 @@ def decode(model: Any, tokenizer: Any, prompts: Sequence[str], **kwargs: Any) ->
     Returns:
         The decoded continuations (special tokens removed, text after the first EOS dropped).
     """
-    return texts_of(tokenizer, decode_tokens(model, tokenizer, prompts, **kwargs))
+    return texts_of(
+        tokenizer, decode_tokens(model, tokenizer, prompts, **kwargs), stop_token_ids(model, tokenizer)
+    )

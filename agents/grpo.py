@@ -379,7 +379,7 @@ class GRPOLearner:
         ids: list[list[int]] | None = None
         if isinstance(self.population, TokenGeneratingPopulation):
             ids = self.population.generate_tokens(expanded, **generation)
-            completions = texts_of(self.population.tokenizer, ids)
+            completions = texts_of(self.population.tokenizer, ids, getattr(self.population, "stop_ids", None))
         else:
             completions = self.population.generate(expanded, **generation)
         rewards = [float(reward_fn(p, c)) for p, c in zip(expanded, completions, strict=True)]

@@ -45,7 +45,7 @@ def generate_with_ids(
     if not want_ids or generate_tokens is None or tokenizer is None:
         return list(population.generate(prompts, **args)), None
     rows = [list(ids) for ids in generate_tokens(prompts, **args)]
-    return texts_of(tokenizer, rows), rows
+    return texts_of(tokenizer, rows, getattr(population, "stop_ids", None)), rows
 
 
 def prompt_of(observation: Any) -> str:

@@ -29,7 +29,7 @@ import torch
 from agents._checks import is_int, is_number, plain_number
 from agents.base import load_base
 from agents.batched_lora import lora_linear_layers, stacked_lora
-from agents.generation import decode_tokens, texts_of
+from agents.generation import decode_tokens, stop_token_ids, texts_of
 from agents.policy import LoRAPolicy
 from evolve.checkpoint import atomic_write_bytes, fsync_tree
 from populora_env.text_format import lone_surrogate
@@ -347,8 +347,9 @@ class LoRAPopulation:
             top_p: nucleus mass in ``(0, 1]``.
             strategy: ``stacked`` (one batch, gathered factors; the fast path), ``peft_mixed`` (one batch,
                 PEFT's ``adapter_names=``) or ``loop`` (PEFT ``set_adapter`` per adapter, one sub-batch each,
-                each sampling from its own seeded stream: greedy texts equal the others', sampled ones
-                differ from theirs).
+                each sampling from its own seeded stream: greedy texts equal the others' in float32 (in
+                bf16/fp16 a batch's make-up can turn a near tie after a few tokens), sampled ones differ
+                from theirs).
             ignore_eos: keep generating past the stop tokens (fixed token counts for benchmarks).
             share_prefill: rows with the same prompt and adapter (a GRPO group) run the prompt once and
                 share its KV cache (see :func:`agents.generation.decode_tokens`); same texts either way.
@@ -367,7 +368,13 @@ class LoRAPopulation:
             ignore_eos=ignore_eos,
             share_prefill=share_prefill,
         )
-        return texts_of(self.tokenizer, rows)
+        return texts_of(self.tokenizer, rows, self.stop_ids)
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The ids generation stops on (``agents.generation.stop_token_ids``): the tokenizer's EOS and the
+        base's ``generation_config.eos_token_id``."""
+        return stop_token_ids(self.model, self.tokenizer)
 
     def generate_tokens(
         self,

@@ -441,6 +441,25 @@ def test_mixed_batch_greedy_equals_per_adapter_generation(pop: LoRAPopulation) -
     assert len({tuple(texts) for texts in by_adapter}) > 1  # the adapters really generate differently
 
 
+def test_a_configured_stop_token_that_is_not_special_leaves_no_text(pop: LoRAPopulation) -> None:
+    """Generation stops on every id of the base's ``generation_config.eos_token_id``; the texts dropped only
+    the tokenizer's EOS, so a stop id that is no special token kept its text in the completion (an audit)."""
+    batch, rows = prompts(1), NAMES[:1]
+    row = pop.generate_tokens(batch, rows, 4, 0.0, seed=0, ignore_eos=True)[0]
+    stop = row[1]
+    assert stop not in pop.tokenizer.all_special_ids
+    config = pop.model.generation_config
+    saved = config.eos_token_id
+    config.eos_token_id = [pop.tokenizer.eos_token_id, stop]
+    try:
+        assert stop in pop.stop_ids
+        stopped = pop.generate_tokens(batch, rows, 4, 0.0, seed=0)[0]
+        assert stopped == row[: row.index(stop) + 1]
+        assert pop.generate(batch, rows, 4, 0.0, seed=0) == [pop.tokenizer.decode(stopped[:-1])]
+    finally:
+        config.eos_token_id = saved
+
+
 def test_loop_strategy_samples_each_adapter_from_its_own_stream(pop: LoRAPopulation) -> None:
     """Two adapters with the same weights on the same prompts: one sub-batch each in the ``loop`` strategy,
     seeded alike they drew the same numbers and sampled the same texts (correlated rollouts across the
