@@ -310,6 +310,8 @@ def build_tiny_base(
     """
     if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
         raise ValueError(f"num_threads must be None or an int >= 1, got {num_threads!r}")
+    if cache_dir is not None and not os.fspath(cache_dir).strip():  # ("" was the working folder)
+        raise ValueError(f"cache_dir must be None or a non-empty path, got {cache_dir!r}")
     config = _resolved(config or TinyBaseConfig())
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     key = tiny_base_key(config)

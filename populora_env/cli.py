@@ -205,8 +205,11 @@ class TrainArgs:
         student member; 4t8s: 4 teacher and 8 student seats, 8 members per role, PFSP matching
         (GPU-sized)."""),
     ] = "population"
-    run_dir: Path = Path("runs/populora-train")
-    """Run folder: metrics.jsonl, lineage.jsonl, tb/ (TensorBoard), checkpoints/."""
+    # (text, not Path: tyro makes "" the Path ".", and an unset variable in `--run-dir "$RUN"` wrote the run
+    # into the working folder; an audit)
+    run_dir: Annotated[str, tyro.conf.arg(metavar="PATH")] = "runs/populora-train"
+    """Run folder: config.json, metrics.jsonl, lineage.jsonl, curves.png, tb/ (TensorBoard), checkpoints/,
+    error.log after a failure."""
     generations: Annotated[
         int,
         _help("""PBT generations (play, GRPO update, rate, replace the weakest by crossover and mutation);
@@ -249,7 +252,7 @@ class TrainArgs:
         building the tiny base uses every core)."""),
     ] = 1
     cache_dir: Annotated[
-        Path | None,
+        str | None,
         tyro.conf.arg(
             metavar="PATH", help_behavior_hint="(default: $POPULORA_CACHE_DIR or ~/.cache/populora)"
         ),
@@ -382,6 +385,13 @@ def _learner_failures(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     return failed, len(failed) + sum(len(r.get("losses", {})) for r in rows)
 
 
+def _check_paths(*options: tuple[str, str | None]) -> None:
+    """A ``ValueError`` for an option given as an empty or blank text (a path: the working folder)."""
+    for name, value in options:
+        if value is not None and not value.strip():
+            raise ValueError(f"{name} must not be empty, got {value!r}")
+
+
 def train(args: TrainArgs) -> int:
     """Runs ``populora train``; returns the exit status."""
     import torch
@@ -408,6 +418,7 @@ def train(args: TrainArgs) -> int:
     try:
         # Every option is checked before the tiny base is built (minutes on a fresh machine): the base's
         # path is the only part of the config that waits for it.
+        _check_paths(("--run-dir", args.run_dir), ("--cache-dir", args.cache_dir), ("--base", args.base))
         _check_threads(args.threads)
         if not isinstance(args.group_size, int) or args.group_size < 2:  # named as the option, not the env's
             raise ValueError(  # two fields
@@ -596,7 +607,7 @@ class BaseArgs:
     action: Annotated[Literal["build"], tyro.conf.Positional]
     """What to do: build (or find in the cache) and print its model directory."""
     cache_dir: Annotated[
-        Path | None,
+        str | None,
         tyro.conf.arg(
             metavar="PATH", help_behavior_hint="(default: $POPULORA_CACHE_DIR or ~/.cache/populora)"
         ),
@@ -619,6 +630,7 @@ def base(args: BaseArgs) -> int:
     from agents.base import TinyBaseConfig, build_tiny_base
 
     try:
+        _check_paths(("--cache-dir", args.cache_dir))
         if args.threads is not None:
             _check_threads(args.threads)
         warmup = min(TinyBaseConfig.warmup_steps, max(args.steps, 0))  # a short build warms up less

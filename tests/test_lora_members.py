@@ -348,6 +348,8 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
         raise AssertionError("the tiny base was built before the options were checked")
 
     monkeypatch.setattr(agents.base, "build_tiny_base", no_build)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     for extra, message in (
@@ -363,12 +365,16 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
         (["--group-size", "1"], "a group of one has none, and nothing learns), got 1"),
         (["--run-dir", str(a_file / "run")], str(a_file / "run")),
         (["--run-dir", str(a_file)], f"--run-dir {a_file} is a file, not a folder"),
+        # (tyro made "" the path ".": the run was written into the working folder; an audit)
+        (["--run-dir", ""], "--run-dir must not be empty, got ''"),
+        (["--cache-dir", " "], "--cache-dir must not be empty, got ' '"),
+        (["--base", ""], "--base must not be empty, got ''"),
     ):
         argv = ["train", "--run-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), *extra]
         assert main(argv) == 2, extra
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (extra, err)
-        assert not (tmp_path / "cache").exists()
+        assert not (tmp_path / "cache").exists() and not any((tmp_path / "cwd").iterdir())
     # a base that cannot load: no "the same command starts the run again" (it would fail the same way)
     assert not (tmp_path / "run-nobase").exists()
     argv = ["train", "--run-dir", str(tmp_path / "run-nobase"), "--base", str(tmp_path / "no-base")]
@@ -548,10 +554,10 @@ def test_populora_train_deterministic_option_reaches_the_grpo_config(tmp_path: P
         options = _train_config(args, "base").member_options
         return options, grpo_config(options, LoRAMemberOptions.from_member_options(options))
 
-    options, config = learner_config(TrainArgs(run_dir=tmp_path))
+    options, config = learner_config(TrainArgs(run_dir=str(tmp_path)))
     assert options["grpo"] == {"learning_rate": 1e-2}  # unchanged: runs made before the option still resume
     assert config.deterministic
-    assert learner_config(TrainArgs(run_dir=tmp_path, deterministic=False))[1].deterministic is False
+    assert learner_config(TrainArgs(run_dir=str(tmp_path), deterministic=False))[1].deterministic is False
 
 
 def test_grpo_learner_trains_on_the_sampled_token_ids(
