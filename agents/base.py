@@ -192,6 +192,12 @@ def _load_message(ref: str, reason: str) -> str:
             f"cannot load base model {ref!r}: {reason}. It is a tiny base of the cache whose files are whole; "
             f"this is transformers {version}{floor} failing to load it."
         )
+    local = Path(ref).expanduser()
+    if local.is_dir() and not (local / "config.json").is_file():  # (the advice was about the Hub: an audit)
+        return (
+            f"cannot load base model {ref!r}: the folder holds no config.json, so it is no Hugging Face model "
+            "folder; pass one written by save_pretrained, or the directory `populora base build` prints"
+        )
     hub = (
         "Hub access is off (HF_HUB_OFFLINE=1), so only local directories load"
         if hub_offline()

@@ -326,7 +326,7 @@ _FLAG_FIELDS = re.compile(
 
 
 # options of the config field's own name, named as options where a message starts with the field
-_SAME_NAMED = re.compile(r"(?:^|(?<=differ: )|(?<=; ))(generations|population|seed)(?= must|: )")
+_SAME_NAMED = re.compile(r"(?:^|(?<=differ: )|(?<=; ))(generations|population|rounds|seed)(?= must|: )")
 
 
 def _as_flags(message: str) -> str:

@@ -340,3 +340,4 @@ def test_train_errors_name_the_options_not_the_config_fields():
         "differ: --population (replace_fraction): saved 0.5, now 0.25; --population: saved 2, now 4)"
     )
     assert _as_flags("a population of 3 generations") == "a population of 3 generations"  # (prose stays)
+    assert _as_flags("rounds must be an int >= 1, got 0") == "--rounds must be an int >= 1, got 0"

@@ -387,7 +387,7 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
     (tmp_path / "not-a-model").mkdir()
     argv = ["train", "--run-dir", str(tmp_path / "run-nobase"), "--base", str(tmp_path / "not-a-model")]
     assert main(argv) == 2
-    assert "cannot load base model" in capsys.readouterr().err
+    assert "the folder holds no config.json, so it is no Hugging Face model folder" in capsys.readouterr().err
     assert not (tmp_path / "run-nobase").exists()
 
 
