@@ -457,6 +457,32 @@ LOCK_FILE = ".lock"
 """The file in a run folder that ``run_pbt`` holds an exclusive ``flock`` on while it runs."""
 
 
+def _in_use(run_dir: str | os.PathLike[str], fd: int) -> RunInUseError:
+    """The error for a run folder whose lock file ``fd`` another run holds (it wrote its pid there)."""
+    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    return RunInUseError(
+        f"{run_dir} is in use by another run (pid {holder}): wait for it to end or choose another run_dir"
+    )
+
+
+def check_run_free(run_dir: str | os.PathLike[str]) -> None:
+    """Raises ``RunInUseError`` when another run holds ``run_dir`` now (a check before slow set-up, e.g.
+    building a base model: ``run_pbt`` takes the lock itself). Creates nothing."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDWR)
+    except OSError:
+        return  # no lock file (no run there yet), or none this process can open: run_pbt tells
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _in_use(run_dir, fd) from None
+        except OSError:
+            pass  # a file system without flock: run_pbt warns
+    finally:
+        os.close(fd)  # (and releases the lock if it was taken)
+
+
 @contextlib.contextmanager
 def _run_lock(run_dir: Path) -> Iterator[None]:
     """The run folder for this call alone: two runs on one folder both "succeeded" with every metric
@@ -468,10 +494,7 @@ def _run_lock(run_dir: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise RunInUseError(
-                f"{run_dir} is in use by another run (pid {holder}): wait for it to end or choose another run_dir"
-            ) from None
+            raise _in_use(run_dir, fd) from None
         except OSError as error:  # a file system without flock (some network and FUSE mounts)
             logger.warning(
                 "%s: cannot lock the run folder (%s): nothing stops a second run there", run_dir, error

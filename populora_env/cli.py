@@ -401,7 +401,7 @@ def train(args: TrainArgs) -> int:
     from agents.base import BaseModelLoadError, build_tiny_base, missing_local_dir
     from agents.members import LoRAMemberOptions, grpo_config
     from evolve.checkpoint import CheckpointError
-    from evolve.pbt import RunInUseError, run_pbt
+    from evolve.pbt import RunInUseError, check_run_free, run_pbt
     from evolve.plots import plot_run
 
     # PEFT calls a transformers method deprecated in v5 on every adapter it adds: noise, not a problem here
@@ -413,7 +413,8 @@ def train(args: TrainArgs) -> int:
     if args.base is None or Path(args.base).expanduser().is_dir():
         transformers.utils.logging.disable_progress_bar()
     start = time.perf_counter()
-    started = made = False
+    started = False
+    made: list[Path] = []  # the folders this command made for --run-dir, itself first
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if _main_thread() else None
     try:
         # Every option is checked before the tiny base is built (minutes on a fresh machine): the base's
@@ -434,7 +435,8 @@ def train(args: TrainArgs) -> int:
             raise ValueError(f"--run-dir {args.run_dir} is a file, not a folder")
         if args.base is not None and missing_local_dir(args.base):
             raise ValueError(f"--base {args.base}: no such model folder")  # found before any folder is made
-        made = not Path(args.run_dir).exists()
+        check_run_free(args.run_dir)  # before the base is built (minutes), not after (an audit)
+        made = [p for p in (Path(args.run_dir), *Path(args.run_dir).parents) if not p.exists()]
         Path(args.run_dir).mkdir(parents=True, exist_ok=True)  # an unusable --run-dir fails now, not after
         if args.base is None:
             print(
@@ -566,10 +568,11 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _remove_if_made_and_empty(run_dir: Path, made: bool) -> None:
+def _remove_if_made_and_empty(run_dir: Path, made: list[Path]) -> None:
     """The run folder this command made, if a failure before the run's first file left it empty but for
     its lock file (a base that did not load): removed with that file, under the lock, so that a run that
-    took the folder meanwhile keeps it (it holds the lock)."""
+    took the folder meanwhile keeps it (it holds the lock); then the folders above it that this command made
+    (``made``, the run folder first), while empty (an empty ``runs/`` was left behind; an audit)."""
     from evolve.pbt import LOCK_FILE
 
     if not made:
@@ -583,6 +586,8 @@ def _remove_if_made_and_empty(run_dir: Path, made: bool) -> None:
             finally:
                 os.close(fd)
         run_dir.rmdir()
+        for parent in made[1:]:
+            parent.rmdir()  # (OSError: not empty, another run's meanwhile)
 
 
 def _resume_hint(run_dir: Path) -> str:

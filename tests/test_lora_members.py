@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import json
 import os
@@ -375,6 +376,17 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (extra, err)
         assert not (tmp_path / "cache").exists() and not any((tmp_path / "cwd").iterdir())
+    # a run folder another run holds: refused before the base is built (minutes), not after (an audit)
+    held = tmp_path / "held"
+    held.mkdir()
+    fd = os.open(held / pbt.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, b"4242\n")
+        assert main(["train", "--run-dir", str(held), "--cache-dir", str(tmp_path / "cache")]) == 2
+        assert f"{held} is in use by another run (pid 4242)" in capsys.readouterr().err
+    finally:
+        os.close(fd)
     # a base that cannot load: no "the same command starts the run again" (it would fail the same way)
     assert not (tmp_path / "run-nobase").exists()
     argv = ["train", "--run-dir", str(tmp_path / "run-nobase"), "--base", str(tmp_path / "no-base")]
@@ -384,11 +396,13 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
     assert not (tmp_path / "run-nobase").exists()  # found before any folder is made
     # a folder that is no model: found as the run starts, and the folder made for it is removed, lock file
     # and all (it was left holding the lock file alone)
+    # (and so are the folders above it that it made: an empty runs/ was left; an audit)
     (tmp_path / "not-a-model").mkdir()
-    argv = ["train", "--run-dir", str(tmp_path / "run-nobase"), "--base", str(tmp_path / "not-a-model")]
+    deep = tmp_path / "runs" / "deeper" / "run-nobase"
+    argv = ["train", "--run-dir", str(deep), "--base", str(tmp_path / "not-a-model")]
     assert main(argv) == 2
     assert "the folder holds no config.json, so it is no Hugging Face model folder" in capsys.readouterr().err
-    assert not (tmp_path / "run-nobase").exists()
+    assert not (tmp_path / "runs").exists()
 
 
 def test_populora_train_stopped_while_the_base_is_built_leaves_no_run_folder(
