@@ -261,6 +261,36 @@ def test_a_cut_second_run_keeps_the_results_it_finished(monkeypatch):
         assert v._pools[1][0].pid == second_pool
 
 
+def test_an_early_second_run_about_to_finish_an_ok_call_is_not_cut(monkeypatch):
+    """The first run's slow ``ok`` call is followed by one that fails at once, and the second run, slower
+    (here by half: the program loops longer under the second seed), is given as long again as it has run
+    before it is cut. It was cut at once, and the slow call ran a third time (7 of 15 requests in a review,
+    with the two runs equally slow)."""
+    texts = [f"k{i}" for i in range(64)]
+    pairs = list(zip(texts, _parities(11, texts), _parities(29, texts)))
+    slower_second = next(t for t, a, b in pairs if (a, b) == (0, 1))
+    program = (
+        "def f(x, a):\n    if a < 0:\n        raise ValueError(a)\n"
+        "    for _ in range(a * 100_000 * (3 if hash(x) % 2 else 2)):\n        pass\n    return a\n"
+    )
+    sent: list[int] = []  # hash seeds of the requests sent
+    send = verifier_module.WorkerHandle.send
+
+    def logged_send(self, message, deadline, max_reply):
+        sent.append(self.hash_seed)
+        return send(self, message, deadline, max_reply)
+
+    with Verifier(workers=1, hash_seeds=(11, 29), cache_size=0, timeout=30.0) as v:
+        v._cpus = 2
+        monkeypatch.setattr(verifier_module.WorkerHandle, "send", logged_send)
+        for i in range(2):
+            sent.clear()
+            calls = [f"{slower_second!r}, 30", f"{slower_second!r}, -1"]
+            got = v.run_many([(f"{program}# {i}", args) for args in calls])
+            assert [(e.status, e.output) for e in got] == [("ok", "30"), ("runtime", None)], got
+            assert sent == [11, 29], sent
+
+
 def test_a_worker_stops_its_request_when_cut_and_ignores_a_late_cut():
     """The worker's side of a cut (an empty frame): a request looping under a 30 s time-out answers at
     once for the calls it finished (none here, of three: the two children still at their gates are sent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -42,7 +43,21 @@ class _Task:
     # for that second run, the first run it checks
     twin: _Task | None = None
     first: _Task | None = None
-    cut: bool = False  # an early second run its worker was told to stop: its results may be a prefix
+    # an early second run's: when it was sent, when to stop it (its first run made part of it needless), and
+    # whether its worker was told to stop it (its results are then those of its first calls, maybe none)
+    started: float = 0.0
+    cut_at: float | None = None
+    cut: bool = False
+
+
+EARLY_RUN_GRACE = 0.1
+"""Least seconds an early second run (see ``Verifier._dispatch``) may go on after its first run came back
+with a call that failed (it may go on as long again as it has run, at least this): then its worker is told
+to stop it, and the calls that were ``ok`` and that it had not finished run again as usual. A second run a
+little behind its first, about to finish an ``ok`` call, is not stopped for nothing (a review: cut at once,
+a slow ``ok`` call before a fast failing one ran a third time in 7 of 15 requests), and a program failing at
+once under one seed and looping under the other costs about what it did before.
+"""
 
 
 MAX_REPLY_BYTES = 64 << 20
@@ -234,7 +249,7 @@ class Verifier:
         """Checks and runs every pending call under the first hash seed and re-runs the successful ones
         under the second: a call that already failed is invalid whatever the seed, so it costs one run, not
         two, unless the second pool and a CPU were idle (its run then started early, see ``_dispatch``, and
-        is cut short). The host's static checks of a program are made while the workers run the
+        is cut short after a grace). The host's static checks of a program are made while the workers run the
         programs before it, and a program's second run is queued as soon as its first one is back."""
         fresh: dict[tuple[str, str], Execution] = {}
         runs: dict[tuple[str, str], list[list[Any]]] = {}
@@ -366,7 +381,7 @@ class Verifier:
                         # check's two runs at once), each in a request of its own, on as many workers as
                         # there are idle CPUs: the time-out is wall-clock, and runs sharing a CPU timed out
                         # where one after the other they did not (a review). What such a run does for calls
-                        # that fail there is never read (and it is cut short, see `cut`).
+                        # that fail there is never read (and it is cut short, see EARLY_RUN_GRACE).
                         spare = min(len(idle[p]), self._cpus - len(busy))
                         early = [t for _, b in busy.values() for t in b if t.pool == p - 1 and t.twin is None]
                         for task in early[:spare]:
@@ -376,6 +391,7 @@ class Verifier:
                                 p,
                                 task.mode,
                                 first=task,
+                                started=time.monotonic(),
                             )
                             self._send(idle[p].pop(), [task.twin], busy)
                     while idle[p]:
@@ -391,7 +407,7 @@ class Verifier:
                     continue
                 # with checks left to make, make some while the workers run (then look again at once)
                 spare = not drained and len(queue[0]) < most * len(self._pools[0])
-                deadline = min(w.busy_until or 0.0 for w, _ in busy.values())
+                deadline = min(min(w.busy_until or 0.0, b[0].cut_at or math.inf) for w, b in busy.values())
                 wait = 0.0 if spare else max(0.0, deadline - time.monotonic())
                 ready = readable(list(busy), wait)
                 if spare and not ready:
@@ -399,6 +415,12 @@ class Verifier:
                     continue
                 now = time.monotonic()
                 for fd, (worker, batch) in list(busy.items()):
+                    # (an early second run to cut is always a request of its own: see where cut_at is set)
+                    if fd not in ready and len(batch) == 1 and (batch[0].cut_at or math.inf) <= now:
+                        batch[0].cut, batch[0].cut_at = True, None
+                        logger.debug("verifier worker %d: early second run cut short", worker.pid)
+                        worker.cut()  # (it answers soon, for the calls it finished)
+                        continue
                     if fd not in ready and (worker.busy_until or 0.0) > now:
                         continue
                     pool = batch[0].pool
@@ -430,12 +452,10 @@ class Verifier:
                         ):
                             # Its first run failed for some call: what the second run does there is never
                             # read (and a program failing at once under one seed and looping under the
-                            # other would hold the worker up to the time-out), so it is stopped; the calls
-                            # ok in the first run that it had not finished run again as usual.
-                            second.cut = True
-                            owner = next(w for w, b in busy.values() if b[0] is second)
-                            logger.debug("verifier worker %d: early second run cut short", owner.pid)
-                            owner.cut()
+                            # other would hold the worker up to the time-out), so it is stopped after a grace
+                            # (see EARLY_RUN_GRACE); the calls ok in the first run that it had not finished
+                            # then run again as usual.
+                            second.cut_at = now + max(EARLY_RUN_GRACE, now - second.started)
                         settle(task)
         except BaseException:
             # Interrupted (Ctrl-C, a host check that raised, a worker that cannot start): the busy workers'
@@ -570,10 +590,10 @@ def _after_death(batch: list[_Task], error: WorkerDied, queue: list[_Task]) -> l
 
     The programs of a batch go back one per request, as if never sent; a program alone gets one retry on a
     fresh worker, then the worker's failure as its verdict (a hang at once: ``timeout``). An early second run
-    that was being cut short (always a request of its own) is back with no results: the calls it was
+    being cut short, or to be (always a request of its own), is back with no results: the calls it was
     needed for run again as usual.
     """
-    if batch[0].cut:
+    if batch[0].cut or batch[0].cut_at is not None:  # (not run again: its first run failed)
         batch[0].results = []
         return batch
     if len(batch) > 1:
