@@ -466,7 +466,9 @@ class Verifier:
     def _abandon(self, busy: dict[int, tuple[WorkerHandle, list[_Task]]]) -> None:
         for worker, batch in list(busy.values()):
             try:
-                self._replace(worker, batch[0].pool, "was busy with an interrupted call")
+                # (INFO: what an interrupt is expected to do; a Ctrl-C of `populora verify` printed a warning
+                # for each worker; an audit)
+                self._replace(worker, batch[0].pool, "was busy with an interrupted call", logging.INFO)
             except BaseException:  # a worker that cannot start now fails the next call, clearly
                 worker.kill()
         busy.clear()
