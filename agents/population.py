@@ -118,8 +118,8 @@ class LoRAPopulation:
         )
         if widest and rank > widest:
             raise ValueError(
-                f"rank {rank} is above min(in, out) = {widest} of every linear layer of the base (the largest "
-                "rank a LoRA update of it can have)"
+                f"rank must be <= {widest}, min(in, out) of the base's widest linear layer (the largest rank a "
+                f"LoRA update of it can have), got {rank}"
             )
         targets = (
             target_modules

@@ -326,7 +326,7 @@ _FLAG_FIELDS = re.compile(
 
 
 # options of the config field's own name, named as options where a message starts with the field
-_SAME_NAMED = re.compile(r"(?:^|(?<=differ: )|(?<=; ))(generations|population|rounds|seed)(?= must|: )")
+_SAME_NAMED = re.compile(r"(?:^|(?<=differ: )|(?<=; ))(generations|population|rank|rounds|seed)(?= must|: )")
 
 
 def _as_flags(message: str) -> str:
@@ -383,6 +383,11 @@ def _learner_failures(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     have a loss, those that raised a failure)."""
     failed = [f for r in rows for f in r.get("learner_failures", [])]
     return failed, len(failed) + sum(len(r.get("losses", {})) for r in rows)
+
+
+def _option(field: str) -> str:
+    """The command-line option of a dataclass field (``corpus_documents``: ``--corpus-documents``)."""
+    return "--" + field.replace("_", "-")
 
 
 def _check_paths(*options: tuple[str, str | None]) -> None:
@@ -649,7 +654,11 @@ def base(args: BaseArgs) -> int:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
     except (OSError, ValueError) as error:
-        print(f"populora base: {error}", file=sys.stderr)
+        # the config fields the options set, named as the options ("TinyBaseConfig.steps must be ...")
+        message = re.sub(
+            r"\bTinyBaseConfig\.(steps|corpus_documents|seed)\b", lambda m: _option(m[1]), str(error)
+        )
+        print(f"populora base: {message}", file=sys.stderr)
         return 2
     except _Terminated:
         print("populora base: stopped by SIGTERM (nothing was cached)", file=sys.stderr)

@@ -325,6 +325,15 @@ def test_rejection_shares_are_whole_percentages_and_a_rare_reason_is_not_zero():
     assert _percent(1, 200) == "<1%"  # (0.5% rounds to 0% half-to-even)
 
 
+def test_base_build_errors_name_the_options(tmp_path, capsys):
+    """``TinyBaseConfig.steps must be >= 1`` named a dataclass field the user never wrote (an audit)."""
+    for option, value in (("--steps", "0"), ("--corpus-documents", "0"), ("--seed", "-1")):
+        assert main(["base", "build", option, value, "--cache-dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"populora base: {option} must be ") and "TinyBaseConfig" not in err, err
+    assert not any(tmp_path.iterdir())
+
+
 def test_train_errors_name_the_options_not_the_config_fields():
     """Same-named options read as config fields ("generations must be", "another run_dir", "population:
     saved 2"), and replace_fraction, which --population sets, as no option at all (a review)."""
@@ -341,3 +350,4 @@ def test_train_errors_name_the_options_not_the_config_fields():
     )
     assert _as_flags("a population of 3 generations") == "a population of 3 generations"  # (prose stays)
     assert _as_flags("rounds must be an int >= 1, got 0") == "--rounds must be an int >= 1, got 0"
+    assert _as_flags("rank must be <= 8, min(in, out) ...") == "--rank must be <= 8, min(in, out) ..."
