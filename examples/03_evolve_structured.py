@@ -48,9 +48,10 @@ class Args:
 
 def main(args: Args) -> None:
     if args.self_play:
-        env = TeacherStudentConfig(
-            mode="structured", n_teachers=1, n_students=1, rounds=2, n_slots=3, task_types=("deduction",)
-        )
+        env = TeacherStudentConfig(  # (four attempts a task: with one, teachers got no signal; an audit)
+            mode="structured", n_teachers=1, n_students=1, rounds=2, n_slots=3, teacher_group_size=4,
+            student_group_size=4, task_types=("deduction",),
+        )  # fmt: skip
         extra = {"self_play": True, "population": 1, "teachers": "torch"}
     else:
         env = TeacherStudentConfig(

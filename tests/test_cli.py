@@ -308,7 +308,7 @@ def test_base_build_caches_the_tiny_base_and_names_bad_values(tmp_path, capsys):
     assert main(["base", "build", "--steps", "0", "--cache-dir", str(tmp_path)]) == 2
     assert "steps" in capsys.readouterr().err
     assert main(["base", "build", "--seed", "-1", "--cache-dir", str(tmp_path)]) == 2  # as train's --seed
-    assert "TinyBaseConfig.seed must be an int >= 0, got -1" in capsys.readouterr().err
+    assert "--seed must be an int >= 0, got -1" in capsys.readouterr().err
     # -1 was a RuntimeError traceback, 0 the default in silence, 100000 a SIGSEGV in the first product
     for threads in ("0", "-1", "100000"):
         assert main([*args[:-4], "--threads", threads, "--cache-dir", str(tmp_path)]) == 2

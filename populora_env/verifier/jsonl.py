@@ -206,7 +206,11 @@ def _verdict(verifier: Verifier, record: Record, execution: Execution) -> Record
         try:
             parse_literal(claimed, max_chars=cap)
         except (LiteralError, TypeError) as error:
-            reason = f"the claimed output is {error}"
+            # ("value nests too deeply" read "the claimed output is value nests ..."; an audit)
+            text = str(error)
+            reason = "the claimed output " + (
+                text.removeprefix("value ") if text.startswith("value ") else f"is {text}"
+            )
         else:
             reason = f"returned {execution.output}, claimed {claimed}"
     return RecordVerdict(record, execution, "mismatch", reason)

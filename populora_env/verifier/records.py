@@ -38,6 +38,7 @@ class Execution:
 MAX_SECONDS = 86_400
 """Longest ``timeout`` / ``start_timeout`` accepted (larger or infinite values overflow the deadlines)."""
 MAX_WORKERS = 256
+"""Most worker processes per hash-seed pool (two pools start them all up front)."""
 
 MAX_BATCH = 8
 """Most programs in one request to a worker (``VerifierConfig.programs_per_request``, its default). The
@@ -45,7 +46,6 @@ worker compiles a request's programs and forks their children in a row before ru
 (see ``_worker.Worker.handle``), which spares it most of the page faults it pays on every page it writes
 after a fork; more than a few per request gains little and leaves workers idle at the end of a
 ``run_many``."""
-"""Most worker processes per hash-seed pool (two pools start them all up front)."""
 
 
 @dataclass(frozen=True)
