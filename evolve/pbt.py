@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import importlib.util
 import json
 import logging
 import marshal
@@ -217,6 +218,14 @@ class PBTConfig:
                 raise ValueError(f"KIND_MODES[{kind!r}] must be 'text' or 'structured', got {mode!r}")
             if mode is not None and self.env.mode != mode:
                 raise ValueError(f"env.mode must be {mode!r} for {kind} members, got {self.env.mode!r}")
+        if (
+            self.env.persist_buffer
+        ):  # (a resumed run, or a Ray run whose episode actor was replaced, differed)
+            raise ValueError(
+                "env.persist_buffer must be False for run_pbt: the task buffer would carry over between "
+                "generations without being checkpointed or sent to a Ray episode actor, so a resumed run would "
+                "not be the one that ran on"
+            )
         if self.self_play:
             if self.teachers != self.students or self.teachers in FIXED_KINDS:
                 raise ValueError("self_play needs one evolving kind for teachers and students (e.g. 'torch')")
@@ -289,6 +298,13 @@ class PBTConfig:
             object.__setattr__(self, "torch_threads", int(self.torch_threads))
         if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
             raise ValueError(f"ray_address must be None or a non-empty string, got {self.ray_address!r}")
+        if self.ray_address is not None and self.ray_num_cpus is not None:  # (Ray's own error named neither)
+            raise ValueError(
+                "ray_num_cpus sets the CPUs of a local Ray instance; a cluster at ray_address has its own: "
+                "give one of them"
+            )
+        if self.backend == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError("backend='ray' needs Ray: pip install 'populora-env[ray]'")
         replaced = share_of(self.replace_fraction, self.population)  # (what selection.truncation replaces)
         if evolving and self.population > 1 and self.replace_fraction > 0 and replaced == 0:
             # (a population of 2 or 3 at the default 0.25 evolved nothing, and nothing said so: a review)

@@ -483,9 +483,33 @@ def test_ray_settings_are_checked_up_front(tmp_path: Path) -> None:
         ({"ray_num_cpus": "2"}, "ray_num_cpus must be None or an int >= 1"),
         ({"ray_num_cpus": 0}, "ray_num_cpus must be None or an int >= 1"),
         ({"ray_address": ""}, "ray_address must be None or a non-empty string"),
+        # (Ray's own error, after the run had started, named neither; an audit)
+        ({"ray_address": "auto", "ray_num_cpus": 2}, "ray_num_cpus sets the CPUs of a local Ray instance"),
     ):
         with pytest.raises(ValueError, match=message):
             PBTConfig(run_dir=str(tmp_path), backend="ray", **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_ray_run_without_ray_installed_is_refused_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was accepted, and run_pbt raised a bare ModuleNotFoundError after making the run folder (an audit)."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a)
+    )
+    with pytest.raises(ValueError, match=r"backend='ray' needs Ray: pip install 'populora-env\[ray\]'"):
+        PBTConfig(run_dir=str(tmp_path / "run"), backend="ray")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_persisting_task_buffer_is_refused(tmp_path: Path) -> None:
+    """The buffer carried over between generations, neither checkpointed nor sent to a Ray episode actor: a
+    resumed run differed from one that ran on (an audit)."""
+    with pytest.raises(ValueError, match=r"env\.persist_buffer must be False for run_pbt"):
+        PBTConfig(run_dir=str(tmp_path), env=_env(2, persist_buffer=True))
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:1", "ray://127.0.0.1:1"])
