@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import logging
 import numbers
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -172,17 +173,13 @@ def play_episodes(
     return PlayOutcome(transitions, results, metrics, returns, {m: len(a) for m, a in illegal.items()})
 
 
-def learn_stats(stats: Any, member: Member | None) -> Any:
+def learn_stats(stats: Any, member_id: int, learner: Any) -> Any:
     """A learner's ``update`` result: ``LearnStats``, or any object with a number as ``loss`` (``None`` or a
     float failed as "'NoneType' object has no attribute 'loss'", naming neither the learner nor the rule; a
     review)."""
     loss = getattr(stats, "loss", None)
     if isinstance(loss, bool) or not isinstance(loss, numbers.Real):
-        who = (
-            "a learner"
-            if member is None
-            else f"member {member.id}'s learner ({type(member.learner).__name__})"
-        )
+        who = f"member {member_id}'s learner ({type(learner).__name__})"
         raise TypeError(
             f"{who}: update() must return evolve.protocols.LearnStats(loss, samples), got "
             f"{type(stats).__name__} {stats!r:.60}"
@@ -211,7 +208,7 @@ def learn_locally(
             # a learner that diverged without raising: its weights would be checkpointed, and every resume
             # would replay into the same failure of play or of the operators
             check_finite(member.policy.get_genome(), f"member {member.id}'s genome after its update")
-            losses[str(member.id)] = finite_or_none(learn_stats(stats, member).loss)
+            losses[str(member.id)] = finite_or_none(learn_stats(stats, member.id, member.learner).loss)
         except Exception as error:  # any learner bug: undo, skip this member for the generation, keep the run
             member.policy.set_genome(genome)
             member.learner.reset()
@@ -359,17 +356,18 @@ class MemberWorker:
         self.learner = LEARNERS[config.learner_for(role)](self.policy, config.learner_config)
 
     def learn(
-        self, genome: dict[str, Any], state: dict[str, Any], experience: Sequence[Transition]
+        self, member_id: int, genome: dict[str, Any], state: dict[str, Any], experience: Sequence[Transition]
     ) -> tuple[Any, ...]:
-        """``("ok", genome, learner state, loss)`` or ``("error", type name, message)``."""
+        """``("ok", genome, learner state, loss)`` or ``("error", type name, message)``; the messages are
+        ``learn_locally``'s, word for word (metrics.jsonl is the same on both backends)."""
         try:
             self.policy.set_genome(genome)
             self.learner.reset()
             self.learner.load_state_dict(state)
             stats = self.learner.update(self.policy, experience)
             genome = self.policy.get_genome()
-            check_finite(genome, "the member's genome after its update")  # as learn_locally
-            loss = learn_stats(stats, None).loss
+            check_finite(genome, f"member {member_id}'s genome after its update")
+            loss = learn_stats(stats, member_id, self.learner).loss
         except Exception as error:  # reported to the coordinator, which keeps the member unchanged
             return ("error", type(error).__name__, str(error))
         return ("ok", genome, self.learner.state_dict(), loss)
@@ -462,6 +460,8 @@ class RayBackend:
             try:
                 return self.ray.get(self.episodes.play.remote(*args), timeout=self.config.ray_timeout_s)
             except lost as error:
+                if getattr(error, "actor_init_failed", False):
+                    raise _not_started("the Ray episode actor", error) from None
                 what = self._lost(error)
                 if retry:
                     twice = "died" if isinstance(error, self.ray.exceptions.RayActorError) else "was lost"
@@ -493,7 +493,7 @@ class RayBackend:
             assert member.learner is not None
             state = member.learner.state_dict()
             ref = self._worker(member).learn.remote(
-                member.policy.get_genome(), state, outcome.transitions[member.id]
+                member.id, member.policy.get_genome(), state, outcome.transitions[member.id]
             )
             pending.append((member, ref))
         losses: Losses = {}
@@ -506,6 +506,8 @@ class RayBackend:
                 reply = self.ray.get(ref, timeout=left)
             except lost as error:  # its process died (os._exit, OOM killer), or it hung
                 self._kill(self.workers.pop(member.slot, None))  # the next generation gets a fresh actor
+                if getattr(error, "actor_init_failed", False):
+                    raise _not_started(f"member {member.id}'s learner actor", error) from None
                 message = f"the learner's Ray actor {self._lost(error)}"
                 failures.append(LearnerFailure(member.id, generation, type(error).__name__, message))
                 continue
@@ -549,10 +551,23 @@ class RayBackend:
                 self.ray.shutdown()
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the process names in its messages
+
+
 def _first_line(error: BaseException) -> str:
     """The first line of a (multi-line, traceback-bearing) Ray error, cut to 200 characters."""
-    lines = str(error).strip().splitlines()
+    lines = _ANSI.sub("", str(error)).strip().splitlines()
     return lines[0][:200] if lines else type(error).__name__
+
+
+def _not_started(what: str, error: BaseException) -> RuntimeError:
+    """The error for an actor whose constructor raised: that exception (the last line of Ray's traceback),
+    not a death to retry every generation (a learner registered in the driver script only was reported as
+    one for every member and generation, its cause cut off, and the run ended having learned nothing; an
+    audit). The run stops; its last checkpoint stays as it was."""
+    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
+    cause = lines[-1][:300] if lines else type(error).__name__
+    return RuntimeError(f"{what} could not start: {cause}")
 
 
 def make_backend(config: PBTConfig, table: RatingTable) -> Backend:

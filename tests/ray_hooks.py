@@ -31,6 +31,25 @@ def flaky_first_param(policy: Any, config: LearnerConfig) -> Any:
     return learner
 
 
+def flaky_or_diverging(policy: Any, config: LearnerConfig) -> Any:
+    """As ``flaky_first_param``, and a member whose first weight is not positive but its last one is
+    poisons its weights with NaN without raising (the backends' own finiteness check reports it, naming the
+    member: the Ray actor's message named none, and metrics.jsonl differed; an audit)."""
+    learner = flaky_first_param(policy, config)
+    update = learner.update
+
+    def diverging(policy: Any, experience: Any) -> Any:
+        stats = update(policy, experience)
+        if float(list(policy.parameters())[-1].flatten()[-1]) > 0:
+            with torch.no_grad():
+                for parameter in policy.parameters():
+                    parameter.fill_(float("nan"))
+        return stats
+
+    learner.update = diverging  # type: ignore[method-assign]
+    return learner
+
+
 def _failing_first_param(policy: Any, config: LearnerConfig, fail: Any) -> Any:
     """REINFORCE, except that for a member whose first weight is positive ``fail()`` runs first (as in
     ``flaky_first_param``, the failing members depend only on their genomes)."""
@@ -70,9 +89,21 @@ def thread_count(policy: Any, config: LearnerConfig) -> Any:
     return learner
 
 
+_LEARNERS = {
+    "thread_count": thread_count,
+    "flaky_first_param": flaky_first_param,
+    "flaky_or_diverging": flaky_or_diverging,
+    "dying_first_param": dying_first_param,
+    "hanging_first_param": hanging_first_param,
+}
+
+
 def register() -> None:
     """Registers the learners above in ``evolve.learners.LEARNERS`` (in this process)."""
-    LEARNERS["thread_count"] = thread_count
-    LEARNERS["flaky_first_param"] = flaky_first_param
-    LEARNERS["dying_first_param"] = dying_first_param
-    LEARNERS["hanging_first_param"] = hanging_first_param
+    LEARNERS.update(_LEARNERS)
+
+
+def unregister() -> None:
+    """Removes them again (a test's clean-up in the test process)."""
+    for name in _LEARNERS:
+        LEARNERS.pop(name, None)
