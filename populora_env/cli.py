@@ -115,9 +115,11 @@ def verify(args: VerifyArgs) -> int:
     try:
         with Verifier(config) as verifier:
             stream = verify_records(verifier, records, expression_inputs=args.expression_inputs)
+            # (disable=None: no bar when stderr is no terminal, a log file or a pipe; an audit)
             for v in tqdm(
-                stream, total=len(records), desc="verifying", unit="prog", file=sys.stderr, leave=False
-            ):
+                stream, total=len(records), desc="verifying", unit="prog", file=sys.stderr, leave=False,
+                disable=None,
+            ):  # fmt: skip
                 verdicts.append(v)
                 _print_verdict(v, as_json=args.json)
             isolation = verifier.isolation

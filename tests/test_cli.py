@@ -35,6 +35,7 @@ def populora(*args: str) -> subprocess.CompletedProcess:
 def test_verify_examples_json_gives_each_expected_verdict():
     done = populora("verify", "--examples", "--json", "--timeout", "1")
     assert done.returncode == 0, done.stderr
+    assert "verifying" not in done.stderr  # no progress bar in a pipe (it was drawn there too; an audit)
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     rows, summary = lines[:-1], lines[-1]
     assert {r["id"]: (r["verdict"], r["status"]) for r in rows} == EXPECTED
