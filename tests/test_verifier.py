@@ -174,6 +174,19 @@ def _parities(seed: int, texts: list[str]) -> list[int]:
     return [int(p) for p in done.stdout.strip()[1:-1].split(",")]
 
 
+def _record_sends(monkeypatch) -> list[int]:
+    """The hash seeds of the requests sent to workers from now on (the list fills as they are sent)."""
+    sent: list[int] = []
+    send = verifier_module.WorkerHandle.send
+
+    def logged_send(self, message, deadline, max_reply):
+        sent.append(self.hash_seed)
+        return send(self, message, deadline, max_reply)
+
+    monkeypatch.setattr(verifier_module.WorkerHandle, "send", logged_send)
+    return sent
+
+
 def test_the_second_hash_seed_run_starts_while_the_first_runs(monkeypatch):
     """With its pool and a CPU idle and nothing else to run, a call's second run is sent before the first's
     result is back (a call's latency was both runs one after the other)."""
@@ -244,17 +257,10 @@ def test_a_cut_second_run_keeps_the_results_it_finished(monkeypatch):
         "    if fail:\n        for _ in range(3_000_000):\n            pass\n        raise ValueError(x)\n"
         "    return 1\n"
     )
-    sent: list[int] = []  # hash seeds of the requests sent
-    send = verifier_module.WorkerHandle.send
-
-    def logged_send(self, message, deadline, max_reply):
-        sent.append(self.hash_seed)
-        return send(self, message, deadline, max_reply)
-
     with Verifier(workers=1, hash_seeds=(11, 29), cache_size=0, timeout=30.0) as v:
         v._cpus = 2
         second_pool = v._pools[1][0].pid
-        monkeypatch.setattr(verifier_module.WorkerHandle, "send", logged_send)
+        sent = _record_sends(monkeypatch)
         got = v.run_many([(program, f"{never_loops!r}, False"), (program, f"{loops_second!r}, True")])
         assert [(e.status, e.output) for e in got] == [("ok", "1"), ("runtime", None)], got
         assert sent == [11, 29], sent
@@ -273,16 +279,9 @@ def test_an_early_second_run_about_to_finish_an_ok_call_is_not_cut(monkeypatch):
         "def f(x, a):\n    if a < 0:\n        raise ValueError(a)\n"
         "    for _ in range(a * 100_000 * (3 if hash(x) % 2 else 2)):\n        pass\n    return a\n"
     )
-    sent: list[int] = []  # hash seeds of the requests sent
-    send = verifier_module.WorkerHandle.send
-
-    def logged_send(self, message, deadline, max_reply):
-        sent.append(self.hash_seed)
-        return send(self, message, deadline, max_reply)
-
     with Verifier(workers=1, hash_seeds=(11, 29), cache_size=0, timeout=30.0) as v:
         v._cpus = 2
-        monkeypatch.setattr(verifier_module.WorkerHandle, "send", logged_send)
+        sent = _record_sends(monkeypatch)
         for i in range(2):
             sent.clear()
             calls = [f"{slower_second!r}, 30", f"{slower_second!r}, -1"]
