@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -174,6 +175,14 @@ def _parities(seed: int, texts: list[str]) -> list[int]:
     return [int(p) for p in done.stdout.strip()[1:-1].split(",")]
 
 
+@functools.cache
+def _parity_text(first: int, second: int) -> str:
+    """A text whose ``hash(text) % 2`` is ``first`` under ``PYTHONHASHSEED=11`` and ``second`` under 29."""
+    texts = [f"k{i}" for i in range(64)]
+    pairs = zip(texts, _parities(11, texts), _parities(29, texts), strict=True)
+    return next(t for t, a, b in pairs if (a, b) == (first, second))
+
+
 def _record_sends(monkeypatch) -> list[int]:
     """The hash seeds of the requests sent to workers from now on (the list fills as they are sent)."""
     sent: list[int] = []
@@ -223,10 +232,7 @@ def test_an_early_second_run_is_cut_short_when_its_first_run_failed(monkeypatch,
     waited for up to the time-out: its worker stops it and stays (it was replaced, ~150 ms of the dispatch
     loop's time, and a hostile-family test that counts the workers failed now and then); the calls that were
     ok in the first run get their second run as usual."""
-    texts = [f"k{i}" for i in range(64)]
-    pairs = list(zip(texts, _parities(11, texts), _parities(29, texts)))
-    loops_second = next(t for t, a, b in pairs if (a, b) == (0, 1))
-    never_loops = next(t for t, a, b in pairs if (a, b) == (0, 0))
+    loops_second, never_loops = _parity_text(0, 1), _parity_text(0, 0)
     program = (
         "def f(x, fail):\n    if hash(x) % 2:\n        while True:\n            pass\n"
         "    if fail:\n        raise ValueError(x)\n    return 1\n"
@@ -246,10 +252,7 @@ def test_an_early_second_run_is_cut_short_when_its_first_run_failed(monkeypatch,
 def test_a_cut_second_run_keeps_the_results_it_finished(monkeypatch):
     """An early second run cut short during its second call answers for its first: that call is not run a
     third time (one request to the second pool, not two), and both verdicts are right."""
-    texts = [f"k{i}" for i in range(64)]
-    pairs = list(zip(texts, _parities(11, texts), _parities(29, texts)))
-    loops_second = next(t for t, a, b in pairs if (a, b) == (0, 1))
-    never_loops = next(t for t, a, b in pairs if (a, b) == (0, 0))
+    loops_second, never_loops = _parity_text(0, 1), _parity_text(0, 0)
     # the first run's failing call takes a while (a few hundred ms), so the second run has finished the
     # call before it and is looping when it is cut
     program = (
@@ -272,9 +275,7 @@ def test_an_early_second_run_about_to_finish_an_ok_call_is_not_cut(monkeypatch):
     (here by half: the program loops longer under the second seed), is given as long again as it has run
     before it is cut. It was cut at once, and the slow call ran a third time (7 of 15 requests in a review,
     with the two runs equally slow)."""
-    texts = [f"k{i}" for i in range(64)]
-    pairs = list(zip(texts, _parities(11, texts), _parities(29, texts)))
-    slower_second = next(t for t, a, b in pairs if (a, b) == (0, 1))
+    slower_second = _parity_text(0, 1)
     program = (
         "def f(x, a):\n    if a < 0:\n        raise ValueError(a)\n"
         "    for _ in range(a * 100_000 * (3 if hash(x) % 2 else 2)):\n        pass\n    return a\n"
@@ -368,12 +369,7 @@ def test_early_second_runs_are_spread_over_the_second_pool(monkeypatch):
 def test_a_second_run_started_early_counts_only_where_the_first_was_ok():
     """A call that fails under the first hash seed is that failure, whatever the second run gave (as when
     the second run came only after a first ``ok``); where the first is ``ok``, the two are compared."""
-    texts = [f"k{i}" for i in range(64)]
-    first, second = _parities(11, texts), _parities(29, texts)
-    pick = {
-        (a, b): next(t for t, x, y in zip(texts, first, second) if (x, y) == (a, b))
-        for a in (0, 1) for b in (0, 1)
-    }  # fmt: skip
+    pick = {(a, b): _parity_text(a, b) for a in (0, 1) for b in (0, 1)}
     program = "def f(x):\n    return 1 // (hash(x) % 2)"
     with Verifier(workers=1, hash_seeds=(11, 29), cache_size=0) as v:
         v._cpus = 2  # (early second runs take idle CPUs only: as on a machine with two)
