@@ -324,7 +324,8 @@ class Worker:
         while len(lines) < n_calls:
             left = deadline - monotonic()
             ready = select.select([fd, 0], [], [], max(left, 0))[0] if left > 0 else []
-            if 0 in ready and _cut_requested():
+            if 0 in ready:  # the host cut the request, or closed the input: either way it is over
+                _read_cut()
                 self.cut = True
                 _kill_group(pid)
                 os.waitpid(pid, 0)
@@ -426,16 +427,12 @@ def _preload(allowed: frozenset[str]) -> None:
             pass  # Windows-only codecs (mbcs, oem) do not import here
 
 
-def _cut_requested() -> bool:
-    """Reads the host's frame that arrived during a request: a cut (an empty frame), or the end of the
-    input (the host closed it: nothing more of the request is wanted either). Anything else is out of
-    protocol and ends the worker (the host replaces it)."""
+def _read_cut() -> None:
+    """Reads the host's frame that arrived during a request: a cut (an empty frame), or nothing (the end of
+    the input). Anything else is out of protocol and ends the worker (the host replaces it)."""
     header = os.read(0, 4)
-    if not header:
-        return True
-    if header != bytes(4):
+    if header and header != bytes(4):
         raise RuntimeError(f"unexpected frame from the host during a request: {header!r}")
-    return True
 
 
 def _kill_group(pid: int) -> None:
