@@ -105,11 +105,17 @@ def verify(args: VerifyArgs) -> int:
     except (FileNotFoundError, OSError) as e:
         print(f"populora verify: {e}", file=sys.stderr)
         return 2
-    for error in errors:
-        if args.json:  # (one JSON object a line on stdout, as the verdicts)
+    # --json: a malformed line is an object on stdout in its place among the verdicts (file order); text: a
+    # warning on stderr up front
+    pending = list(reversed(errors)) if args.json else []
+    for error in [] if args.json else errors:
+        print(f"{path}:{error.line}: skipped: {error.reason}", file=sys.stderr)
+
+    def malformed_before(line: int) -> None:
+        while pending and pending[-1].line < line:
+            error = pending.pop()
             print(json.dumps({"line": error.line, "verdict": "malformed", "reason": error.reason}))
-        else:
-            print(f"{path}:{error.line}: skipped: {error.reason}", file=sys.stderr)
+
     start = time.perf_counter()
     verdicts = []
     try:
@@ -121,8 +127,10 @@ def verify(args: VerifyArgs) -> int:
                 disable=None,
             ):  # fmt: skip
                 verdicts.append(v)
+                malformed_before(v.record.line)
                 _print_verdict(v, as_json=args.json)
             isolation = verifier.isolation
+        malformed_before(sys.maxsize)
     except KeyboardInterrupt:
         print(
             f"populora verify: interrupted after {len(verdicts)} of {len(records)} records", file=sys.stderr
@@ -159,7 +167,8 @@ def verify(args: VerifyArgs) -> int:
 def _print_verdict(v: Any, *, as_json: bool) -> None:
     e = v.execution
     if as_json:
-        print(json.dumps({"id": v.record.id, "verdict": v.verdict, "status": e.status, "output": e.output,
+        print(json.dumps({"line": v.record.line, "id": v.record.id, "verdict": v.verdict, "status": e.status,
+                          "output": e.output,
                           "claimed": v.record.output, "detail": e.detail, "reason": v.reason},
                          ensure_ascii=False))  # fmt: skip
         return

@@ -67,13 +67,15 @@ def test_verify_text_output_has_verdicts_and_summary(tmp_path):
     assert "malformed node or string on line 1" in done.stdout  # (was "line 2" of a one-line input)
     expr = populora("verify", str(data), "--expression-inputs", "--json")
     lines = [json.loads(line) for line in expr.stdout.splitlines()[:-1]]
-    # malformed lines are JSON on stdout too (they were text on stderr only; a review)
-    assert lines[:2] == [
-        {"line": 2, "verdict": "malformed", "reason": lines[0]["reason"]},
+    # malformed lines are JSON on stdout too (they were text on stderr only; a review), in their place in the
+    # file's order (they came first, before line 1's verdict)
+    assert [row["line"] for row in lines] == [1, 2, 3, 5]
+    assert lines[1:3] == [
+        {"line": 2, "verdict": "malformed", "reason": lines[1]["reason"]},
         {"line": 3, "verdict": "malformed", "reason": "field 'code' is missing or not a string"},
-    ] and lines[0]["reason"].startswith("not JSON")
-    assert lines[3] == {"id": "expr", "verdict": "error", "status": "runtime", "output": None, "claimed": None,
-                        "detail": lines[3]["detail"], "reason": ""}  # fmt: skip
+    ] and lines[1]["reason"].startswith("not JSON")
+    assert lines[3] == {"line": 5, "id": "expr", "verdict": "error", "status": "runtime", "output": None,
+                        "claimed": None, "detail": lines[3]["detail"], "reason": ""}  # fmt: skip
     assert "unsupported operand" in lines[3]["detail"] and "not literals" not in expr.stderr
 
 

@@ -28,12 +28,14 @@ class Record:
         code: Program source defining ``def f``.
         input: Argument-list text of the call.
         output: Claimed output literal text, or ``None``.
+        line: The record's line number in its file (1 is the first), or 0 for a record made in code.
     """
 
     id: str
     code: str
     input: str
     output: str | None = None
+    line: int = 0
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,9 @@ def _parse_line(line: str, number: int) -> Record | LoadError:
     if output is not None and not isinstance(output, str):
         return LoadError(number, "field 'output' is not a string")
     given = data.get("id")
-    return Record(f"line {number}" if given is None else str(given), data["code"], data["input"], output)
+    return Record(
+        f"line {number}" if given is None else str(given), data["code"], data["input"], output, number
+    )
 
 
 def verify_records(
