@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from agents.corpus import generate_examples
+from populora_env.progress import watched
 
 BUILD_FORMAT_VERSION = 2  # bump when the builder's code changes what it produces
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -306,7 +307,7 @@ def build_tiny_base(
     Args:
         cache_dir: cache root; ``None`` uses :func:`default_cache_dir`.
         config: what to build; ``None`` uses the defaults (3.4M parameters, ~9 CPU-minutes on one thread).
-        progress: show a tqdm progress bar on stderr.
+        progress: show a tqdm progress bar on stderr (where it is a terminal or a notebook).
         num_threads: torch intra-op threads during the build (restored afterwards); ``None`` keeps the
             current setting. A model this small gains little from threads, and on a loaded machine OpenMP
             contention made 2 threads ~15x slower than 1 (measured here).
@@ -532,7 +533,7 @@ def _pretrain(model: Any, tokenizer: Any, texts: list[str], config: TinyBaseConf
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     model.train()
-    bar = tqdm(range(config.steps), desc="tiny base pretraining", disable=not progress)
+    bar = tqdm(range(config.steps), desc="tiny base pretraining", disable=not (progress and watched()))
     for _ in bar:
         rows = torch.tensor([rng.randrange(n_rows) for _ in range(config.batch_size)])
         batch = data[rows]  # (batch, L)

@@ -19,6 +19,7 @@ import logging
 import marshal
 import math
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ from evolve.ratings import RatingTable
 from evolve.runlog import GenerationMetrics, RunLog, warn_once
 from evolve.selection import share_of
 from populora_env.game import TeacherStudentConfig, warn_constant_teacher_reward
+from populora_env.progress import watched
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +169,8 @@ class PBTConfig:
     for such members (1 suits Ray, where the learners run at once, an actor each). Part of the run's
     fingerprint when set."""
     progress: bool = True
-    """Show a tqdm progress bar."""
+    """Report progress on standard error: a line per generation, under a tqdm bar where standard error is a
+    terminal or a notebook (:func:`populora_env.progress.watched`)."""
     tensorboard: bool = True
     """Write TensorBoard scalars under ``run_dir/tb``."""
 
@@ -435,6 +438,15 @@ OVERWRITTEN = ("metrics.jsonl", "lineage.jsonl", "tb", "curves.png")
 in a folder that holds them without a run's config or checkpoint."""
 
 
+def _say(bar: Any, text: str) -> None:
+    """One line of the run's progress on standard error (standard output stays the caller's), above the bar
+    when there is one."""
+    if bar.disable:
+        print(text, file=sys.stderr, flush=True)
+    else:
+        bar.write(text, file=bar.fp)
+
+
 def run_pbt(config: PBTConfig) -> Path:
     """Runs (or resumes) PBT and returns the run folder.
 
@@ -591,8 +603,9 @@ def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:
         if population.history:
             log.scalars(GenerationMetrics(**population.history[-1]))
         bar = tqdm(
-            total=config.generations, initial=population.generation, disable=not config.progress, desc="PBT"
-        )
+            total=config.generations, initial=population.generation, desc="PBT",
+            disable=not (config.progress and watched()),
+        )  # fmt: skip
         if config.progress:  # what this call does with the folder, once its checks have passed (a review)
             done, total = population.generation, config.generations
             state = (
@@ -600,7 +613,7 @@ def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:
                 else f"{run_dir}: all {total} generations done; nothing to run" if done >= total
                 else f"resuming {run_dir}: {done} of {total} generations done"
             )  # fmt: skip
-            bar.write(f"run: {state}", file=bar.fp)
+            _say(bar, f"run: {state}")
         for generation in range(population.generation, config.generations):
             record = run_generation(population, backend, config, generation)
             last = generation + 1 == config.generations
@@ -618,11 +631,8 @@ def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:
                 rewards = " ".join(
                     f"{role} {value:+.3f}" for role, value in sorted(record.mean_reward.items())
                 )
-                bar.write(
-                    f"generation {generation}: solve rate {record.solve_rate:.2f}, invalid "
-                    f"{record.invalid_rate:.2f}, mean reward {rewards or '-'}, children {len(record.lineage)}",
-                    file=bar.fp,  # (with the bar, on standard error: standard output stays the caller's)
-                )
+                _say(bar, f"generation {generation}: solve rate {record.solve_rate:.2f}, invalid "
+                     f"{record.invalid_rate:.2f}, mean reward {rewards or '-'}, children {len(record.lineage)}")  # fmt: skip
     finally:
         if bar is not None:  # closed on an interrupt too: a message after it starts on a line of its own
             bar.close()

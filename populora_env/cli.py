@@ -81,6 +81,7 @@ def verify(args: VerifyArgs) -> int:
     """Runs ``populora verify``; returns the exit status."""
     from tqdm import tqdm
 
+    from populora_env.progress import watched
     from populora_env.verifier import Verifier, VerifierConfig
     from populora_env.verifier.jsonl import load_records, summarize, verify_records
     from populora_env.verifier.literals import NEVER_RUN
@@ -121,10 +122,9 @@ def verify(args: VerifyArgs) -> int:
     try:
         with Verifier(config) as verifier:
             stream = verify_records(verifier, records, expression_inputs=args.expression_inputs)
-            # (disable=None: no bar when stderr is no terminal, a log file or a pipe; an audit)
             for v in tqdm(
                 stream, total=len(records), desc="verifying", unit="prog", file=sys.stderr, leave=False,
-                disable=None,
+                disable=not watched(),  # (no bar in a log file or a pipe; an audit)
             ):  # fmt: skip
                 verdicts.append(v)
                 malformed_before(v.record.line)

@@ -1292,3 +1292,19 @@ def test_a_mutation_that_cannot_move_a_genome_is_warned_about_once(
     with caplog.at_level(logging.WARNING, logger="evolve.population"):
         population._warn_if_unmoved("other", "gaussian", moving, child)
     assert caplog.records == []
+
+
+def test_progress_in_a_log_file_is_lines_without_the_bar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Standard error that is no terminal (a log file, a pipe, CI) gets the run's lines and no bar: each redraw
+    of the bar was one more line there (an audit)."""
+    config = PBTConfig(
+        run_dir=str(tmp_path / "run"), env=_env(2), teachers="scripted", population=2, generations=2,
+        tensorboard=False,
+    )  # fmt: skip
+    run_pbt(config)
+    captured = capsys.readouterr()
+    assert f"run: starting {tmp_path / 'run'}: 2 generations" in captured.err
+    assert "generation 0: solve rate" in captured.err and "generation 1: solve rate" in captured.err
+    assert "PBT" not in captured.err and "\r" not in captured.err and captured.out == ""
