@@ -120,12 +120,19 @@ def prune_checkpoints(directory: Path, keep: int) -> None:
         old.unlink(missing_ok=True)
 
 
+def checkpoint_generation(path: Path) -> int:
+    """The generation a checkpoint file is named for (``gen_000012.ckpt``: 12); ValueError for another name."""
+    match = _NAME.match(path.name)
+    if match is None:
+        raise ValueError(f"{path.name} is not a checkpoint's name (gen_NNNNNN.ckpt)")
+    return int(match.group(1))
+
+
 def list_checkpoints(directory: Path) -> list[Path]:
     """Checkpoint files in ``directory``, oldest first (temp files excluded)."""
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if _NAME.match(p.name)]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
+    return sorted((p for p in directory.iterdir() if _NAME.match(p.name)), key=checkpoint_generation)
 
 
 def remove_temp_files(directory: Path, names: Sequence[str] | None = None) -> list[Path]:
@@ -208,7 +215,7 @@ def load_latest(directory: Path) -> dict[str, Any] | None:
     if not found:
         return None
     state = load_checkpoint(found[-1])
-    named = int(_NAME.match(found[-1].name).group(1))  # type: ignore[union-attr]
+    named = checkpoint_generation(found[-1])
     if isinstance(state, dict) and "generation" in state and state["generation"] != named:
         raise CheckpointError(
             f"{found[-1]}: holds the state after generation {state['generation']}, not {named} as its name "

@@ -487,19 +487,25 @@ def train(args: TrainArgs) -> int:
         return 2
     except OSError as error:  # an unwritable --run-dir or --cache-dir, a full disk
         # once the run has begun (the error may stay until mended: a full disk, a file where a folder goes)
-        hint = f"; once mended, {_resume_hint(Path(args.run_dir))}" if started else ""
+        hint = f"; once mended, {_resume_hint(Path(args.run_dir), args.generations)}" if started else ""
         print(f"populora train: {error}{hint}", file=sys.stderr)
         _remove_if_made_and_empty(Path(args.run_dir), made)
         return 2
     except Exception as error:  # inside the run: out of memory, a CUDA error, a bug of ours
         if not started:  # the checks before the run raise the errors above: anything else is a bug there
             raise
-        failure, hint = _failure(error, Path(args.run_dir)), _resume_hint(Path(args.run_dir))
+        failure, hint = (
+            _failure(error, Path(args.run_dir)),
+            _resume_hint(Path(args.run_dir), args.generations),
+        )
         print(f"populora train: {failure}; once mended, {hint}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, _Terminated) as stop:
         name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"
-        print(f"populora train: stopped by {name}; {_resume_hint(Path(args.run_dir))}", file=sys.stderr)
+        print(
+            f"populora train: stopped by {name}; {_resume_hint(Path(args.run_dir), args.generations)}",
+            file=sys.stderr,
+        )
         _remove_if_made_and_empty(Path(args.run_dir), made)  # (stopped while the base was built: no run yet)
         return 128 + (signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
     finally:
@@ -606,9 +612,9 @@ def _remove_if_made_and_empty(run_dir: Path, made: list[Path]) -> None:
             parent.rmdir()  # (OSError: not empty, another run's meanwhile)
 
 
-def _resume_hint(run_dir: Path) -> str:
-    """Where a stopped run stands: its newest checkpoint, and that the same command resumes it."""
-    from evolve.checkpoint import list_checkpoints
+def _resume_hint(run_dir: Path, generations: int) -> str:
+    """Where a stopped run of ``generations`` stands: its newest checkpoint, and what the same command does."""
+    from evolve.checkpoint import checkpoint_generation, list_checkpoints
 
     try:
         saved = list_checkpoints(run_dir / "checkpoints")
@@ -616,6 +622,8 @@ def _resume_hint(run_dir: Path) -> str:
         return f"its checkpoints cannot be listed ({error})"
     if not saved:
         return f"no checkpoint in {run_dir} yet: the same command starts the run again"
+    if checkpoint_generation(saved[-1]) >= generations:  # (it said "resumes it" of a finished run; an audit)
+        return f"the run is finished ({saved[-1]}): the same command prints its summary, a larger --generations extends it"
     return f"the same command resumes it from {saved[-1]} (and ends as an uninterrupted run would)"
 
 

@@ -354,3 +354,24 @@ def test_train_errors_name_the_options_not_the_config_fields():
     assert _as_flags("a population of 3 generations") == "a population of 3 generations"  # (prose stays)
     assert _as_flags("rounds must be an int >= 1, got 0") == "--rounds must be an int >= 1, got 0"
     assert _as_flags("rank must be <= 8, min(in, out) ...") == "--rank must be <= 8, min(in, out) ..."
+
+
+def test_the_resume_hint_of_a_finished_run_says_it_is_finished(tmp_path: Path) -> None:
+    """A run stopped by an error after its last checkpoint (a rerun of a finished run in a folder that can no
+    longer be written) was told "the same command resumes it" (an audit)."""
+    from populora_env.cli import _resume_hint
+
+    assert (
+        _resume_hint(tmp_path, 2) == f"no checkpoint in {tmp_path} yet: the same command starts the run again"
+    )
+    (tmp_path / "checkpoints").mkdir()
+    for generation in (1, 2):
+        (tmp_path / "checkpoints" / f"gen_{generation:06d}.ckpt").touch()
+    last = tmp_path / "checkpoints" / "gen_000002.ckpt"
+    assert (
+        _resume_hint(tmp_path, 3)
+        == f"the same command resumes it from {last} (and ends as an uninterrupted run would)"
+    )
+    assert _resume_hint(tmp_path, 2) == (
+        f"the run is finished ({last}): the same command prints its summary, a larger --generations extends it"
+    )
