@@ -85,9 +85,10 @@ class ReinforceLearner:
 
     def __init__(self, policy: torch.nn.Module, config: LearnerConfig) -> None:
         # (a policy of another kind failed with an AttributeError at the first update, or every update failed
-        # and the run "finished": a review; ppo and grpo check their policy's type too)
+        # and the run "finished": a review; ppo and grpo check their policy's type too, and all three raise a
+        # ValueError, a choice of learner that does not fit the member kind: this one was a TypeError, an audit)
         if not all(callable(getattr(policy, name, None)) for name in ("parameters", "log_prob")):
-            raise TypeError(
+            raise ValueError(
                 "the 'reinforce' learner needs a policy with parameters() and log_prob(role, observations, "
                 f"actions) (a torch.nn.Module such as TorchPolicy), got a {type(policy).__name__}; register a "
                 "learner of your own for this kind (evolve.learners.LEARNERS) or set PBTConfig.learner/learners"
