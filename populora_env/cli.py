@@ -479,6 +479,12 @@ def train(args: TrainArgs) -> int:
     except (ValueError, BaseModelLoadError, CheckpointError) as error:
         message = _as_flags(str(error))
         if "holds a run with another config" in message:
+            message = _readable_deterministic(message)
+            made_with = _saved_presets(Path(args.run_dir) / "config.json")
+            if (
+                made_with and args.preset not in made_with
+            ):  # (it read as --population and --episodes; an audit)
+                message += "; it was made with " + " or ".join(f"--preset {name}" for name in made_with)
             message += (
                 "; rerun with the options it was made with (its config.json), or give another --run-dir"
             )
@@ -610,6 +616,31 @@ def _remove_if_made_and_empty(run_dir: Path, made: list[Path]) -> None:
         run_dir.rmdir()
         for parent in made[1:]:
             parent.rmdir()  # (OSError: not empty, another run's meanwhile)
+
+
+def _saved_presets(path: Path) -> list[str]:
+    """The presets that made the run config at ``path``: those of its seats, self-play and matching, and of its
+    population where one of them has it (``population`` and ``1t1s`` differ in it alone); [] when it cannot
+    be read."""
+    try:
+        saved = json.loads(path.read_text())
+        shape = (saved["env"]["n_teachers"], saved["env"]["n_students"], saved["self_play"], saved["pfsp"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    names = [
+        n
+        for n, p in _PRESETS.items()
+        if (p["n_teachers"], p["n_students"], p["self_play"], p["pfsp"]) == shape
+    ]
+    return [n for n in names if _PRESETS[n]["population"] == saved.get("population")] or names
+
+
+def _readable_deterministic(message: str) -> str:
+    """A difference in ``--deterministic`` as the options read: the field is saved only when it was turned off
+    (``null`` is the default, on), so the message read "saved null, now false"."""
+    field = "--deterministic (member_options.grpo.deterministic): "
+    return message.replace(field + "saved null, now false", "--no-deterministic: the run was made without it") \
+                  .replace(field + "saved false, now null", "--no-deterministic: the run was made with it")  # fmt: skip
 
 
 def _resume_hint(run_dir: Path, generations: int) -> str:

@@ -375,3 +375,27 @@ def test_the_resume_hint_of_a_finished_run_says_it_is_finished(tmp_path: Path) -
     assert _resume_hint(tmp_path, 2) == (
         f"the run is finished ({last}): the same command prints its summary, a larger --generations extends it"
     )
+
+
+def test_a_resume_with_another_preset_or_determinism_says_so_in_the_options_words(tmp_path: Path) -> None:
+    """A changed --preset read as --population/--episodes differences, and --no-deterministic as "saved null,
+    now false" (an audit): the message names the preset the run was made with, and the option."""
+    from populora_env.cli import _PRESETS, TrainArgs, _readable_deterministic, _saved_presets, _train_config
+
+    for preset in _PRESETS:
+        config = _train_config(TrainArgs(preset=preset, run_dir=str(tmp_path / preset)), "base")  # type: ignore[arg-type]
+        (tmp_path / f"{preset}.json").write_text(json.dumps(config.fingerprint()))
+        assert _saved_presets(tmp_path / f"{preset}.json") == [preset]
+    # a --population other than the preset's: the presets of that shape
+    config = _train_config(TrainArgs(preset="1t1s", population=3, run_dir=str(tmp_path / "p")), "base")
+    (tmp_path / "other.json").write_text(json.dumps(config.fingerprint()))
+    assert _saved_presets(tmp_path / "other.json") == ["population", "1t1s"]
+    assert _saved_presets(tmp_path / "missing.json") == []
+    field = "--deterministic (member_options.grpo.deterministic): "
+    assert _readable_deterministic(f"x ({field}saved null, now false)") == (
+        "x (--no-deterministic: the run was made without it)"
+    )
+    assert (
+        _readable_deterministic(f"x ({field}saved false, now null)")
+        == "x (--no-deterministic: the run was made with it)"
+    )
