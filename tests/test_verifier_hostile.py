@@ -708,6 +708,81 @@ def test_folding_estimate_follows_what_cpython_folds():
     assert prefilter("def f(x):\n    return len(" + "+".join(["'é'*4096"] * 100) + ")").status == "forbidden"
 
 
+def test_folding_estimate_follows_folded_factors_and_subscripts():
+    """A red-team review: a factor CPython folds from an expression (``(0,)*(255+1)``, ``(0,)*+256``) or a
+    subscript (``('x'*4096,)[0]``) was no constant to the estimate, so a chain of 1 326 such terms (19 919
+    characters) passed and took 8-14 s and ~1.8 GB of compiling in the worker ("ok" or a lost worker, as
+    the machine's load went)."""
+    from populora_env.verifier.prefilter import folded_chars
+
+    for factor in (
+        "256",
+        "(255+1)",
+        "+256",
+        "~-257",
+        "(2**8)",
+        "(1<<8)",
+        "(512//2)",
+        "(256,)[0]",
+        "((not 0)*256)",
+    ):
+        assert folded_chars(ast.parse(f"(0,)*{factor}")) == 8 * 256, factor
+    assert folded_chars(ast.parse("(0,)*(2**200)")) == 8 * 256  # (not folded by CPython: bounded as any int)
+    assert folded_chars(ast.parse("'-' * (40 + 2)")) == 42
+    for term in ("(0,)*(255+1)", "(0,)*+256", "('x'*4096,)[0]", "(0,)*b'\\xff'[0]"):
+        program = "X = " + " + ".join([term] * 1330) + "\ndef f():\n    return len(X)\n"
+        assert prefilter(program).status == "forbidden", term
+    assert prefilter("def f(x):\n    return '-' * (40 + 2) + x + '=' * (10 * 2)").status == "ok"
+
+
+def test_folding_estimate_bounds_what_cpython_folds_on_random_constant_expressions():
+    """Differential: for random constant expressions of ints, floats, strings, bytes and tuples under every
+    operator, unary operator and subscript, the estimate is at least the bytes of every constant CPython
+    itself folds a ``+`` or ``*`` (any binary operator) into (an estimate below it let folding through)."""
+    import dis
+    import random
+    import warnings
+
+    from populora_env.verifier.prefilter import folded_chars
+
+    def size(value: object) -> int:
+        if isinstance(value, str):
+            return len(value) * (1 if value.isascii() else 4)
+        return len(value) * (8 if isinstance(value, tuple) else 1) if isinstance(value, (bytes, tuple)) else 0
+
+    atoms = ["0", "1", "2", "7", "64", "255", "256", "-1", "True", "1.5", "None", "'ab'", "'é'", "b'xy'", "''",
+             "()", "(0,)", "(1, 'a')", "('x'*3,)"]  # fmt: skip
+    binary = ["+", "-", "*", "**", "<<", ">>", "//", "%", "/", "|", "^", "&"]
+    rng = random.Random(0)
+
+    def expression(depth: int) -> str:
+        r = rng.random()
+        if depth == 0 or r < 0.25:
+            return rng.choice(atoms)
+        if r < 0.7:
+            return f"({expression(depth - 1)} {rng.choice(binary)} {expression(depth - 1)})"
+        if r < 0.8:
+            return f"({rng.choice(['-', '+', '~', 'not '])}{expression(depth - 1)})"
+        if r < 0.92:
+            return f"({expression(depth - 1)})[{expression(depth - 1)}]"
+        return "(" + ", ".join(expression(depth - 1) for _ in range(rng.randint(1, 3))) + ",)"
+
+    def folded(source: str) -> int:
+        code = compile(source, "<expression>", "eval")
+        ops = [i.opname for i in dis.get_instructions(code) if i.opname != "RESUME"]
+        return size(code.co_consts[0]) if ops == ["LOAD_CONST", "RETURN_VALUE"] else 0
+
+    folds = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ("'int' object is not subscriptable; perhaps you missed a comma?")
+        for _ in range(6000):
+            tree = ast.parse(expression(rng.randint(1, 5)), mode="eval")
+            made = [folded(ast.unparse(node)) for node in ast.walk(tree) if isinstance(node, ast.BinOp)]
+            folds += sum(1 for m in made if m)
+            assert folded_chars(tree) >= sum(made), ast.unparse(tree)
+    assert folds > 300  # (the expressions do fold: the bound is tested, not met by nothing)
+
+
 def test_only_statistics_samples_is_refused_not_every_attribute_of_that_name():
     """``NormalDist.samples`` draws from ``random``; a program's own attribute ``samples`` is fine."""
     draws = "def f(x):\n    return {}().samples(1)[0] > 0"

@@ -10,11 +10,12 @@ Identifiers are NFKC-normalised by Python's parser, so unicode look-alikes (``ï½
 from __future__ import annotations
 
 import ast
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, wraps
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from .literals import on_a_fresh_stack, parse_quietly, too_deep
 from .rules import (
@@ -267,14 +268,147 @@ def _folding_may_be_big(source: str) -> bool:
     return adds * (4 * len(source) + 4 * _FOLD_STR_CAP * source.count("*")) > MAX_FOLDED_CHARS
 
 
+class _Folded(NamedTuple):
+    """What :func:`folded_chars` knows of the constant a node folds to."""
+
+    kind: str
+    """``"int"``; ``"real"`` (a float, complex, ``None``, ...: never a sequence's factor); ``"seq"`` (a str or
+    bytes); ``"tuple"``; ``"any"`` (an item taken out of a folded constant: any of these, an int of unknown
+    value included)."""
+    length: int = 0
+    """Characters or items of a ``"seq"`` or ``"tuple"``; of an ``"any"``, a bound on its bytes."""
+    width: int = 1
+    """Bytes a character or item is counted (``MAX_FOLDED_CHARS``)."""
+    value: int | None = None
+    """An ``"int"``'s value where it is known (``None``: any int)."""
+    inner: int = 0
+    """A bound on the bytes of any constant nested in it (what a subscript can take out)."""
+
+    @property
+    def size(self) -> int:
+        return self.length * self.width
+
+
+_INT_BITS = 128
+"""CPython 3.11's ``ast_opt.c`` folds an int ``*``, ``**`` or ``<<`` only up to this many bits
+(``MAX_INT_SIZE``)."""
+
+_INT_OPS: dict[type[ast.operator], Callable[[int, int], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Pow: operator.pow,
+    ast.LShift: operator.lshift, ast.RShift: operator.rshift, ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod, ast.Div: operator.truediv, ast.BitOr: operator.or_, ast.BitXor: operator.xor,
+    ast.BitAnd: operator.and_,
+}  # fmt: skip
+
+
+def _int_op(op: ast.operator, a: int, b: int) -> _Folded:
+    """What CPython 3.11 folds ``a <op> b`` of two int constants to, as ``ast_opt.c``'s ``safe_multiply``,
+    ``safe_power`` and ``safe_lshift`` limit it; where it folds nothing (an error, a result past
+    ``_INT_BITS``), an int of unknown value: a bound that does not rest on mirroring those limits exactly."""
+    bits_a, unknown = a.bit_length(), _Folded("int")
+    if isinstance(op, ast.Mult) and a and b and bits_a + b.bit_length() > _INT_BITS:
+        return unknown
+    if isinstance(op, ast.Pow) and a and b > 0 and bits_a * b > _INT_BITS:
+        return unknown
+    if isinstance(op, ast.LShift) and a and b and (b < 0 or b > _INT_BITS or bits_a > _INT_BITS - b):
+        return unknown
+    function = _INT_OPS.get(type(op))
+    if function is None:  # @
+        return unknown
+    try:
+        result = function(a, b)
+    except (ArithmeticError, ValueError):  # 1 // 0, 1 >> -1, 2 / 10**400
+        return unknown
+    return _Folded("int", value=result) if isinstance(result, int) else _Folded("real")
+
+
+def _fold_binop(op: ast.operator, left: _Folded, right: _Folded) -> tuple[_Folded | None, int]:
+    """The constant ``left <op> right`` folds to (None: none) and the bytes that folding makes."""
+    kinds = {left.kind, right.kind}
+    if kinds == {"int"}:
+        if left.value is None or right.value is None:
+            return _Folded("int"), 0  # (an int whose value is not known stays one: any value)
+        return _int_op(op, left.value, right.value), 0
+    if kinds <= {"int", "real"}:
+        return _Folded("real"), 0
+    inner = max(left.inner, right.inner)
+    if "any" in kinds:  # the worst of what either side can be
+        if isinstance(op, ast.Add):
+            folded = _Folded("any", left.size + right.size + 8, inner=max(inner, left.size, right.size))
+        elif isinstance(op, ast.Mult):
+            widest = max(4 * _FOLD_STR_CAP, 8 * _FOLD_TUPLE_CAP, left.size, right.size)
+            folded = _Folded("any", widest, inner=max(inner, left.size, right.size))
+        else:
+            return _Folded("any", 8, inner=inner), 0  # (an int, or nothing: % of a str is not folded)
+        return folded, folded.size
+    if isinstance(op, ast.Add) and left.kind == right.kind and left.kind in ("seq", "tuple"):
+        folded = _Folded(left.kind, left.length + right.length, max(left.width, right.width), inner=inner)
+        return folded, folded.size
+    if isinstance(op, ast.Mult) and "int" in kinds and kinds & {"seq", "tuple"}:
+        sequence, times = (left, right.value) if right.kind == "int" else (right, left.value)
+        cap = _FOLD_STR_CAP if sequence.kind == "seq" else _FOLD_TUPLE_CAP
+        if sequence.length == 0:
+            return sequence, 0
+        if times is None:  # any int: the most a fold can make
+            length = cap if sequence.length <= cap else 0
+        elif 0 <= times * sequence.length <= cap:
+            length = times * sequence.length
+        else:
+            return None, 0
+        folded = sequence._replace(length=length)
+        return folded, folded.size
+    return None, 0
+
+
+def _fold_subscript(
+    value: _Folded, index: _Folded, node: ast.Subscript, known: dict[int, _Folded]
+) -> _Folded | None:
+    """The constant ``value[index]`` folds to (3.11 folds a subscript of two constants: a slice is none)."""
+    if value.kind in ("int", "real"):
+        return None
+    if (
+        value.kind == "tuple"
+        and isinstance(node.value, ast.Tuple)
+        and index.kind == "int"
+        and index.value is not None
+    ):
+        items = node.value.elts
+        if -len(items) <= index.value < len(items):
+            return known[id(items[index.value])]
+        return None
+    if value.kind == "seq":  # a character, or a byte's int
+        return _Folded("any", value.width + 8)
+    return _Folded("any", max(value.inner, 8), inner=value.inner)
+
+
+def _fold_unaryop(op: ast.unaryop, operand: _Folded) -> _Folded | None:
+    if isinstance(op, ast.Not):  # (a bool: an int)
+        if operand.kind in ("seq", "tuple"):
+            return _Folded("int", value=int(operand.length == 0))
+        return _Folded("int", value=None if operand.value is None else int(not operand.value))
+    if operand.kind == "int":
+        if operand.value is None:
+            return operand
+        return _Folded(
+            "int",
+            value={ast.UAdd: operand.value, ast.USub: -operand.value, ast.Invert: ~operand.value}[type(op)],
+        )
+    if operand.kind == "real":
+        return operand
+    if operand.kind == "any":
+        return _Folded("int")  # (only a number folds under +, - or ~)
+    return None
+
+
 def folded_chars(tree: ast.AST) -> int:
-    """Characters of the constants compiling ``tree`` folds (see ``MAX_FOLDED_CHARS``; a non-ASCII character
-    counts 4, a tuple item 8), estimated after CPython 3.11's optimiser: ``+`` of two constant strings,
-    bytes or tuples is folded, ``*`` of one by an int constant is folded up to ``_FOLD_STR_CAP`` characters
-    (``_FOLD_TUPLE_CAP`` items), a tuple of constants is a constant. Iterative (no recursion however deep
-    the expression)."""
-    # id(node) -> (kind, length, int value, bytes per item) of the constant the node folds to; absent: none
-    known: dict[int, tuple[str, int, int | None, int]] = {}
+    """Bytes of the constants compiling ``tree`` folds (see ``MAX_FOLDED_CHARS``; a non-ASCII character
+    counts 4, a tuple item 8), a bound after CPython 3.11's optimiser (``Python/ast_opt.c``): ``+`` of two
+    constant strings, bytes or tuples is folded; ``*`` of one by an int constant up to ``_FOLD_STR_CAP``
+    characters (``_FOLD_TUPLE_CAP`` items); a tuple of constants is a constant; ints fold under every operator
+    (``*``, ``**`` and ``<<`` up to ``_INT_BITS``), so ``(0,)*(255+1)`` is folded as ``(0,)*256``; a subscript
+    of two constants folds to an item, of a value followed where the estimate cannot know it (an item of
+    a folded tuple) by the worst that item can be. Iterative (no recursion however deep the expression)."""
+    known: dict[int, _Folded] = {}  # id(node) -> the constant it folds to; absent: none
     total = 0
     stack: list[tuple[ast.AST, bool]] = [(tree, False)]
     while stack:
@@ -283,43 +417,38 @@ def folded_chars(tree: ast.AST) -> int:
             stack.append((node, True))
             stack.extend((child, False) for child in ast.iter_child_nodes(node))
             continue
+        folded: _Folded | None = None
         if isinstance(node, ast.Constant):
             value = node.value
             if isinstance(value, str):
-                known[id(node)] = ("seq", len(value), None, 1 if value.isascii() else 4)
+                folded = _Folded("seq", len(value), 1 if value.isascii() else 4)
             elif isinstance(value, bytes):
-                known[id(node)] = ("seq", len(value), None, 1)
+                folded = _Folded("seq", len(value))
+            elif isinstance(value, int):
+                folded = _Folded("int", value=int(value))
             else:
-                known[id(node)] = ("num", 1, int(value) if isinstance(value, int) else None, 1)
-        elif isinstance(node, ast.Tuple) and all(id(e) in known for e in node.elts):
-            known[id(node)] = ("tuple", len(node.elts), None, 8)
-        elif isinstance(node, ast.UnaryOp) and known.get(id(node.operand), ("",))[0] == "num":
-            value = known[id(node.operand)][2]
-            known[id(node)] = (
-                "num",
-                1,
-                -value if value is not None and isinstance(node.op, ast.USub) else None,
-                1,
+                folded = _Folded("real")
+        elif (
+            isinstance(node, ast.Tuple)
+            and isinstance(node.ctx, ast.Load)
+            and all(id(e) in known for e in node.elts)
+        ):
+            items = [known[id(e)] for e in node.elts]
+            folded = _Folded(
+                "tuple", len(items), 8, inner=max((max(i.size, i.inner) for i in items), default=0)
             )
+        elif isinstance(node, ast.UnaryOp) and id(node.operand) in known:
+            folded = _fold_unaryop(node.op, known[id(node.operand)])
         elif isinstance(node, ast.BinOp) and id(node.left) in known and id(node.right) in known:
-            (kind_l, len_l, int_l, width_l), (kind_r, len_r, int_r, width_r) = (
-                known[id(node.left)],
-                known[id(node.right)],
-            )
-            if kind_l == kind_r == "num":
-                known[id(node)] = ("num", 1, None, 1)
-            elif isinstance(node.op, ast.Add) and kind_l == kind_r:
-                width = max(width_l, width_r)
-                known[id(node)] = (kind_l, len_l + len_r, None, width)
-                total += (len_l + len_r) * width
-            elif isinstance(node.op, ast.Mult) and "num" in (kind_l, kind_r):
-                kind, length, times, width = (
-                    (kind_r, len_r, int_l, width_r) if kind_l == "num" else (kind_l, len_l, int_r, width_l)
-                )
-                cap = _FOLD_STR_CAP if kind == "seq" else _FOLD_TUPLE_CAP
-                if times is not None and length * max(times, 0) <= cap:
-                    known[id(node)] = (kind, length * max(times, 0), None, width)
-                    total += length * max(times, 0) * width
+            folded, made = _fold_binop(node.op, known[id(node.left)], known[id(node.right)])
+            total += made
+        elif (
+            isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
+            and id(node.value) in known and id(node.slice) in known
+        ):  # fmt: skip
+            folded = _fold_subscript(known[id(node.value)], known[id(node.slice)], node, known)
+        if folded is not None:
+            known[id(node)] = folded
     return total
 
 
