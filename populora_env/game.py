@@ -574,17 +574,19 @@ class Game:
         return task, "valid", "ok"
 
     def _in_the_buffer(self, task: Task) -> bool:
-        """Whether the buffer holds ``task`` in another spelling (``normal_form``): comments, docstrings and
-        spacing aside. Copying a reference task, shown with its output, was valid and paid like a new task
+        """Whether the buffer holds ``task`` in another spelling (``normal_form``): comments, docstrings,
+        spacing, names and the spelling of its inputs aside. Copying a reference task, shown with its output, was valid and paid like a new task
         (a reward-hacking review)."""
         held = self.buffer.tasks(task.task_type)
         if len(self._forms) > 4 * self.config.buffer_capacity * len(TASK_TYPES):  # forget evicted tasks'
             self._forms = {t.task_id: self._forms[t.task_id] for kind in TASK_TYPES
                            for t in self.buffer.tasks(kind) if t.task_id in self._forms}  # fmt: skip
-        form = normal_form(task.task_type, task.program, task.inputs)
+        form = normal_form(task.task_type, task.program, task.inputs, task.outputs)
         for other in held:
             if other.task_id not in self._forms:
-                self._forms[other.task_id] = normal_form(other.task_type, other.program, other.inputs)
+                self._forms[other.task_id] = normal_form(
+                    other.task_type, other.program, other.inputs, other.outputs
+                )
             if self._forms[other.task_id] == form:
                 return True
         return False

@@ -89,32 +89,76 @@ def task_id_for(task_type: str, program: str, inputs: Sequence[str]) -> str:
     return digest.hexdigest()[:12]
 
 
-def normal_form(task_type: str, program: str, inputs: Sequence[str]) -> str:
-    """What a task is, whatever its comments, docstrings, blank lines and spacing: the task type, the
-    program's syntax tree without docstrings and each input's as call arguments (``"1, 2"`` two arguments,
-    ``"(1, 2)"`` one tuple). A copy of a task with a comment added has the same normal form (it was a new
-    task, paid as one: a reward-hacking review). The raw text where a tree cannot be made or dumped."""
+def normal_form(task_type: str, program: str, inputs: Sequence[str], outputs: Sequence[str] = ()) -> str:
+    """What a task is, whatever its spelling: the task type; the program's syntax tree without comments,
+    docstrings, ``pass`` statements beside others, and with its own names (parameters, variables, helper
+    functions and classes; not ``f``, built-ins, attributes or keywords) renamed in order of appearance;
+    each input by value (``+11`` is ``11``; ``"1, 2"`` two arguments, ``"(1, 2)"`` one tuple); the outputs;
+    an induction task's pairs in any order. A copy of a task with a comment added, a parameter renamed or an
+    input re-spelled was a new task, paid as one (two reward-hacking reviews). The outputs are part of it,
+    so that a program that reads its own names (``locals()``) is no copy of its renamed twin. The raw
+    text where a tree cannot be made or dumped."""
+    pairs = [_input_form(text) for text in inputs]
+    if outputs:
+        pairs = [f"{form}\x01{output}" for form, output in zip(pairs, outputs, strict=True)]
+    if task_type == "induction":
+        pairs.sort()
+    return "\x00".join([task_type, _program_form(program), *pairs])
+
+
+def _program_form(program: str) -> str:
+    import ast
+    import builtins
+
+    try:
+        tree = ast.parse(program)
+        renamed: dict[str, str] = {}
+        kept = set(vars(builtins)) | {"f"}
+
+        def rename(name: str) -> str:
+            return name if name in kept else renamed.setdefault(name, f"_{len(renamed)}")
+
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(body, list) and body:
+                if (
+                    isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                    and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)
+                ):
+                    body = body[1:]
+                node.body = [b for b in body if not isinstance(b, ast.Pass)] or [ast.Pass()]  # type: ignore[attr-defined]
+            if isinstance(node, ast.Name):
+                node.id = rename(node.id)
+            elif isinstance(node, ast.arg):
+                node.arg = rename(node.arg)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                node.name = rename(node.name)
+            elif isinstance(node, ast.Global | ast.Nonlocal):
+                node.names = [rename(name) for name in node.names]
+            elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+                node.name = rename(node.name)
+            elif isinstance(node, ast.alias) and node.asname:
+                node.asname = rename(node.asname)
+        return ast.dump(tree)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return program
+
+
+def _input_form(text: str) -> str:
     import ast
 
-    def dumped(text: str, wrap: bool) -> str:
-        try:
-            tree = ast.parse(f"f(\n{text}\n)", mode="eval") if wrap else ast.parse(text)
-            if not wrap:
-                for node in ast.walk(tree):
-                    body = getattr(node, "body", None)
-                    if (
-                        isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-                        and body
-                        and isinstance(body[0], ast.Expr)
-                        and isinstance(body[0].value, ast.Constant)
-                        and isinstance(body[0].value.value, str)
-                    ):
-                        node.body = body[1:] or [ast.Pass()]
-            return ast.dump(tree)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            return text
+    from populora_env.verifier.literals import LiteralError, canonical_text, parse_args
 
-    return "\x00".join([task_type, dumped(program, False), *(dumped(text, True) for text in inputs)])
+    try:
+        return canonical_text(parse_args(text))
+    except (LiteralError, TypeError, RecursionError, MemoryError):
+        pass
+    try:
+        return ast.dump(ast.parse(f"f(\n{text}\n)", mode="eval"))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return text
 
 
 class TaskBuffer:

@@ -431,12 +431,17 @@ def test_a_copy_of_a_task_the_buffer_holds_is_a_duplicate():
 
     seed = _task(0, source="seed")  # def f(x): return x + 0, on 1
     copies = [
-        seed.program,
-        seed.program + "  # a variant",
-        'def f(x):\n    """Adds."""\n\n    return (x  +  0)',
+        (seed.program, "1"),
+        (seed.program + "  # a variant", "1"),
+        ('def f(x):\n    """Adds."""\n\n    return (x  +  0)', "1"),
+        # (a second review: a renamed parameter, a `pass`, the input re-spelled were new tasks)
+        ("def f(y):\n    return y + 0", "1"),
+        ("def f(x):\n    pass\n    return x + 0", "1"),
+        (seed.program, "+1"),
+        (seed.program, "(1)  "),
     ]
     others = [("def f(x):\n    return x + 2", "1"), (seed.program, "5")]
-    proposals = [Proposal(p, ("1",), "") for p in copies] + [Proposal(p, (a,), "") for p, a in others]
+    proposals = [Proposal(p, (a,), "") for p, a in copies + others]
     config = TeacherStudentConfig(n_teachers=1, n_students=1, rounds=1, task_types=("deduction",),
                                   teacher_group_size=len(proposals), student_group_size=1, n_references=1)  # fmt: skip
     game = Game(config, TableVerifier(), AllPairs(), seed_tasks=(seed,))
@@ -444,10 +449,48 @@ def test_a_copy_of_a_task_the_buffer_holds_is_a_duplicate():
     while not game.done:
         turn = game.current
         game.step(proposals[turn.attempt] if turn.phase == "propose" else Answer("1"))
-    assert [(r.verdict, r.status) for r in game.history] == [("invalid", "duplicate")] * 3 + [
+    assert [(r.verdict, r.status) for r in game.history] == [("invalid", "duplicate")] * len(copies) + [
         ("valid", "ok")
     ] * 2
     assert game.history[0].reward == config.teacher_invalid_penalty
+
+
+def test_the_normal_form_of_a_task_keeps_what_tells_tasks_apart():
+    """Names are renamed in order of appearance, but built-ins, attributes and keywords are kept, and the
+    outputs are part of the form (a program reading its own names is no copy); induction pairs in any
+    order are one task."""
+    from populora_env.tasks import normal_form
+
+    def form(
+        program: str,
+        inputs: tuple[str, ...] = ("1",),
+        outputs: tuple[str, ...] = ("1",),
+        kind: str = "deduction",
+    ) -> str:
+        return normal_form(kind, program, inputs, outputs)
+
+    helper = "def g(a, b=2):\n    total = a * b\n    return total\ndef f(x):\n    return g(x)"
+    renamed = "def h(p, q=2):\n    s = p * q\n    return s\ndef f(y):\n    return h(y)"
+    assert form(helper) == form(renamed)
+    assert form("def f(x):\n    return len(x)") != form("def f(x):\n    return abs(x)")
+    assert form("def f(x):\n    return x.real") != form("def f(x):\n    return x.imag")
+    assert form("def f(x):\n    return sorted(x, reverse=x)") != form(
+        "def f(x):\n    return sorted(x, key=x)"
+    )
+    assert form("def f(x):\n    return list(locals())", outputs=("['x']",)) != form(
+        "def f(y):\n    return list(locals())", outputs=("['y']",)
+    )
+    assert form("def f(x):\n    return x", ("'a'",), ("'a'",)) == form(
+        "def f(x):\n    return x", ('"a"',), ("'a'",)
+    )
+    assert form("def f(x):\n    return x", ("1",)) != form("def f(x):\n    return x", ("1.0",), ("1.0",))
+    pairs = (("1", "2", "3"), ("2", "3", "4"))
+    assert form("def f(x):\n    return x + 1", pairs[0], pairs[1], "induction") == form(
+        "def f(x):\n    return x + 1", pairs[0][::-1], pairs[1][::-1], "induction"
+    )
+    assert form("def f(x):\n    return x + 1", pairs[0], pairs[1], "deduction") != form(
+        "def f(x):\n    return x + 1", pairs[0][::-1], pairs[1][::-1], "deduction"
+    )
 
 
 def test_every_int_and_float_config_field_is_validated():
