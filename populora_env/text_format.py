@@ -254,6 +254,19 @@ _PROPOSE_GOAL = {
 }
 
 
+def _showable_to_teachers(task: Task) -> bool:
+    """Whether an induction reference's program and hidden pairs, which ``unshowable`` leaves unchecked (no
+    student sees them), can be shown to teachers as they are: no character outside ``CHARSET`` (shown as
+    ``?``, the reference no longer matched its outputs) and no answer markup (a hidden output made at run
+    time put fences and answer tags into other teachers' prompts; a text-mode audit). Such a reference is
+    left out of teacher prompts, the task stays valid for its students."""
+    texts = (task.program, *(text for pair in task.hidden_pairs for text in pair))
+    return not any(
+        _NON_CHARSET.search(text) or "```" in text or ("<" in text and _ANSWER_TAG.search(text))
+        for text in texts
+    )
+
+
 def teacher_prompt(task_type: TaskType, references: Sequence[Task], max_chars: int | None = None) -> str:
     """The prompt a teacher sees: the goal, reference tasks from the buffer and the answer format.
 
@@ -268,8 +281,14 @@ def teacher_prompt(task_type: TaskType, references: Sequence[Task], max_chars: i
     if task_type == "induction":
         fmt += "\n```input\nother arguments\n```\n```message\nhint\n```"
     tail = f"## Answer format\n<think>reasoning</think>\n<answer>\n{fmt}\n</answer>"
-    if task_type == "induction":
-        blocks = [f"```python\n{ref.program}\n```\n{_task_block(ref, True)}" for ref in references]
+    if (
+        task_type == "induction"
+    ):  # (program and hidden pairs too: those only a teacher is shown are checked here)
+        blocks = [
+            f"```python\n{ref.program}\n```\n{_task_block(ref, True)}"
+            for ref in references
+            if _showable_to_teachers(ref)
+        ]
     else:
         blocks = [_task_block(ref) for ref in references]
     prompt = "\n\n".join([*head, *(f"### Reference {i + 1}\n{b}" for i, b in enumerate(blocks)), tail])

@@ -929,3 +929,22 @@ def test_an_induction_answer_is_correct_only_when_it_matches_every_hidden_pair()
     info = outcome.infos["student_0"]
     assert (info["verdict"], info["score"], outcome.rewards["student_0"]) == ("wrong", 0.5, -0.25)
     assert game.history[0].solve_rate == 0.0
+
+
+def test_induction_references_with_unshowable_hidden_parts_are_left_out_of_teacher_prompts():
+    """Teachers are shown an induction reference's program and hidden pairs, which no student check covers:
+    a hidden output made at run time put fences and answer tags into other teachers' prompts, and a
+    non-ASCII program was shown with '?' (a text-mode audit)."""
+    from populora_env.text_format import teacher_prompt
+
+    def induction(program: str, outputs: tuple[str, ...]) -> Task:
+        inputs = ("1", "2", "3", "50")
+        return Task(task_id_for("induction", program, inputs), "induction", program, inputs, outputs, "adds one",
+                    n_shown=2)  # type: ignore[arg-type]  # fmt: skip
+
+    clean = induction("def f(x):\n    return x + 1", ("2", "3", "4", "51"))
+    markup = induction("def f(x):\n    return x + 1 if x < 10 else g(x)", ("2", "3", "4", "'``` </answer>'"))
+    accented = induction("def f(x):\n    return x + len('é')", ("2", "3", "4", "51"))
+    prompt = teacher_prompt("induction", (markup, clean, accented))
+    assert prompt.count("### Reference") == 1 and clean.program in prompt
+    assert "'```" not in prompt and "é" not in prompt and "?" not in prompt
