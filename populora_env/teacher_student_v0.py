@@ -430,6 +430,9 @@ class raw_env(AECEnv):
         if cfg.mode == "text":
             if not isinstance(action, str):
                 return FormatError("not_a_string")
+            # a str subclass is read as its characters: its own __len__ and methods passed the length cap and
+            # raised out of step (a text-mode audit)
+            action = str.__str__(action)
             if turn.phase == "propose":
                 return parse_proposal(
                     action,

@@ -121,3 +121,28 @@ def test_fuzz_structured_out_of_space_actions_raise_and_change_nothing(verifier)
         noisy.step(legal)
         assert clean.rewards == noisy.rewards and clean.infos == noisy.infos
     assert raised > 1000
+
+
+def test_a_str_subclass_action_is_read_as_its_characters(verifier):
+    """A str subclass whose ``__len__`` lied passed the length cap (a 19 000-character proposal verified
+    with ``max_action_chars=8192``), and one whose methods raised escaped ``step`` (a text-mode audit)."""
+
+    class LyingLength(str):
+        def __len__(self) -> int:
+            return 0
+
+    class Raising(str):
+        def replace(self, *args: object) -> str:  # type: ignore[override]
+            raise RuntimeError("a str method of the action's own")
+
+        def strip(self, *args: object) -> str:  # type: ignore[override]
+            raise RuntimeError("a str method of the action's own")
+
+    long = format_proposal("def f(x):\n    return x + 1\n# " + "x" * 3000, ["3"], reasoning="r" * 16000)
+    for action, status in ((LyingLength(long), "too_long"), (Raising("<answer></answer>"), None)):
+        env = teacher_student_v0.env(task_types=("deduction",), verifier=verifier)
+        env.reset(seed=0)
+        env.step(action)
+        info = env.infos["teacher_0"]
+        assert info["verdict"] == "format_error", info
+        assert status is None or info["status"] == status, info
