@@ -5,8 +5,9 @@ Answer format (after Absolute Zero Reasoner, arXiv 2505.03335, their prompt temp
 field: ```` ```python ````, ```` ```input ````, ```` ```output ````, ```` ```message ````. Parsing is tolerant
 about whitespace, case of the tags and text around the blocks, and strict about what counts: the last
 closed ``<answer>`` element is the answer (text after it, an unclosed ``<answer>`` included, is ignored,
-so a generation that rambles on after answering is judged by that answer), and it must hold the
-required blocks, or the action is a format error.
+so a generation that rambles on after answering is judged by that answer, as long as the whole action is
+within its length cap, which is checked first), and it must hold the required blocks, or the action is a
+format error.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from populora_env.tasks import Task, TaskType
-from populora_env.verifier.literals import LiteralError, on_a_fresh_stack, parse_args, parse_literal
+from populora_env.verifier.literals import (
+    PYTHON_SPACE,
+    LiteralError,
+    on_a_fresh_stack,
+    parse_args,
+    parse_literal,
+)
 
 # The deliberate printable charset of every Text space: tab, newline and printable ASCII.
 CHARSET = frozenset("\t\n" + "".join(chr(c) for c in range(32, 127)))
@@ -121,23 +128,27 @@ def parse_proposal(
 
     Args:
         text: the raw action.
-        task_type: deduction/abduction want one python and one input block; induction wants a python
-            block, ``min_inputs..max_inputs`` distinct input blocks and a message block.
+        task_type: deduction/abduction want a python and an input block (the first of each counts; every
+            input block must still hold an argument list within ``MAX_LITERAL_CHARS``); induction wants a
+            python block, ``min_inputs..max_inputs`` distinct input blocks (blocks ``==`` in value are one
+            input, ``"5"`` and ``"(5)"``) and a non-empty message block.
         max_chars: longer actions are a format error.
-        min_inputs: induction's minimum number of inputs.
-        max_inputs: induction's maximum number of inputs (extra blocks are a format error).
+        min_inputs: induction's minimum number of distinct inputs.
+        max_inputs: induction's maximum number of distinct inputs (more are a format error).
+
+    An input block of comments alone is no argument list (it read as a call with no arguments).
     """
     found = _blocks(text, max_chars)
     if isinstance(found, FormatError):
         return found
     programs = found.get("python", [])
-    inputs = [s.strip() for s in found.get("input", [])]
+    inputs = [s.strip(PYTHON_SPACE) for s in found.get("input", [])]
     if not programs:
         return FormatError("missing_python")
     program = programs[0]
     if not program.strip() or len(program) > MAX_PROGRAM_CHARS:
         return FormatError("bad_python_length")
-    if not inputs or any(not s or len(s) > MAX_LITERAL_CHARS for s in inputs):
+    if not inputs or any(not _holds_code(s) or len(s) > MAX_LITERAL_CHARS for s in inputs):
         return FormatError("missing_or_bad_input")
     if task_type != "induction":
         return Proposal(program, (inputs[0],))
@@ -148,9 +159,17 @@ def parse_proposal(
     if not min_inputs <= len(distinct) <= max_inputs:
         return FormatError("wrong_number_of_inputs")
     messages = found.get("message", [])
-    if not messages or len(messages[0]) > MAX_MESSAGE_CHARS:
+    if (
+        not messages or not messages[0].strip() or len(messages[0]) > MAX_MESSAGE_CHARS
+    ):  # (an empty one passed)
         return FormatError("missing_or_bad_message")
     return Proposal(program, distinct, messages[0].strip())
+
+
+def _holds_code(text: str) -> bool:
+    """Whether ``text`` holds more than blank lines and ``#`` comments (a red-team review: ``# none`` was an
+    input block, the call with no arguments, past the refusal of an empty one)."""
+    return any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines())
 
 
 _VALUE_KEYS: dict[str, Hashable] = {}
@@ -212,7 +231,8 @@ def parse_answer(text: str, task_type: TaskType, *, max_chars: int) -> Answer | 
     bodies = found.get(tag, [])
     if not bodies:
         return FormatError(f"missing_{tag}")
-    body = bodies[0] if tag == "python" else bodies[0].strip()
+    # (trimmed as the verifier trims a literal: a body in NBSPs was taken here and refused there; a review)
+    body = bodies[0] if tag == "python" else bodies[0].strip(PYTHON_SPACE)
     if not body.strip() or len(body) > cap:
         return FormatError(f"bad_{tag}_length")
     return Answer(body)

@@ -182,6 +182,9 @@ def test_parse_proposal_table(text, task_type, expected):
         # Unicode case folding took the long s (U+017F) for an "s" in a tag of non-ASCII text
         ("\u00e9<an\u017fwer>```output\n4\n```</an\u017fwer>", "deduction", FormatError("no_answer")),
         ("\u00e9<ANSWER>```output\n4\n```</Answer>", "deduction", Answer("4")),
+        # trimmed of Python's whitespace only, as the verifier trims a literal (NBSP, U+3000 were taken)
+        ("<answer>```output\n\u00a0\u30006\u2028\n```</answer>", "deduction", Answer("\u00a0\u30006\u2028")),
+        ("<answer>```output\n \t6\x0c \n```</answer>", "deduction", Answer("6")),
     ],
 )
 def test_parse_answer_table(text, task_type, expected):
@@ -948,3 +951,22 @@ def test_induction_references_with_unshowable_hidden_parts_are_left_out_of_teach
     prompt = teacher_prompt("induction", (markup, clean, accented))
     assert prompt.count("### Reference") == 1 and clean.program in prompt
     assert "'```" not in prompt and "é" not in prompt and "?" not in prompt
+
+
+def test_a_proposal_needs_an_input_that_is_more_than_comments_and_a_message_that_is_not_empty():
+    """A red-team review: an input block of comments alone passed the refusal of an empty one (it read as a
+    call with no arguments), and an empty message block counted as induction's message."""
+    from populora_env.text_format import Proposal, format_proposal, parse_proposal
+
+    program = "def f(x):\n    return x + 1"
+    for inputs in (["# nothing here"], ["  \n# a\n  # b\n"], ["3", "# none"]):
+        assert parse_proposal(format_proposal(program, inputs), "deduction", max_chars=8192) == FormatError(
+            "missing_or_bad_input"
+        ), inputs
+    assert parse_proposal(format_proposal(program, ["3  # three"]), "deduction", max_chars=8192) == Proposal(
+        program, ("3  # three",)
+    )
+    induction = format_proposal(program, ["1", "2"], message="  ")
+    assert parse_proposal(induction, "induction", max_chars=8192) == FormatError("missing_or_bad_message")
+    assert isinstance(parse_proposal(induction.replace("```message\n  ", "```message\nadds"), "induction",
+                                     max_chars=8192), Proposal)  # fmt: skip

@@ -36,6 +36,11 @@ MAX_DEPTH = 50
 MAX_NODES = 10_000
 
 
+PYTHON_SPACE = " \t\n\r\f"
+"""The whitespace Python's tokenizer takes around a literal (``str.strip`` also took NBSP, U+2028, U+3000...
+that Python refuses)."""
+
+
 class LiteralError(ValueError):
     """Text is not a plain Python literal within the caps, or a value is not plain literal data."""
 
@@ -188,8 +193,7 @@ def parse_literal(
         LiteralError: The text is too long, not a literal, or holds NaN/inf or oversized data.
     """
     _check_text(text, "literal", max_chars)
-    # Python's own whitespace only (str.strip also took NBSP, U+2028, U+3000... that Python refuses)
-    source = text.strip(" \t\n\r\f")
+    source = text.strip(PYTHON_SPACE)
     return on_a_fresh_stack(lambda: _eval_node(_parse_expression(source), max_depth, max_nodes))
 
 
