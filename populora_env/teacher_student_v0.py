@@ -263,6 +263,7 @@ class raw_env(AECEnv):
         self._game: Game | None = None
         self._rng: np.random.Generator | None = None
         self._log: list[str] = []
+        self._held: list[str] = []  # the round's task and answer lines, logged when it resolves
         self._prompt_cache: dict[tuple[Any, ...], str] = {}
         self._candidate_width = max(dsl.program_width(self.config.n_slots), dsl.VALUE_WIDTH)
         # id(task) -> (task, arrays); holding the task keeps its id from being reused while cached
@@ -377,6 +378,7 @@ class raw_env(AECEnv):
         self.truncations = dict.fromkeys(self.agents, False)
         self.infos: dict[str, dict[str, Any]] = {agent: {} for agent in self.agents}
         self._log = [f"== round 0 (buffer: {len(self._game.buffer)} tasks)"]
+        self._held = []
         if self.render_mode == "human":
             print(self._log[0])
         current = self._game.current
@@ -606,10 +608,23 @@ class raw_env(AECEnv):
                 f"{info['verdict']:<12} {info['status']:<22} task={info['task_id'] or '-'}{reward}"
             )
             task = game.last_proposal_task() if game is not None and info["phase"] == "propose" else None
-            lines += _describe_action(turn, parsed, task)
+            details = _describe_action(turn, parsed, task)
+            # a valid task (an abduction's gold input, an induction's hidden pairs) and a student's answer are
+            # logged when the round resolves: printed at once, they were in front of the students still to
+            # play it (a HumanPolicy reads its prompt under the human log; a text-mode audit)
+            if details and (info["phase"] == "solve" or info["verdict"] == "valid"):
+                self._held += [
+                    f"{agent:>11} {info['phase']:<7} #{info['attempt']} task={info['task_id']}",
+                    *details,
+                ]
+            else:
+                lines += details
         resolved = {
             a: i["resolved"] for a, i in outcome.infos.items() if "resolved" in i and a.startswith("teacher")
         }
+        if resolved or (game is not None and game.done):
+            lines += self._held
+            self._held = []
         for teacher, records in resolved.items():
             for r in records:
                 rate = "-" if r["solve_rate"] is None else f"{r['solve_rate']:.2f}"
@@ -624,7 +639,9 @@ class raw_env(AECEnv):
         return lines
 
     def render(self) -> str | None:
-        """The game log's last 120 lines (the rounds so far) as text (``ansi``), or printed (``human``)."""
+        """The game log's last 120 lines (the rounds so far) as text (``ansi``), or printed (``human``). A
+        step's verdict is logged as it is made; the round's valid tasks and the students' answers when the
+        round resolves (before, they would show gold answers to the students still to play)."""
         if self.render_mode is None:
             gymnasium.logger.warn("render() called without a render_mode; pass render_mode='ansi' or 'human'")
             return None

@@ -14,7 +14,7 @@ from pettingzoo.utils import BaseWrapper
 from populora_env import teacher_student_v0
 from populora_env.policies import ExecutingStudent, ReferenceStudent, ScriptedTeacher
 from populora_env.registry import ENV_ID, register_envs
-from populora_env.text_format import format_proposal
+from populora_env.text_format import format_answer, format_proposal
 
 CONFIGS = [
     pytest.param({"n_teachers": 1, "n_students": 1}, id="1x1-all-types"),
@@ -390,3 +390,23 @@ def test_scripted_teacher_stays_within_max_action_chars():
                     assert env.infos[agent]["verdict"] != "format_error", env.infos[agent]
                 else:
                     env.step("x")
+
+
+def test_the_render_log_shows_no_gold_answer_before_the_round_resolves(verifier):
+    """The log showed a valid abduction task's input (its gold answer) and a student's answer as they were
+    made, in front of the students still to play (a HumanPolicy reads its prompt under the human log; a
+    text-mode audit): they are logged when the round resolves."""
+    env = teacher_student_v0.env(verifier=verifier, n_teachers=1, n_students=2, rounds=1, render_mode="ansi",
+                                 task_types=("abduction",))  # fmt: skip
+    env.reset(seed=0)
+    env.step(format_proposal("def f(x):\n    return x * 3", ["123457"]))
+    assert env.infos["teacher_0"]["verdict"] == "valid"
+    assert "123457" not in env.render() and "valid" in env.render()
+    env.step(format_answer("abduction", "98765"))
+    assert "98765" not in env.render()
+    while env.agents:
+        _, _, term, trunc, _ = env.last()
+        env.step(None if term or trunc else format_answer("abduction", "1"))
+    text = env.render()
+    assert "input:   123457" in text and "answer:  98765" in text
+    assert text.index("input:   123457") > text.index("student_1 solve")
