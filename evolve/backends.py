@@ -54,6 +54,8 @@ class PlayOutcome:
         metrics: the env's arms-race metrics per episode.
         returns: each member's summed reward per role over the generation.
         illegal: each member's count of illegal actions (paid the format penalty), members with any only.
+        buffer: the env's task buffer after the generation (``TeacherStudentEnv.buffer_state``) when its
+            config has ``persist_buffer`` on, else ``None``.
     """
 
     transitions: dict[int, list[Transition]]
@@ -61,6 +63,7 @@ class PlayOutcome:
     metrics: list[EpisodeMetrics]
     returns: dict[int, dict[str, float]]
     illegal: dict[int, int] = dataclasses.field(default_factory=dict)
+    buffer: dict[str, Any] | None = None
 
 
 class Backend(Protocol):
@@ -75,8 +78,10 @@ class Backend(Protocol):
         sampling_seeds: Mapping[int, int],
         seatings: Sequence[Mapping[str, int]],
         seeds: Sequence[int],
+        buffer: Mapping[str, Any] | None = None,
     ) -> PlayOutcome:
-        """Reseeds members' samplers, then plays one episode per seating (agent -> member id)."""
+        """Reseeds members' samplers, then plays one episode per seating (agent -> member id), from the
+        task buffer ``buffer`` (``persist_buffer``; ``None``: the seed tasks)."""
         ...
 
     def learn(
@@ -106,8 +111,14 @@ def play_episodes(
     policies: Mapping[int, Any],
     seatings: Sequence[Mapping[str, int]],
     seeds: Sequence[int],
+    buffer: Mapping[str, Any] | None = None,
 ) -> PlayOutcome:
     """Plays one episode per seating, episode ``i`` reset with ``seeds[i]``, recording every decision.
+
+    With ``persist_buffer`` on in the env's config, the episodes start from the task buffer ``buffer`` (a
+    ``buffer_state()``; ``None``: the seed tasks) and carry it from one to the next, and the outcome holds
+    the buffer they leave: the caller keeps it (a checkpoint, the next generation, another process), so
+    that a generation depends on what is sent, not on the env object that played the last one.
 
     A student's decision is credited with the reward its seat received before its next decision (its
     attempt's verified reward). A teacher's proposal is credited with its own reward from the env's
@@ -119,6 +130,9 @@ def play_episodes(
     returns: dict[int, dict[str, float]] = {m: {} for m in policies}
     metrics, results = [], []
     illegal: dict[int, list[str]] = {}  # member -> its illegal actions (paid the format penalty)
+    persist = bool(env.unwrapped.config.persist_buffer)
+    if persist:
+        env.unwrapped.load_buffer_state(buffer)
     for episode, (seats, seed) in enumerate(zip(seatings, seeds, strict=True)):
         matchmaker.seat(seats)
         env.reset(seed=int(seed))
@@ -170,7 +184,8 @@ def play_episodes(
             len(actions),
             actions[0],
         )
-    return PlayOutcome(transitions, results, metrics, returns, {m: len(a) for m, a in illegal.items()})
+    left = env.unwrapped.buffer_state() if persist else None
+    return PlayOutcome(transitions, results, metrics, returns, {m: len(a) for m, a in illegal.items()}, left)
 
 
 def learn_stats(stats: Any, member_id: int, learner: Any) -> Any:
@@ -252,12 +267,14 @@ class LocalBackend:
         sampling_seeds: Mapping[int, int],
         seatings: Sequence[Mapping[str, int]],
         seeds: Sequence[int],
+        buffer: Mapping[str, Any] | None = None,
     ) -> PlayOutcome:
         """Reseeds the members' samplers and plays the episodes here."""
         for member in members:
             if member.id in sampling_seeds:
                 member.policy.reseed(sampling_seeds[member.id])
-        return play_episodes(self.env, self.matchmaker, {m.id: m.policy for m in members}, seatings, seeds)
+        policies = {m.id: m.policy for m in members}
+        return play_episodes(self.env, self.matchmaker, policies, seatings, seeds, buffer)
 
     def learn(
         self, members: Sequence[Member], outcome: PlayOutcome, generation: int
@@ -328,6 +345,7 @@ class EpisodeWorker:
         ratings: Mapping[int, tuple[float, float]],
         seatings: Sequence[Mapping[str, int]],
         seeds: Sequence[int],
+        buffer: Mapping[str, Any] | None = None,
     ) -> PlayOutcome:
         """Rebuilds the members' policies from their genomes and seeds, then plays."""
         self.table.ratings = RatingTable.from_state(ratings).ratings
@@ -340,7 +358,7 @@ class EpisodeWorker:
             if spec.sampling_seed is not None:
                 policy.reseed(spec.sampling_seed)
             policies[spec.id] = policy
-        return play_episodes(self.env, self.matchmaker, policies, seatings, seeds)
+        return play_episodes(self.env, self.matchmaker, policies, seatings, seeds, buffer)
 
     def close(self) -> None:
         """Closes the verifier."""
@@ -439,6 +457,7 @@ class RayBackend:
         sampling_seeds: Mapping[int, int],
         seatings: Sequence[Mapping[str, int]],
         seeds: Sequence[int],
+        buffer: Mapping[str, Any] | None = None,
     ) -> PlayOutcome:
         """Plays the generation on the episode actor. If its process dies (the OOM killer, a crash in native
         code), a fresh actor plays the generation again: episodes depend only on what is sent (genomes,
@@ -454,7 +473,7 @@ class RayBackend:
             )
             for m in members
         ]
-        args = (specs, self.table.state(), list(seatings), list(seeds))
+        args = (specs, self.table.state(), list(seatings), list(seeds), buffer)
         lost = (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError)
         for retry in (False, True):
             try:

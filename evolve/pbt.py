@@ -221,14 +221,6 @@ class PBTConfig:
                 raise ValueError(f"KIND_MODES[{kind!r}] must be 'text' or 'structured', got {mode!r}")
             if mode is not None and self.env.mode != mode:
                 raise ValueError(f"env.mode must be {mode!r} for {kind} members, got {self.env.mode!r}")
-        if (
-            self.env.persist_buffer
-        ):  # (a resumed run, or a Ray run whose episode actor was replaced, differed)
-            raise ValueError(
-                "env.persist_buffer must be False for run_pbt: the task buffer would carry over between "
-                "generations without being checkpointed or sent to a Ray episode actor, so a resumed run would "
-                "not be the one that ran on"
-            )
         if self.self_play:
             if self.teachers != self.students or self.teachers in FIXED_KINDS:
                 raise ValueError("self_play needs one evolving kind for teachers and students (e.g. 'torch')")

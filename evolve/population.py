@@ -24,6 +24,7 @@ from evolve.protocols import Learner, Transition, is_evolvable
 from evolve.ratings import MatchResult, RatingTable
 from evolve.runlog import GenerationMetrics, summarize_episodes, warn_once
 from evolve.selection import CLONE, plan_replacements
+from populora_env.tasks import TaskBuffer
 
 if TYPE_CHECKING:
     from evolve.backends import Backend, PlayOutcome
@@ -123,6 +124,8 @@ class Population:
         self.torch_rng = torch.Generator().manual_seed(config.seed)
         self.history: list[dict[str, Any]] = []
         self.lineage: list[LineageRecord] = []
+        # the env's task buffer between generations (``env.persist_buffer``), else None
+        self.buffer: dict[str, Any] | None = None
 
     @classmethod
     def create(cls, config: PBTConfig, env: Any, table: RatingTable) -> Population:
@@ -218,6 +221,7 @@ class Population:
             "torch_rng": self.torch_rng.get_state(),
             "history": json.dumps(self.history),
             "lineage": json.dumps([r.to_json() for r in self.lineage]),
+            "buffer": json.dumps(self.buffer),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -266,6 +270,14 @@ class Population:
         self.torch_rng.set_state(state["torch_rng"])
         self.history = history
         self.lineage = [LineageRecord.from_json(r) for r in _saved_json(state, "lineage")]
+        self.buffer = _saved_json(state, "buffer") if "buffer" in state else None  # (none before 2026-12-03)
+        if (self.buffer is not None) != (self.config.env.persist_buffer and self.generation > 0):
+            raise ValueError(
+                f"checkpoint {'holds' if self.buffer is not None else 'has no'} task buffer, its config has "
+                f"persist_buffer {self.config.env.persist_buffer}"
+            )
+        if self.buffer is not None:
+            TaskBuffer.from_state(self.buffer)  # (checked now: a bad one would fail at the next play)
         if (seen := max([*ids, *(r.member for r in self.lineage)], default=-1)) >= self.next_id:
             # (0 gave the next children the ids of the first members: lineage.jsonl ambiguous, a review)
             raise ValueError(
@@ -449,7 +461,8 @@ def run_generation(
     sampling_seeds = {
         m.id: int(pop.rng.integers(2**31)) for m in pop.members() if hasattr(m.policy, "reseed")
     }
-    outcome = backend.play(pop.members(), sampling_seeds, seats, seeds)
+    outcome = backend.play(pop.members(), sampling_seeds, seats, seeds, pop.buffer)
+    pop.buffer = outcome.buffer
     # ----- learn, rate ---------------------------------------------------------------------------------
     losses, failures = backend.learn(pop.members(), outcome, generation)
     pop.table.update(outcome.results)

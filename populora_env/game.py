@@ -412,9 +412,7 @@ class Game:
         self._rng = rng
         self._local = random.Random(int(rng.integers(2**63)))
         if self._fresh_buffer or not self.config.persist_buffer:
-            self.buffer = TaskBuffer(self.config.buffer_capacity)
-            for task in self.seed_tasks:
-                self.buffer.add(task)
+            self.buffer = self._seeded_buffer()
             self._fresh_buffer = False
         self.queue.clear()
         self.round = 0
@@ -423,6 +421,38 @@ class Game:
         self.attempt_log = []
         self._resolved_attempts = 0
         self._start_round()
+
+    def buffer_state(self) -> dict[str, Any]:
+        """The task buffer as plain JSON data (``TaskBuffer.state``); the seed tasks' buffer before the first
+        reset."""
+        if self._fresh_buffer:
+            self.buffer = self._seeded_buffer()
+            self._fresh_buffer = False
+        return self.buffer.state()
+
+    def load_buffer_state(self, state: Mapping[str, Any] | None) -> None:
+        """Replaces the task buffer with ``state`` (``buffer_state()``), which the next reset keeps when
+        ``persist_buffer`` is on; ``None``: the next reset starts from the seed tasks again.
+
+        Raises:
+            ValueError, KeyError, TypeError: ``state`` is no buffer's, or one of another capacity.
+        """
+        if state is None:
+            self._fresh_buffer = True
+            return
+        buffer = TaskBuffer.from_state(state)
+        if buffer.capacity != self.config.buffer_capacity:
+            raise ValueError(
+                f"a buffer state of capacity {buffer.capacity} for a game of buffer_capacity "
+                f"{self.config.buffer_capacity}"
+            )
+        self.buffer, self._fresh_buffer = buffer, False
+
+    def _seeded_buffer(self) -> TaskBuffer:
+        buffer = TaskBuffer(self.config.buffer_capacity)
+        for task in self.seed_tasks:
+            buffer.add(task)
+        return buffer
 
     def metrics(self) -> EpisodeMetrics:
         """Arms-race metrics of the episode so far (resolved rounds only)."""

@@ -6,9 +6,11 @@ import hashlib
 import logging
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
+
+import numpy as np
 
 from populora_env import dsl
 from populora_env.verifier.jsonl import load_records
@@ -192,6 +194,35 @@ class TaskBuffer:
         self._ids.add(task.task_id)
         return True
 
+    def state(self) -> dict[str, Any]:
+        """The buffer as plain JSON data (:meth:`from_state` rebuilds it): its capacity and each type's
+        tasks, oldest first."""
+        return {"capacity": self.capacity, "tasks": {kind: [_task_state(t) for t in bucket]
+                                                     for kind, bucket in self._tasks.items()}}  # fmt: skip
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> TaskBuffer:
+        """The buffer ``state()`` describes.
+
+        Raises:
+            ValueError, KeyError, TypeError: ``state`` is not such a description.
+        """
+        buffer = cls(int(state["capacity"]))
+        if set(state["tasks"]) != set(TASK_TYPES):
+            raise ValueError(
+                f"a buffer state holds the task types {sorted(state['tasks'])}, not {TASK_TYPES}"
+            )
+        for kind in TASK_TYPES:
+            tasks = [_task_from_state(t) for t in state["tasks"][kind]]
+            if len(tasks) > buffer.capacity or any(t.task_type != kind for t in tasks):
+                raise ValueError(
+                    f"a buffer state's {kind} tasks are more than its capacity or of another type"
+                )
+            for task in tasks:
+                if not buffer.add(task):
+                    raise ValueError(f"a buffer state holds task {task.task_id} twice")
+        return buffer
+
     def sample(self, task_type: TaskType, k: int, rng: random.Random) -> tuple[Task, ...]:
         """Up to ``k`` distinct tasks of a type, drawn uniformly without replacement, in random order."""
         bucket = self._tasks[task_type]
@@ -210,6 +241,49 @@ class TaskBuffer:
             if i not in picks:
                 picks.append(i)
         return tuple(bucket[i] for i in picks)
+
+
+def _task_state(task: Task) -> dict[str, Any]:
+    def vector(program: dsl.DslProgram | None) -> list[int] | None:
+        return None if program is None else list(program.vector())
+
+    return {
+        "task_id": task.task_id, "task_type": task.task_type, "program": task.program,
+        "inputs": list(task.inputs), "outputs": list(task.outputs), "message": task.message,
+        "n_shown": task.n_shown, "source": task.source, "program_dsl": vector(task.program_dsl),
+        "candidates": [[c.text, c.correct, vector(c.program)] for c in task.candidates],
+    }  # fmt: skip
+
+
+def _task_from_state(state: Mapping[str, Any]) -> Task:
+    def program(vector: list[int] | None) -> dsl.DslProgram | None:
+        return (
+            None if vector is None else dsl.decode(np.asarray(vector, dtype=np.int64), (len(vector) - 2) // 2)
+        )
+
+    def text(value: Any, what: str) -> str:
+        if type(value) is not str:
+            raise TypeError(f"a buffer state's task {what} is a {type(value).__name__}, not a str")
+        return value
+
+    task_type = text(state["task_type"], "type")
+    if task_type not in TASK_TYPES:
+        raise ValueError(f"a buffer state's task has the type {task_type!r}")
+    inputs = tuple(text(v, "input") for v in state["inputs"])
+    outputs = tuple(text(v, "output") for v in state["outputs"])
+    if len(inputs) != len(outputs) or not inputs:
+        raise ValueError("a buffer state's task has no inputs, or not one output per input")
+    program_text = text(state["program"], "program")
+    if text(state["task_id"], "id") != task_id_for(task_type, program_text, inputs):
+        raise ValueError(f"a buffer state's task {state['task_id']!r} is not the task its fields describe")
+    candidates = tuple(
+        Candidate(text(c_text, "candidate"), bool(correct), program(vector))
+        for c_text, correct, vector in state["candidates"]
+    )
+    return Task(
+        state["task_id"], task_type, program_text, inputs, outputs, text(state["message"], "message"),
+        int(state["n_shown"]), text(state["source"], "source"), program(state["program_dsl"]), candidates,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -360,28 +360,47 @@ class raw_env(AECEnv):
             raise RuntimeError("call reset() first")
         return self._game.metrics()
 
+    def buffer_state(self) -> dict[str, Any]:
+        """The task buffer as plain JSON data (each type's tasks, oldest first): what ``persist_buffer`` carries
+        from one episode to the next, for a caller to save with its own checkpoint (``evolve.run_pbt`` does)."""
+        return self._the_game().buffer_state()
+
+    def load_buffer_state(self, state: Mapping[str, Any] | None) -> None:
+        """Replaces the task buffer with a ``buffer_state()``, kept by the next ``reset`` when
+        ``persist_buffer`` is on; ``None``: the next reset starts from the seed tasks.
+
+        Raises:
+            ValueError, KeyError, TypeError: ``state`` is no buffer state, or one of another capacity.
+        """
+        self._the_game().load_buffer_state(state)
+
+    def _the_game(self) -> Game:
+        if self._game is None:
+            self._game = Game(self.config, self.verifier, self._matchmaker, self._seed_tasks())
+        return self._game
+
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         """Starts an episode; ``seed`` re-seeds the env's own generator (``options`` is unused)."""
         if seed is not None or self._rng is None:
             self._rng = np.random.default_rng(seed)
-        if self._game is None:
-            self._game = Game(self.config, self.verifier, self._matchmaker, self._seed_tasks())
-        elif self._own_matchmaker and not self.config.persist_buffer:
+        first = self._game is None
+        game = self._the_game()
+        if not first and self._own_matchmaker and not self.config.persist_buffer:
             forget = getattr(self._matchmaker, "reset", None)  # PFSP's ratings: episodes are independent
             if forget is not None:
                 forget()
-        self._game.reset(self._rng)
+        game.reset(self._rng)
         self.agents = self.possible_agents[:]
         self.rewards = dict.fromkeys(self.agents, 0.0)
         self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
         self.terminations = dict.fromkeys(self.agents, False)
         self.truncations = dict.fromkeys(self.agents, False)
         self.infos: dict[str, dict[str, Any]] = {agent: {} for agent in self.agents}
-        self._log = [f"== round 0 (buffer: {len(self._game.buffer)} tasks)"]
+        self._log = [f"== round 0 (buffer: {len(game.buffer)} tasks)"]
         self._held = []
         if self.render_mode == "human":
             print(self._log[0])
-        current = self._game.current
+        current = game.current
         assert current is not None
         self.agent_selection = current.agent
 

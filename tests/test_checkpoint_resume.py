@@ -133,7 +133,7 @@ def _assert_same_run(a: Path, b: Path, generations: int = GENERATIONS) -> None:
     final_b = load_latest(b / "checkpoints")
     assert final_a is not None and final_b is not None
     assert final_a["generation"] == final_b["generation"] == generations
-    for key in ("config", "next_id", "ratings", "rng", "history", "lineage"):
+    for key in ("config", "next_id", "ratings", "rng", "history", "lineage", "buffer"):
         assert final_a[key] == final_b[key], key
     assert torch.equal(final_a["torch_rng"], final_b["torch_rng"])
     for role, members in final_a["groups"].items():

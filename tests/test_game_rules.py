@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -11,7 +12,7 @@ from populora_env import dsl
 from populora_env.game import TeacherStudentConfig, teacher_reward
 from populora_env.matchmaking import AllPairs, RandomMatch, RatingPFSP, make_matchmaker
 from populora_env.metrics import program_stats, summarize_episode
-from populora_env.tasks import Task, TaskBuffer, task_id_for
+from populora_env.tasks import TASK_TYPES, Task, TaskBuffer, task_id_for
 from populora_env.text_format import (
     CHARSET,
     Answer,
@@ -970,3 +971,54 @@ def test_a_proposal_needs_an_input_that_is_more_than_comments_and_a_message_that
     assert parse_proposal(induction, "induction", max_chars=8192) == FormatError("missing_or_bad_message")
     assert isinstance(parse_proposal(induction.replace("```message\n  ", "```message\nadds"), "induction",
                                      max_chars=8192), Proposal)  # fmt: skip
+
+
+def test_a_buffer_state_round_trips_and_a_broken_one_is_refused(verifier):
+    """``buffer_state`` / ``load_buffer_state`` (what ``run_pbt`` checkpoints with ``persist_buffer``): the same
+    tasks, structured candidates included, in the same order; a state of another capacity, with an edited
+    task or a task twice is refused by name."""
+    import copy
+
+    from populora_env import teacher_student_v0
+    from populora_env.policies import ExecutingStudent, ScriptedTeacher
+
+    env = teacher_student_v0.env(
+        verifier=verifier, mode="structured", rounds=2, persist_buffer=True, buffer_capacity=16
+    )
+    policies = {a: (ScriptedTeacher(env, 0.5, seed=i) if a.startswith("teacher") else ExecutingStudent(env, 0.5, seed=i))
+                for i, a in enumerate(env.possible_agents)}  # fmt: skip
+    for seed in (0, 1):
+        env.reset(seed=seed)
+        for agent in env.agent_iter():
+            obs, _, term, trunc, _ = env.last()
+            env.step(None if term or trunc else policies[agent].act(obs, agent))
+    state = env.unwrapped.buffer_state()
+    assert json.loads(json.dumps(state)) == state  # plain JSON data
+    other = teacher_student_v0.env(
+        verifier=verifier, mode="structured", persist_buffer=True, buffer_capacity=16
+    )
+    other.unwrapped.load_buffer_state(state)
+    game, loaded = env.unwrapped._game, other.unwrapped._game
+    assert all(loaded.buffer.tasks(k) == game.buffer.tasks(k) for k in TASK_TYPES)
+    assert any(t.candidates and t.source != "seed" for k in TASK_TYPES for t in loaded.buffer.tasks(k))
+    assert all(a.candidates == b.candidates for k in TASK_TYPES
+               for a, b in zip(loaded.buffer.tasks(k), game.buffer.tasks(k), strict=True))  # fmt: skip
+    other.reset(seed=5)  # kept by the reset (persist_buffer)
+    assert len(other.unwrapped._game.buffer) == len(game.buffer)
+    other.unwrapped.load_buffer_state(None)
+    other.reset(seed=5)
+    fresh = other.unwrapped._game.buffer
+    assert all(t.source == "seed" for k in TASK_TYPES for t in fresh.tasks(k))  # the seed tasks again
+    small = teacher_student_v0.env(verifier=verifier, mode="structured", buffer_capacity=8)
+    with pytest.raises(ValueError, match="a buffer state of capacity 16 for a game of buffer_capacity 8"):
+        small.unwrapped.load_buffer_state(state)
+    edited = copy.deepcopy(state)
+    kind = next(k for k in TASK_TYPES if edited["tasks"][k])
+    edited["tasks"][kind][0]["outputs"][0] = "123"
+    edited["tasks"][kind][0]["program"] += " "
+    with pytest.raises(ValueError, match="is not the task its fields describe"):
+        other.unwrapped.load_buffer_state(edited)
+    twice = copy.deepcopy(state)
+    twice["tasks"][kind][-1] = twice["tasks"][kind][0]
+    with pytest.raises(ValueError, match="twice"):
+        other.unwrapped.load_buffer_state(twice)

@@ -394,15 +394,18 @@ def test_example_runs_as_a_subprocess(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ray_backend_equals_local(tmp_path: Path) -> None:
-    """Members as Ray actors on a local 2-CPU Ray instance give the local backend's run, bit for bit."""
+@pytest.mark.parametrize("persist", [False, True])
+def test_ray_backend_equals_local(tmp_path: Path, persist: bool) -> None:
+    """Members as Ray actors on a local 2-CPU Ray instance give the local backend's run, bit for bit; with a
+    persisting task buffer too (sent to the episode actor and back each generation)."""
     pytest.importorskip("ray")
     from tests.test_checkpoint_resume import _assert_same_run
 
     def config(name: str, backend: str) -> PBTConfig:
         return PBTConfig(
             run_dir=str(tmp_path / name), seed=5, generations=2, episodes_per_generation=2,
-            env=_env(2, rounds=2, student_group_size=2), teachers="scripted", population=3, pfsp=True,
+            env=_env(2, rounds=2, student_group_size=2, persist_buffer=persist), teachers="scripted",
+            population=3, pfsp=True,
             progress=False, tensorboard=False, backend=backend, ray_num_cpus=2, replace_fraction=0.5,  # type: ignore[arg-type]
         )  # fmt: skip
 
@@ -505,11 +508,34 @@ def test_a_ray_run_without_ray_installed_is_refused_naming_the_extra(
     assert not (tmp_path / "run").exists()
 
 
-def test_a_persisting_task_buffer_is_refused(tmp_path: Path) -> None:
-    """The buffer carried over between generations, neither checkpointed nor sent to a Ray episode actor: a
-    resumed run differed from one that ran on (an audit)."""
-    with pytest.raises(ValueError, match=r"env\.persist_buffer must be False for run_pbt"):
-        PBTConfig(run_dir=str(tmp_path), env=_env(2, persist_buffer=True))
+def test_a_persisting_task_buffer_grows_across_generations_and_resumes_bit_identical(tmp_path: Path) -> None:
+    """``persist_buffer``: the buffer carries over from episode to episode and generation to generation (as
+    AZR's does over training), is held by each checkpoint, and a run extended from a checkpoint equals an
+    uninterrupted one. (It was refused: the buffer was neither checkpointed nor sent to a Ray episode
+    actor, so a resumed run differed from one that ran on; an audit.)"""
+    from tests.test_checkpoint_resume import _assert_same_run
+
+    def config(name: str, generations: int, persist: bool = True) -> PBTConfig:
+        return PBTConfig(
+            run_dir=str(tmp_path / name), seed=4, generations=generations, episodes_per_generation=2,
+            env=_env(2, rounds=2, persist_buffer=persist, buffer_capacity=64), teachers="scripted",
+            population=2, replace_fraction=0.5, progress=False, tensorboard=False,
+        )  # fmt: skip
+
+    whole = run_pbt(config("whole", 4))
+    run_pbt(config("extended", 2))
+    extended = run_pbt(config("extended", 4))
+    _assert_same_run(whole, extended, generations=4)
+    saved = [load_latest(whole / "checkpoints"), load_latest(extended / "checkpoints")]
+    assert saved[0] is not None and saved[1] is not None and saved[0]["buffer"] == saved[1]["buffer"]
+    buffer = json.loads(saved[0]["buffer"])
+    proposed = [t for kind in buffer["tasks"].values() for t in kind if t["source"] != "seed"]
+    seeds = [t for kind in buffer["tasks"].values() for t in kind if t["source"] == "seed"]
+    # the tasks of four generations' 8 episodes of 2 rounds, beyond what one episode proposes (2 x 2)
+    assert len(proposed) > 4 and seeds, (len(proposed), len(seeds))
+    assert all(t["candidates"] for t in proposed)  # structured mode: the answer choices are kept too
+    fresh = load_latest(run_pbt(config("fresh", 1, persist=False)) / "checkpoints")
+    assert fresh is not None and json.loads(fresh["buffer"]) is None
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:1", "ray://127.0.0.1:1"])
