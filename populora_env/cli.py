@@ -271,6 +271,12 @@ class TrainArgs:
     """Cache of tiny bases."""
     tensorboard: bool = True
     """Write TensorBoard scalars under run_dir/tb."""
+    persist_buffer: Annotated[
+        bool,
+        _help("""Keep the task buffer (the reference tasks teachers are shown, the duplicate check) from
+        episode to episode and generation to generation, as AZR's grows over training; it is saved with
+        each checkpoint. --no-persist-buffer starts every episode from the seed tasks."""),
+    ] = True
     deterministic: Annotated[
         bool,
         _help("""On a GPU, GRPO updates use deterministic kernels, so a rerun or a resumed run is
@@ -294,7 +300,7 @@ def _train_config(args: TrainArgs, base: str) -> Any:
         task_types=("deduction", "abduction"), teacher_group_size=args.group_size,
         student_group_size=args.group_size, students_per_task=2 if preset["pfsp"] else 1,
         # Above the format penalty (-1): pays a weak base for the answer format first (as examples/02).
-        teacher_invalid_penalty=-0.5,
+        teacher_invalid_penalty=-0.5, persist_buffer=args.persist_buffer,
     )  # fmt: skip
     lora = {"base": base, "rank": args.rank, "max_new_tokens": args.max_new_tokens, "prefill": True}
     grpo: dict[str, Any] = {"learning_rate": args.learning_rate}
@@ -326,6 +332,9 @@ _FLAGS = {  # config fields the train command sets from an option of another nam
     "member_options.lora.max_new_tokens": "--max-new-tokens",
     "member_options.grpo.learning_rate": "--learning-rate",
     "member_options.grpo.deterministic": "--deterministic",
+    "env.persist_buffer": "--persist-buffer",
+    "self_play": "--preset",  # (no option of its own: the preset sets it)
+    "pfsp": "--preset",
     "replace_fraction": "--population",  # (0.5 under 4 members, else 0.25)
 }
 # each field alone, not inside a longer path (`env.teacher_group_size` names its flag once)
@@ -441,6 +450,11 @@ def train(args: TrainArgs) -> int:
             raise ValueError(  # two fields
                 f"--group-size must be an int >= 2 (GRPO's advantages are relative to the group: a group of one "
                 f"has none, and nothing learns), got {args.group_size!r}"
+            )
+        if args.preset in ("1t1s", "self-play") and args.population not in (None, 1):
+            raise ValueError(  # (1t1s with --population 2 was the population preset, and said to be 1t1s; an audit)
+                f"--preset {args.preset} has one member per role, got --population {args.population} (--preset "
+                "population evolves several)"
             )
         if not (isinstance(args.learning_rate, int | float) and 0 < args.learning_rate < math.inf):
             raise ValueError(f"--learning-rate must be a finite number > 0, got {args.learning_rate!r}")

@@ -399,3 +399,24 @@ def test_a_resume_with_another_preset_or_determinism_says_so_in_the_options_word
         _readable_deterministic(f"x ({field}saved false, now null)")
         == "x (--no-deterministic: the run was made with it)"
     )
+
+
+def test_a_one_member_preset_refuses_a_larger_population(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--preset 1t1s --population 2`` built the population preset's run and called it 1t1s (an audit);
+    refused before anything is built or made."""
+    for preset in ("1t1s", "self-play"):
+        argv = ["train", "--preset", preset, "--population", "2", "--run-dir", str(tmp_path / "run")]
+        assert main(argv) == 2
+        assert f"--preset {preset} has one member per role, got --population 2" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    from populora_env.cli import _as_flags
+
+    assert _as_flags("fields ['self_play'] differ: self_play: saved false, now true") == (
+        "fields ['self_play'] differ: --preset (self_play): saved false, now true"
+    )
+    assert (
+        _as_flags("env.persist_buffer: saved true, now false")
+        == "--persist-buffer (env.persist_buffer): saved true, now false"
+    )
