@@ -34,19 +34,21 @@ class Args:
 
 
 def main(args: Args) -> None:
+    if args.seed < 0:  # (numpy's seeding raised from deep inside the first reset)
+        raise SystemExit(f"01_play: --seed must be >= 0, got {args.seed}")
     try:
         env = teacher_student_v0.env(
             mode=args.mode, n_teachers=2, n_students=2, rounds=args.rounds, render_mode="ansi"
         )
-    except ValueError as error:  # e.g. --rounds 0
-        raise SystemExit(f"01_play: {error}") from None
-    student_cls = ReferenceStudent if args.mode == "text" else ExecutingStudent
-    policies = {
-        "teacher_0": ScriptedTeacher(env, difficulty=args.difficulty, seed=args.seed),
-        "teacher_1": ScriptedTeacher(env, difficulty=args.difficulty / 2, seed=args.seed + 1),
-        "student_0": student_cls(env, skill=0.9, seed=args.seed),
-        "student_1": student_cls(env, skill=0.4, seed=args.seed + 1),
-    }
+        student_cls = ReferenceStudent if args.mode == "text" else ExecutingStudent
+        policies = {
+            "teacher_0": ScriptedTeacher(env, difficulty=args.difficulty, seed=args.seed),
+            "teacher_1": ScriptedTeacher(env, difficulty=args.difficulty / 2, seed=args.seed + 1),
+            "student_0": student_cls(env, skill=0.9, seed=args.seed),
+            "student_1": student_cls(env, skill=0.4, seed=args.seed + 1),
+        }
+    except ValueError as error:  # e.g. --rounds 0, --difficulty 5
+        raise SystemExit(f"01_play: {error}".replace("difficulty must", "--difficulty must")) from None
 
     # ----- part 1: scripted policies, rendered -------------------------------------------------
     env.reset(seed=args.seed)

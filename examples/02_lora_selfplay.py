@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import tyro
 
-from agents.base import BaseModelLoadError, TinyBaseConfig, build_tiny_base
+from agents.base import TinyBaseConfig, build_tiny_base
 from agents.grpo import GRPOConfig, GRPOLearner
 from agents.population import LoRAPopulation
 from agents.rollout import EpisodeRollout, RolloutCollector, RolloutConfig, grpo_batches, update_adapters
@@ -79,9 +79,16 @@ def role_means(rollouts: list[EpisodeRollout]) -> dict[str, float]:
 def main(args: Args) -> None:
     # PEFT calls a transformers method deprecated in v5 on every adapter it adds: noise, not a problem here
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-    for flag, value in (("--iterations", args.iterations), ("--episodes", args.episodes)):
+    for flag, value in (
+        ("--iterations", args.iterations),
+        ("--episodes", args.episodes),
+        ("--threads", args.threads),
+    ):
         if value < 1:  # (the settings below are checked where they are used)
             raise SystemExit(f"02_lora_selfplay: {flag} must be >= 1, got {value}")
+    if args.group_size < 2:  # (as populora train: a group of one trained nothing, without a word; an audit)
+        raise SystemExit(f"02_lora_selfplay: --group-size must be >= 2 (GRPO's advantages are relative to the "
+                         f"group: a group of one has none, and nothing learns), got {args.group_size}")  # fmt: skip
     try:
         torch.set_num_threads(args.threads)
         config = TinyBaseConfig()
@@ -116,8 +123,10 @@ def main(args: Args) -> None:
             pop,
             GRPOConfig(learning_rate=args.learning_rate, max_new_tokens=args.max_new_tokens, seed=args.seed),
         )
-    except (ValueError, BaseModelLoadError) as error:  # a bad setting, or a --base-dir that is no model
-        raise SystemExit(f"02_lora_selfplay: {error}") from None
+    # a bad setting, a --base-dir that is no model, a --cache-dir that cannot be made
+    except (ValueError, OSError) as error:  # (BaseModelLoadError is an OSError)
+        message = str(error).replace("TinyBaseConfig.steps", "--base-steps")
+        raise SystemExit(f"02_lora_selfplay: {message}") from None
 
     # ----- collect, group, update ----------------------------------------------------------------------
     for iteration in range(args.iterations):

@@ -420,3 +420,23 @@ def test_a_one_member_preset_refuses_a_larger_population(
         _as_flags("env.persist_buffer: saved true, now false")
         == "--persist-buffer (env.persist_buffer): saved true, now false"
     )
+
+
+def test_the_examples_refuse_bad_settings_in_one_line(tmp_path: Path) -> None:
+    """Examples 01 and 02 raised tracebacks on settings the library refuses (--difficulty 5, --seed -1,
+    --threads 0, a --cache-dir that is a file), and 02 trained nothing, without a word, at --group-size 1
+    (an audit)."""
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "a-file").write_text("")
+    for script, args, message in (
+        ("01_play.py", ["--difficulty", "5"], "01_play: --difficulty must be in [0, 1], got 5.0"),
+        ("01_play.py", ["--seed", "-1"], "01_play: --seed must be >= 0, got -1"),
+        ("02_lora_selfplay.py", ["--threads", "0"], "02_lora_selfplay: --threads must be >= 1, got 0"),
+        ("02_lora_selfplay.py", ["--group-size", "1"], "02_lora_selfplay: --group-size must be >= 2"),
+        ("02_lora_selfplay.py", ["--cache-dir", str(tmp_path / "a-file")], "cannot be made: it is a file"),
+        ("02_lora_selfplay.py", ["--base-steps", "0", "--cache-dir", str(tmp_path / "c")],
+         "02_lora_selfplay: --base-steps must be >= 1, got 0"),
+    ):  # fmt: skip
+        done = subprocess.run([sys.executable, str(root / "examples" / script), *args], capture_output=True,
+                              text=True, timeout=300, cwd=root)  # fmt: skip
+        assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
