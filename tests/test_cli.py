@@ -36,6 +36,8 @@ def test_verify_examples_json_gives_each_expected_verdict():
     done = populora("verify", "--examples", "--json", "--timeout", "1")
     assert done.returncode == 0, done.stderr
     assert "verifying" not in done.stderr  # no progress bar in a pipe (it was drawn there too; an audit)
+    # no hint to evaluate the example set's input that is code: it is one of its hostile records (an audit)
+    assert "--expression-inputs" not in done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     rows, summary = lines[:-1], lines[-1]
     assert {r["id"]: (r["verdict"], r["status"]) for r in rows} == EXPECTED
@@ -108,8 +110,8 @@ def test_verify_missing_file_is_a_clear_error(tmp_path):
     assert populora("verify").returncode == 2
     folder = populora("verify", str(tmp_path))
     assert folder.returncode == 2 and f"{tmp_path} is a folder, not a JSONL file" in folder.stderr
-    for option, message in ((["--workers", "0"], "workers must be None or an int in [1, 256], got 0"),
-                            (["--workers", "100000"], "workers must be None or an int in [1, 256], got 100000"),
+    for option, message in ((["--workers", "0"], "--workers must be an int in [1, 256], got 0"),
+                            (["--workers", "100000"], "--workers must be an int in [1, 256], got 100000"),
                             (["--timeout", "-1"], "timeout must be > 0, got -1.0"),
                             (["--timeout", "inf"], "timeout must be at most 86400 s")):  # fmt: skip
         bad = populora("verify", "--examples", *option)
@@ -440,3 +442,19 @@ def test_the_examples_refuse_bad_settings_in_one_line(tmp_path: Path) -> None:
         done = subprocess.run([sys.executable, str(root / "examples" / script), *args], capture_output=True,
                               text=True, timeout=300, cwd=root)  # fmt: skip
         assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_record_id_is_a_string_or_an_integer(tmp_path: Path) -> None:
+    """Any JSON value was an id (a list showed as "['a']"), where every other field is typed (an audit)."""
+    data = tmp_path / "ids.jsonl"
+    line = '{{"code": "def f(x):\\n    return x", "input": "1", "id": {}}}\n'
+    data.write_text("".join(line.format(i) for i in ('["a"]', "5", '"five"', "1.5", "null")))
+    records, errors = load_records(data)
+    assert [r.id for r in records] == ["5", "five", "line 5"]
+    assert [(e.line, e.reason) for e in errors] == [(1, "field 'id' is not a string or an integer"),
+                                                    (4, "field 'id' is not a string or an integer")]  # fmt: skip
+    assert (
+        "1 record in" in populora("verify", str(tmp_path / "one.jsonl")).stdout
+        if (tmp_path / "one.jsonl").write_text(line.format(7))
+        else True
+    )

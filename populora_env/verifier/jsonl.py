@@ -171,6 +171,8 @@ def _parse_line(line: str, number: int) -> Record | LoadError:
     if output is not None and not isinstance(output, str):
         return LoadError(number, "field 'output' is not a string")
     given = data.get("id")
+    if given is not None and type(given) not in (str, int):  # (a list was shown as its repr; an audit)
+        return LoadError(number, "field 'id' is not a string or an integer")
     return Record(
         f"line {number}" if given is None else str(given), data["code"], data["input"], output, number
     )
