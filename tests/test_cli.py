@@ -453,8 +453,7 @@ def test_a_record_id_is_a_string_or_an_integer(tmp_path: Path) -> None:
     assert [r.id for r in records] == ["5", "five", "line 5"]
     assert [(e.line, e.reason) for e in errors] == [(1, "field 'id' is not a string or an integer"),
                                                     (4, "field 'id' is not a string or an integer")]  # fmt: skip
+    (tmp_path / "one.jsonl").write_text(line.format(7))
     assert (
-        "1 record in" in populora("verify", str(tmp_path / "one.jsonl")).stdout
-        if (tmp_path / "one.jsonl").write_text(line.format(7))
-        else True
-    )
+        "one.jsonl: 1 record in " in populora("verify", str(tmp_path / "one.jsonl")).stdout
+    )  # ("1 records")
