@@ -121,6 +121,7 @@ def test_build_tiny_base_reuses_cache_and_cleans_stale_builds(tmp_path: Path) ->
     # damaged after its build (truncated weights, a lost tokenizer): built again, not served as it is
     # (it failed every later load, and the error's advice led back to the same folder)
     weights = built / "model.safetensors"
+    whole = weights.read_bytes()  # (a build is byte-identical at one thread)
 
     # and (a robustness review) a tokenizer_config.json that is not JSON, a config.json of `{}`, a file or a
     # link to nothing in the base's place: taken for whole, or a whole build failed to rename onto the link
@@ -140,6 +141,7 @@ def test_build_tiny_base_reuses_cache_and_cleans_stale_builds(tmp_path: Path) ->
         damage()
         assert build_tiny_base(tmp_path, config, progress=False, num_threads=1) == built
         load_base(built)  # whole again
+        assert weights.read_bytes() == whole
     assert sorted(p.name for p in tmp_path.iterdir()) == [built.name]
     weights.write_bytes(weights.read_bytes()[:-8])  # what only loading finds: the message says what to do
     with pytest.raises(BaseModelLoadError, match="delete that folder") as info:
