@@ -466,6 +466,10 @@ def train(args: TrainArgs) -> int:
         grpo_config(config.member_options, lora)
         if Path(args.run_dir).is_file():
             raise ValueError(f"--run-dir {args.run_dir} is a file, not a folder")
+        if (
+            args.base is not None and Path(args.base).expanduser().is_file()
+        ):  # ("no such model folder"; an audit)
+            raise ValueError(f"--base {args.base} is a file, not a model folder")
         if args.base is not None and missing_local_dir(args.base):
             raise ValueError(f"--base {args.base}: no such model folder")  # found before any folder is made
         check_run_free(args.run_dir)  # before the base is built (minutes), not after (an audit)

@@ -394,6 +394,9 @@ def test_populora_train_refuses_bad_options_before_building_the_base(
     err = capsys.readouterr().err
     assert "no such model folder" in err and "the same command" not in err, err
     assert not (tmp_path / "run-nobase").exists()  # found before any folder is made
+    (tmp_path / "a-file").write_text("{}")  # (read "no such model folder" of a file that is there; an audit)
+    assert main(["train", "--run-dir", str(tmp_path / "run-nobase"), "--base", str(tmp_path / "a-file")]) == 2
+    assert f"--base {tmp_path / 'a-file'} is a file, not a model folder" in capsys.readouterr().err
     # a folder that is no model: found as the run starts, and the folder made for it is removed, lock file
     # and all (it was left holding the lock file alone)
     # (and so are the folders above it that it made: an empty runs/ was left; an audit)
