@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import tyro
@@ -46,20 +47,24 @@ class Args:
     rank: int = 8
     """LoRA rank."""
     invalid_penalty: float = -0.5
-    """Teacher reward of a well-formed proposal the verifier rejects; above the format penalty (-1), it pays
-    a weak base for the answer format first (the env's default is -1)."""
+    """Teacher reward of a well-formed proposal the verifier rejects (above the format penalty, -1)."""
     self_play: bool = False
     """One adapter plays both agents (AZR's self-calibrating baseline) instead of one adapter each."""
     prefill: bool = True
     """Prefill the env's answer scaffold so the tiny base only writes the answer bodies."""
     base_dir: str | None = None
     """A local causal-LM directory to use instead of building the tiny base."""
+    # (fewer build faster and answer worse: at 120, every proposal of the first iterations was invalid, so the
+    # student never played)
     base_steps: int = TinyBaseConfig.steps
-    """Pretraining steps of the tiny base. The default is the base `populora train` and `populora base build`
-    cache (reused when present); fewer build faster and answer worse (at 120, every proposal of the first
-    iterations was invalid, so the student never played)."""
-    cache_dir: str | None = None
-    """Cache of tiny bases (default: $POPULORA_CACHE_DIR or ~/.cache/populora)."""
+    """Pretraining steps of the tiny base (the default is populora train's cached base)."""
+    cache_dir: Annotated[
+        str | None,
+        tyro.conf.arg(
+            metavar="PATH", help_behavior_hint="(default: $POPULORA_CACHE_DIR or ~/.cache/populora)"
+        ),
+    ] = None
+    """Cache of tiny bases."""
     threads: int = 1
     """Torch threads (a model this small gains little from more)."""
     seed: int = 0

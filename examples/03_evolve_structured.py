@@ -38,8 +38,7 @@ class Args:
     population: int = 4
     """Evolving members per role."""
     teachers: Literal["scripted", "torch"] = "torch"
-    """Evolving torch teachers (an arms race with the students) or scripted ones (a fixed task
-    distribution)."""
+    """Evolving torch teachers (an arms race with the students) or scripted ones (fixed tasks)."""
     self_play: bool = False
     """One torch member plays teacher and student of a 1x1 game (overrides the other role settings)."""
     seed: int = 0

@@ -221,9 +221,14 @@ class TrainArgs:
     ] = "population"
     # (text, not Path: tyro makes "" the Path ".", and an unset variable in `--run-dir "$RUN"` wrote the run
     # into the working folder; an audit)
-    run_dir: Annotated[str, tyro.conf.arg(metavar="PATH")] = "runs/populora-train"
-    """Run folder: config.json, metrics.jsonl, lineage.jsonl, curves.png, tb/ (TensorBoard), checkpoints/,
-    error.log after a failure."""
+    run_dir: Annotated[
+        str,
+        _help(
+            """Run folder: config.json, metrics.jsonl, lineage.jsonl, curves.png, tb/ (TensorBoard),
+        checkpoints/, error.log after a failure.""",
+            metavar="PATH",
+        ),
+    ] = "runs/populora-train"
     generations: Annotated[
         int,
         _help("""PBT generations (play, GRPO update, rate, replace the weakest by crossover and mutation);
@@ -750,13 +755,13 @@ class PlotArgs:
     """Run folders of populora train / run_pbt (holding metrics.jsonl); two or more are compared."""
     out: Annotated[
         Path | None,
-        tyro.conf.arg(
+        _help(
+            """Where to write the figure: its extension picks the format (.png, .pdf, .svg; matplotlib's; none:
+            .png), an existing folder gets curves.png or compare.png.""",
             metavar="PATH",
             help_behavior_hint="(default: RUN_DIR/curves.png for one run, ./compare.png for several)",
         ),
     ] = None
-    """Where to write the figure: its extension picks the format (.png, .pdf, .svg; matplotlib's), an existing
-    folder gets curves.png or compare.png."""
 
 
 def _comparison_table(rows: list[dict[str, Any]]) -> str:
