@@ -618,12 +618,13 @@ def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:
                 logger.warning("generation %d: learner of member %d raised %s: %s", generation,
                                failure["member"], failure["error"], failure["message"])  # fmt: skip
             bar.update(1)
-            bar.set_postfix(solve=f"{record.solve_rate:.2f}", children=len(record.lineage))
+            solve = "-" if record.solve_rate is None else f"{record.solve_rate:.2f}"
+            bar.set_postfix(solve=solve, children=len(record.lineage))
             if config.progress:  # one line a generation above the bar (a long run showed only the bar's last)
                 rewards = " ".join(
                     f"{role} {value:+.3f}" for role, value in sorted(record.mean_reward.items())
                 )
-                _say(bar, f"generation {generation}: solve rate {record.solve_rate:.2f}, invalid "
+                _say(bar, f"generation {generation}: solve rate {solve}, invalid "
                      f"{record.invalid_rate:.2f}, mean reward {rewards or '-'}, children {len(record.lineage)}")  # fmt: skip
     finally:
         if bar is not None:  # closed on an interrupt too: a message after it starts on a line of its own

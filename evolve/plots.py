@@ -51,9 +51,14 @@ def _load(run_dir: Path) -> list[dict[str, Any]]:
 # the fields of a metrics record the plots read, and what each must be
 _NUMBER, _MAPPING = (int, float), dict
 _FIELDS: dict[str, Any] = {
-    "generation": int, "solve_rate": _NUMBER, "invalid_rate": _NUMBER, "coverage": _NUMBER,
+    "generation": int, "solve_rate": (*_NUMBER, type(None)), "invalid_rate": _NUMBER, "coverage": _NUMBER,
     "mean_reward": _MAPPING, "role_fitness": _MAPPING, "difficulty": _MAPPING, "lineage": list,
 }  # fmt: skip
+
+
+def _solve_rate(record: dict[str, Any]) -> float:
+    """A record's solve rate, ``nan`` (no point drawn) where no student attempted a task."""
+    return float("nan") if record["solve_rate"] is None else float(record["solve_rate"])
 
 
 def _finite(value: Any) -> bool:
@@ -77,7 +82,9 @@ def _record_problem(record: Any) -> str:
         if not isinstance(record[key], kind) or isinstance(record[key], bool):
             return f"{key!r} is {record[key]!r:.60}"
     for key in ("generation", "solve_rate", "invalid_rate", "coverage"):
-        if not _finite(record[key]):
+        if not _finite(record[key]) and not (
+            key == "solve_rate" and record[key] is None
+        ):  # (None: no attempt)
             return f"{key!r} is not a finite number ({record[key]!r:.60})"
     for key in ("depth", "cyclomatic", "lines"):
         if not _finite(record["difficulty"].get(key)):
@@ -135,7 +142,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     arms, reward, fitness, difficulty = axes.flat
 
-    arms.plot(gens, [r["solve_rate"] for r in rows], marker="o", label="student solve rate")
+    arms.plot(gens, [_solve_rate(r) for r in rows], marker="o", label="student solve rate")
     arms.plot(gens, [r["invalid_rate"] for r in rows], marker="s", label="invalid proposals")
     arms.set_ylim(-0.02, 1.02)
     arms.set_title("arms race")
@@ -180,7 +187,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 # (short name, title, metric of one generation's record) of the comparison panels and table columns
 _COMPARED: tuple[tuple[str, str, Any], ...] = (
-    ("solve", "student solve rate", lambda r: r["solve_rate"]),
+    ("solve", "student solve rate", lambda r: _solve_rate(r)),
     ("invalid", "invalid proposals", lambda r: r["invalid_rate"]),
     ("teacher", "teacher reward per proposal", lambda r: r["mean_reward"].get("teacher", float("nan"))),
     ("depth", "AST depth of valid proposals", lambda r: r["difficulty"]["depth"]),
@@ -228,8 +235,9 @@ def summary_rows(run_dirs: list[str | Path], last: float = 1 / 3) -> list[dict[s
         records = _load(run_dir)
         tail = records[-max(1, round(len(records) * last)) :]
         row: dict[str, Any] = {"run": label, "generations": len(records)}
-        for _, title, metric in _COMPARED:
-            row[title] = sum(metric(r) for r in tail) / len(tail)
+        for _, title, metric in _COMPARED:  # (over the generations that have it: nan where none has)
+            values = [v for v in (metric(r) for r in tail) if not math.isnan(v)]
+            row[title] = sum(values) / len(values) if values else float("nan")
         rows.append(row)
     return rows
 

@@ -57,8 +57,9 @@ class GenerationMetrics:
             a role none of whose members was evaluated is absent.
         ratings: ``{member: {"mu", "sigma"}}`` after this generation's matches.
         mean_reward: mean reward per decision, by role.
-        solve_rate: fraction of correct student attempts, averaged over the generation's episodes (each
-            episode weighs the same, whatever its number of attempts).
+        solve_rate: fraction of correct student attempts, averaged over the generation's episodes that had
+            any (each weighs the same, whatever its number of attempts); ``None`` when no student attempted
+            a task (it read 0.0, a solve rate no student had: an audit).
         invalid_rate: fraction of invalid or malformed proposals, averaged over episodes.
         difficulty: mean AST depth, cyclomatic complexity and lines of valid proposals, averaged over the
             episodes that had any (0.0 when none had).
@@ -80,7 +81,7 @@ class GenerationMetrics:
     role_fitness: dict[str, dict[str, float]]
     ratings: dict[str, dict[str, float]]
     mean_reward: dict[str, float]
-    solve_rate: float
+    solve_rate: float | None
     invalid_rate: float
     difficulty: dict[str, float]
     coverage: float
@@ -110,7 +111,7 @@ def summarize_episodes(metrics: Sequence[EpisodeMetrics]) -> dict[str, Any]:
     for m in metrics:
         rejections.update(m.rejections)
     return {
-        "solve_rate": _mean(solve),
+        "solve_rate": _mean(solve) if solve else None,
         "invalid_rate": _mean([m.invalid_rate for m in metrics]),
         "difficulty": {
             "depth": _mean([m.mean_depth for m in valid]),
@@ -174,7 +175,6 @@ class RunLog:
             return
         step = record.generation
         scalars: dict[str, float] = {
-            "env/solve_rate": record.solve_rate,
             "env/invalid_rate": record.invalid_rate,
             "env/coverage": record.coverage,
             "env/op_coverage": record.op_coverage,
@@ -188,6 +188,8 @@ class RunLog:
             "lineage/children": float(len(record.lineage)),
             "learner/failures": float(len(record.learner_failures)),
         }
+        if record.solve_rate is not None:  # (no point where no student attempted a task)
+            scalars["env/solve_rate"] = record.solve_rate
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, step)
         self.writer.flush()

@@ -71,7 +71,8 @@ def main(args: Args) -> None:
     for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         fitness = {role: round(f["mean"], 3) for role, f in record["role_fitness"].items()}
-        print(f"generation {record['generation']}: solve rate {record['solve_rate']:.2f}, "
+        solve = "-" if record["solve_rate"] is None else f"{record['solve_rate']:.2f}"  # (None: no attempt)
+        print(f"generation {record['generation']}: solve rate {solve}, "
               f"mean fitness {fitness}, children {len(record['lineage'])}")  # fmt: skip
     print(f"run folder: {run_dir}")
 

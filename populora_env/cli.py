@@ -378,7 +378,7 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
             f"{reward[k]:+7.3f}" if k in reward else f"{'-':>7}" for k in ("teacher", "student")
         )
         lines.append(
-            f"{r['generation']:>3}  {r['solve_rate']:5.2f}  {teacher}  {student}  {r['invalid_rate']:7.2f}  "
+            f"{r['generation']:>3}  {_rate(r['solve_rate'], 5)}  {teacher}  {student}  {r['invalid_rate']:7.2f}  "
             f"{r['difficulty']['depth']:5.2f}  {r['difficulty']['lines']:5.2f}  {len(r['lineage']):>8}"
         )
     rejections: Counter[str] = Counter()
@@ -764,6 +764,11 @@ class PlotArgs:
     ] = None
 
 
+def _rate(value: float | None, width: int) -> str:
+    """A solve rate in a table column: ``-`` where no student attempted a task (``None``)."""
+    return f"{'-':>{width}}" if value is None else f"{value:{width}.2f}"
+
+
 def _comparison_table(rows: list[dict[str, Any]]) -> str:
     """``summary_rows`` as aligned text: one line per run, one column per metric."""
     from evolve.plots import COMPARED_COLUMNS as columns
@@ -772,7 +777,7 @@ def _comparison_table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'run':<{width}}  {'gens':>4}  " + "  ".join(f"{name:>8}" for name, _ in columns)]
     lines.append("-" * len(lines[0]))
     for row in rows:
-        values = "  ".join(f"{row[key]:8.3f}" for _, key in columns)
+        values = "  ".join(f"{'-':>8}" if math.isnan(row[key]) else f"{row[key]:8.3f}" for _, key in columns)
         lines.append(f"{row['run']:<{width}}  {row['generations']:>4}  {values}")
     return "\n".join(lines) + "\n(means over the last third of each run's generations)"
 

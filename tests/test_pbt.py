@@ -1334,3 +1334,28 @@ def test_progress_in_a_log_file_is_lines_without_the_bar(
     assert f"run: starting {tmp_path / 'run'}: 2 generations" in captured.err
     assert "generation 0: solve rate" in captured.err and "generation 1: solve rate" in captured.err
     assert "PBT" not in captured.err and "\r" not in captured.err and captured.out == ""
+
+
+def test_a_generation_without_student_attempts_has_no_solve_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A generation in which no student attempted a task (every proposal invalid) had solve rate 0.00 in the
+    table, the log and the curves, a rate no student had (an audit): it is None, shown as '-', no point in
+    the plot nor TensorBoard, and left out of the comparison's means."""
+    from evolve.plots import plot_run, summary_rows
+    from evolve.runlog import summarize_episodes
+    from populora_env.metrics import summarize_episode
+
+    idle = summarize_episode([("teacher_0", "invalid", "", None)], [], ["teacher_0"], ["student_0"])
+    played = summarize_episode([("teacher_0", "valid", "def f(x):\n    return x", 0.5)],
+                               [("student_0", True), ("student_0", False)], ["teacher_0"], ["student_0"])  # fmt: skip
+    assert summarize_episodes([idle])["solve_rate"] is None
+    assert summarize_episodes([idle, played])["solve_rate"] == 0.5  # (the episode that had attempts)
+    run = run_pbt(PBTConfig(run_dir=str(tmp_path / "run"), generations=3, env=_env(1), population=2,
+                            learner="none", progress=False, tensorboard=False))  # fmt: skip
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows[0]["solve_rate"] = rows[2]["solve_rate"] = None
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot_run(run).is_file()
+    assert summary_rows([run], last=1.0)[0]["student solve rate"] == pytest.approx(rows[1]["solve_rate"])
+    assert cli._summary_table(rows).splitlines()[2].split()[:2] == ["0", "-"]
