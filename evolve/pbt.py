@@ -454,7 +454,12 @@ def run_pbt(config: PBTConfig) -> Path:
     ckpt_dir = run_dir / "checkpoints"
     for path in (run_dir, ckpt_dir):  # found now, not when the first generation is saved
         if path.exists() and not path.is_dir():
-            raise ValueError(f"{path} is a file, not a folder: run_pbt writes the run's checkpoints there")
+            raise ValueError(f"{path} is a file, not a folder: the run's checkpoints go there")
+    # (each was an OSError's "[Errno 17] File exists" / "[Errno 21] Is a directory" naming neither; an audit)
+    if config.tensorboard and (run_dir / "tb").exists() and not (run_dir / "tb").is_dir():
+        raise ValueError(f"{run_dir / 'tb'} is a file, not a folder: the run's TensorBoard scalars go there")
+    if (run_dir / LOCK_FILE).is_dir():
+        raise ValueError(f"{run_dir / LOCK_FILE} is a folder, not the run's lock file: remove it")
     if config.tensorboard:
         try:
             os.fsdecode(run_dir).encode("utf-8")

@@ -335,6 +335,18 @@ def test_a_run_folder_in_the_way_is_refused_before_any_work(tmp_path: Path) -> N
     with pytest.raises(ValueError, match=r"checkpoints is a file, not a folder"):
         run_pbt(tiny_config(str(run)))
     assert sorted(p.name for p in run.iterdir()) == [pbt.LOCK_FILE, "checkpoints"]  # the lock of the first
+    # a file where TensorBoard writes, a folder in the lock file's place (errno texts naming neither; an audit)
+    (run / "checkpoints").unlink()
+    (run / "tb").write_text("")
+    with pytest.raises(
+        ValueError, match=r"tb is a file, not a folder: the run's TensorBoard scalars go there"
+    ):
+        run_pbt(dataclasses.replace(tiny_config(str(run)), tensorboard=True))
+    (run / "tb").unlink()
+    (run / pbt.LOCK_FILE).unlink()
+    (run / pbt.LOCK_FILE).mkdir()
+    with pytest.raises(ValueError, match=r"\.lock is a folder, not the run's lock file: remove it"):
+        run_pbt(tiny_config(str(run)))
 
 
 def test_a_folder_holding_other_files_a_run_would_replace_is_refused(tmp_path: Path) -> None:
