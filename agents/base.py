@@ -534,7 +534,10 @@ def _pretrain(model: Any, tokenizer: Any, texts: list[str], config: TinyBaseConf
         ids.extend([*encoded, tokenizer.eos_token_id])
     n_rows = len(ids) // config.seq_len
     if n_rows < 1:
-        raise ValueError("TinyBaseConfig.corpus_documents is too small for one sequence of seq_len tokens")
+        raise ValueError(
+            f"TinyBaseConfig.corpus_documents is too small: {config.corpus_documents} documents make "
+            f"{len(ids)} tokens, fewer than one training sequence of seq_len {config.seq_len}"
+        )
     data = torch.tensor(ids[: n_rows * config.seq_len]).view(n_rows, config.seq_len)  # (R, L)
     rng = random.Random(f"pretrain:{config.seed}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)

@@ -830,7 +830,9 @@ def main(argv: list[str] | None = None) -> int:
                 _silence_stdout()
                 return 128 + signal.SIGPIPE
             except KeyboardInterrupt:  # train and verify say where they stopped; base and plot stop here
-                print(f"populora {name}: interrupted", file=sys.stderr)  # (a base build leaves no cache)
+                # (a base build leaves no cache: said as for SIGTERM, which read otherwise; an audit)
+                done = " (nothing was cached)" if name == "base" else ""
+                print(f"populora {name}: stopped by SIGINT{done}", file=sys.stderr)
                 return 128 + signal.SIGINT
     raise AssertionError(f"unhandled command {parsed!r}")
 

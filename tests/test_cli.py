@@ -299,6 +299,14 @@ def test_base_build_stopped_by_sigterm_leaves_nothing_in_the_cache(tmp_path, cap
     assert "populora base: stopped by SIGTERM (nothing was cached)" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
+    def interrupted(out_dir, *args):  # Ctrl-C says the same (it read "populora base: interrupted"; an audit)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(agents.base, "_build_into", interrupted)
+    assert main(["base", "build", "--steps", "2", "--cache-dir", str(tmp_path)]) == 128 + signal.SIGINT
+    assert "populora base: stopped by SIGINT (nothing was cached)" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
 
 def test_base_build_caches_the_tiny_base_and_names_bad_values(tmp_path, capsys):
     """`populora base build` with a shortened pretraining: a Hugging Face model directory, reused from the
@@ -337,6 +345,15 @@ def test_base_build_errors_name_the_options(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith(f"populora base: {option} must be ") and "TinyBaseConfig" not in err, err
     assert not any(tmp_path.iterdir())
+    # a corpus too small for one sequence: the option, with what it made (it read "seq_len tokens" alone)
+    assert (
+        main(["base", "build", "--corpus-documents", "1", "--steps", "1", "--cache-dir", str(tmp_path)]) == 2
+    )
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("populora base: --corpus-documents is too small: 1 documents make ")
+        and "seq_len" in err
+    )
 
 
 def test_train_errors_name_the_options_not_the_config_fields():
