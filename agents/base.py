@@ -496,8 +496,18 @@ def _build_into(out_dir: Path, config: TinyBaseConfig, progress: bool) -> None:
     _pretrain(model, tokenizer, texts, config, progress)
     model.eval()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    import transformers
+
+    # transformers' own "Writing model shards" bar broke up the build's lines (populora train hid it, base
+    # build and example 02 did not; an audit): off for this local write, restored after
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
 
 
 def _train_tokenizer(texts: list[str], vocab_size: int) -> Any:
