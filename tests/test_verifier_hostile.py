@@ -781,6 +781,13 @@ def test_folding_estimate_bounds_what_cpython_folds_on_random_constant_expressio
             folds += sum(1 for m in made if m)
             assert folded_chars(tree) >= sum(made), ast.unparse(tree)
     assert folds > 300  # (the expressions do fold: the bound is tested, not met by nothing)
+    # a chain above a term whose factor the estimate cannot value (a review: that term was taken to be exactly
+    # 4 096 characters long, the next `*` then "not folded", and every `+` above it went uncounted)
+    for first in ("'a'*(not 0.0)*64", "'a'*+b'\\x01'[0]*64", "(0,)*(not 0.0)*8"):
+        rest = " + (0,)*256" if first.startswith("(0,)") else " + 'a'*4096"
+        tree = ast.parse(f"({first})" + rest * 40, mode="eval")
+        made = sum(folded(ast.unparse(node)) for node in ast.walk(tree) if isinstance(node, ast.BinOp))
+        assert folded_chars(tree) >= made > 40 * 40 // 2 * 2048, first
 
 
 def test_only_statistics_samples_is_refused_not_every_attribute_of_that_name():

@@ -349,13 +349,14 @@ def _fold_binop(op: ast.operator, left: _Folded, right: _Folded) -> tuple[_Folde
         cap = _FOLD_STR_CAP if sequence.kind == "seq" else _FOLD_TUPLE_CAP
         if sequence.length == 0:
             return sequence, 0
-        if times is None:  # any int: the most a fold can make
-            length = cap if sequence.length <= cap else 0
-        elif 0 <= times * sequence.length <= cap:
-            length = times * sequence.length
-        else:
+        if times is None:  # any int: a sequence of any length up to the most a fold makes, never an exact one
+            # (a length taken as exactly the cap made the next known `*` "not folded" where CPython folds it,
+            # and hid a whole `+` chain above it; a review)
+            bound = _Folded("any", cap * sequence.width, inner=max(sequence.inner, sequence.width))
+            return bound, bound.size
+        if not 0 <= times * sequence.length <= cap:
             return None, 0
-        folded = sequence._replace(length=length)
+        folded = sequence._replace(length=times * sequence.length)
         return folded, folded.size
     return None, 0
 
