@@ -662,11 +662,15 @@ def _saved_presets(path: Path) -> list[str]:
 
 
 def _readable_deterministic(message: str) -> str:
-    """A difference in ``--deterministic`` as the options read: the field is saved only when it was turned off
-    (``null`` is the default, on), so the message read "saved null, now false"."""
+    """A difference in ``--deterministic`` or ``--persist-buffer`` as the options read: the first is saved only
+    when it was turned off (``null`` is the default, on), so the message read "saved null, now false"; the
+    second is off in every run made before it was the default."""
     field = "--deterministic (member_options.grpo.deterministic): "
+    persist = "--persist-buffer (env.persist_buffer): "  # (runs made before it was the default: false)
     return message.replace(field + "saved null, now false", "--no-deterministic: the run was made without it") \
-                  .replace(field + "saved false, now null", "--no-deterministic: the run was made with it")  # fmt: skip
+                  .replace(field + "saved false, now null", "--no-deterministic: the run was made with it") \
+                  .replace(persist + "saved false, now true", "--no-persist-buffer: the run was made with it") \
+                  .replace(persist + "saved true, now false", "--no-persist-buffer: the run was made without it")  # fmt: skip
 
 
 def _resume_hint(run_dir: Path, generations: int) -> str:

@@ -611,11 +611,11 @@ class Game:
         if len(self._forms) > 4 * self.config.buffer_capacity * len(TASK_TYPES):  # forget evicted tasks'
             self._forms = {t.task_id: self._forms[t.task_id] for kind in TASK_TYPES
                            for t in self.buffer.tasks(kind) if t.task_id in self._forms}  # fmt: skip
-        form = normal_form(task.task_type, task.program, task.inputs, task.outputs)
+        form = normal_form(task.task_type, task.program, task.inputs, task.outputs, task.n_shown)
         for other in held:
             if other.task_id not in self._forms:
                 self._forms[other.task_id] = normal_form(
-                    other.task_type, other.program, other.inputs, other.outputs
+                    other.task_type, other.program, other.inputs, other.outputs, other.n_shown
                 )
             if self._forms[other.task_id] == form:
                 return True

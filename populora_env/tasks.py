@@ -91,20 +91,23 @@ def task_id_for(task_type: str, program: str, inputs: Sequence[str]) -> str:
     return digest.hexdigest()[:12]
 
 
-def normal_form(task_type: str, program: str, inputs: Sequence[str], outputs: Sequence[str] = ()) -> str:
+def normal_form(
+    task_type: str, program: str, inputs: Sequence[str], outputs: Sequence[str] = (), n_shown: int = 1
+) -> str:
     """What a task is, whatever its spelling: the task type; the program's syntax tree without comments,
     docstrings, ``pass`` statements beside others, and with its own names (parameters, variables, helper
-    functions and classes; not ``f``, built-ins, attributes or keywords) renamed in order of appearance;
-    each input by value (``+11`` is ``11``; ``"1, 2"`` two arguments, ``"(1, 2)"`` one tuple); the outputs;
-    an induction task's pairs in any order. A copy of a task with a comment added, a parameter renamed or an
+    functions and classes, and keyword arguments with them; not ``f``, built-ins, imported names or
+    attributes) renamed in order of appearance; each input by value (``+11`` is ``11``; ``"1, 2"`` two
+    arguments, ``"(1, 2)"`` one tuple); the outputs; an induction task's shown pairs (``[:n_shown]``) in any
+    order, and its hidden ones. A copy of a task with a comment added, a parameter renamed or an
     input re-spelled was a new task, paid as one (two reward-hacking reviews). The outputs are part of it,
     so that a program that reads its own names (``locals()``) is no copy of its renamed twin. The raw
     text where a tree cannot be made or dumped."""
     pairs = [_input_form(text) for text in inputs]
     if outputs:
         pairs = [f"{form}\x01{output}" for form, output in zip(pairs, outputs, strict=True)]
-    if task_type == "induction":
-        pairs.sort()
+    if task_type == "induction":  # (shown and hidden apart: they are what students see and are tested on)
+        pairs = [*sorted(pairs[:n_shown]), "\x02", *sorted(pairs[n_shown:])]
     return "\x00".join([task_type, _program_form(program), *pairs])
 
 
@@ -116,6 +119,11 @@ def _program_form(program: str) -> str:
         tree = ast.parse(program)
         renamed: dict[str, str] = {}
         kept = set(vars(builtins)) | {"f"}
+        for node in ast.walk(tree):  # imported names: `floor` and `ceil` renamed alike were one program
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                kept.update((a.asname or a.name).split(".")[0] for a in node.names)
+        # a keyword names a parameter of the program's own (renamed with it) or of a built-in (kept)
+        parameters = {node.arg for node in ast.walk(tree) if isinstance(node, ast.arg)} - kept
 
         def rename(name: str) -> str:
             return name if name in kept else renamed.setdefault(name, f"_{len(renamed)}")
@@ -141,8 +149,8 @@ def _program_form(program: str) -> str:
                 node.names = [rename(name) for name in node.names]
             elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
                 node.name = rename(node.name)
-            elif isinstance(node, ast.alias) and node.asname:
-                node.asname = rename(node.asname)
+            elif isinstance(node, ast.keyword) and node.arg in parameters:  # (g(p=x) names g's parameter p)
+                node.arg = rename(node.arg)
         return ast.dump(tree)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return program

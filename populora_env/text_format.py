@@ -169,7 +169,10 @@ def parse_proposal(
 def _holds_code(text: str) -> bool:
     """Whether ``text`` holds more than blank lines and ``#`` comments (a red-team review: ``# none`` was an
     input block, the call with no arguments, past the refusal of an empty one)."""
-    return any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines())
+    # lines as Python ends a comment, at \n or \r only (str.splitlines also broke at \x0c, \x85, U+2028...:
+    # "# none\x0c1" is one comment to Python, and passed; a review)
+    lines = text.replace("\r", "\n").split("\n")
+    return any(line.strip() and not line.lstrip().startswith("#") for line in lines)
 
 
 _VALUE_KEYS: dict[str, Hashable] = {}

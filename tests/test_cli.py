@@ -418,6 +418,9 @@ def test_a_resume_with_another_preset_or_determinism_says_so_in_the_options_word
         _readable_deterministic(f"x ({field}saved false, now null)")
         == "x (--no-deterministic: the run was made with it)"
     )
+    # a run made before --persist-buffer was the default (a review: "saved false, now true" named no option)
+    persist = "--persist-buffer (env.persist_buffer): saved false, now true"
+    assert _readable_deterministic(f"x ({persist})") == "x (--no-persist-buffer: the run was made with it)"
 
 
 def test_a_one_member_preset_refuses_a_larger_population(

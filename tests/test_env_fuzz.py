@@ -139,7 +139,12 @@ def test_a_str_subclass_action_is_read_as_its_characters(verifier):
             raise RuntimeError("a str method of the action's own")
 
     long = format_proposal("def f(x):\n    return x + 1\n# " + "x" * 3000, ["3"], reasoning="r" * 16000)
-    for action, status in ((LyingLength(long), "too_long"), (Raising("<answer></answer>"), None)):
+
+    class Claiming:  # no str at all, though isinstance(..., str) believes its __class__ (a review)
+        __class__ = str  # type: ignore[assignment]
+
+    for action, status in ((LyingLength(long), "too_long"), (Raising("<answer></answer>"), None),
+                           (Claiming(), "not_a_string")):  # fmt: skip
         env = teacher_student_v0.env(task_types=("deduction",), verifier=verifier)
         env.reset(seed=0)
         env.step(action)

@@ -488,13 +488,19 @@ def test_the_normal_form_of_a_task_keeps_what_tells_tasks_apart():
         "def f(x):\n    return x", ('"a"',), ("'a'",)
     )
     assert form("def f(x):\n    return x", ("1",)) != form("def f(x):\n    return x", ("1.0",), ("1.0",))
-    pairs = (("1", "2", "3"), ("2", "3", "4"))
-    assert form("def f(x):\n    return x + 1", pairs[0], pairs[1], "induction") == form(
-        "def f(x):\n    return x + 1", pairs[0][::-1], pairs[1][::-1], "induction"
-    )
-    assert form("def f(x):\n    return x + 1", pairs[0], pairs[1], "deduction") != form(
-        "def f(x):\n    return x + 1", pairs[0][::-1], pairs[1][::-1], "deduction"
-    )
+    add = "def f(x):\n    return x + 1"
+    pairs = (("1", "2", "3", "4"), ("2", "3", "4", "5"))  # (shown: the first two)
+    swapped = (("2", "1", "4", "3"), ("3", "2", "5", "4"))  # each half in another order: the same task
+    crossed = (("3", "2", "1", "4"), ("4", "3", "2", "5"))  # another pair shown: another task (a review)
+    assert normal_form("induction", add, *pairs, 2) == normal_form("induction", add, *swapped, 2)
+    assert normal_form("induction", add, *pairs, 2) != normal_form("induction", add, *crossed, 2)
+    assert normal_form("deduction", add, *pairs) != normal_form("deduction", add, *swapped)
+    # keywords follow the parameters they name, imported names are kept (a review: each of these pairs
+    # had one form, and equal outputs on some input made them duplicates)
+    keywords = "def g({}):\n    return p - 2 * q\ndef f(x):\n    return g(p=x, q=x // 2)"
+    assert form(keywords.format("p, q"), outputs=("1",)) != form(keywords.format("q, p"), outputs=("1",))
+    imported = "from math import floor, ceil\ndef f(x):\n    return {}(x / 2)"
+    assert form(imported.format("floor"), ("4",), ("2",)) != form(imported.format("ceil"), ("4",), ("2",))
 
 
 def test_every_int_and_float_config_field_is_validated():
@@ -960,7 +966,14 @@ def test_a_proposal_needs_an_input_that_is_more_than_comments_and_a_message_that
     from populora_env.text_format import Proposal, format_proposal, parse_proposal
 
     program = "def f(x):\n    return x + 1"
-    for inputs in (["# nothing here"], ["  \n# a\n  # b\n"], ["3", "# none"]):
+    # (and "# none\x0c1": one comment to Python, two lines to str.splitlines; a review)
+    for inputs in (
+        ["# nothing here"],
+        ["  \n# a\n  # b\n"],
+        ["3", "# none"],
+        ["# none\x0c1"],
+        ["# a\u20281"],
+    ):
         assert parse_proposal(format_proposal(program, inputs), "deduction", max_chars=8192) == FormatError(
             "missing_or_bad_input"
         ), inputs
