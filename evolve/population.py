@@ -276,8 +276,12 @@ class Population:
                 f"checkpoint {'holds' if self.buffer is not None else 'has no'} task buffer, its config has "
                 f"persist_buffer {self.config.env.persist_buffer}"
             )
-        if self.buffer is not None:
-            TaskBuffer.from_state(self.buffer)  # (checked now: a bad one would fail at the next play)
+        if self.buffer is not None:  # (checked now: a bad one would fail at the next play)
+            capacity = TaskBuffer.from_state(self.buffer).capacity
+            if capacity != self.config.env.buffer_capacity:
+                raise ValueError(
+                    f"checkpoint's task buffer has capacity {capacity}, the config {self.config.env.buffer_capacity}"
+                )
         if (seen := max([*ids, *(r.member for r in self.lineage)], default=-1)) >= self.next_id:
             # (0 gave the next children the ids of the first members: lineage.jsonl ambiguous, a review)
             raise ValueError(

@@ -215,7 +215,9 @@ class TaskBuffer:
         Raises:
             ValueError, KeyError, TypeError: ``state`` is not such a description.
         """
-        buffer = cls(int(state["capacity"]))
+        if type(state["capacity"]) is not int or state["capacity"] < 1:
+            raise ValueError(f"a buffer state's capacity is {state['capacity']!r}, not an int >= 1")
+        buffer = cls(state["capacity"])
         if set(state["tasks"]) != set(TASK_TYPES):
             raise ValueError(
                 f"a buffer state holds the task types {sorted(state['tasks'])}, not {TASK_TYPES}"
@@ -284,8 +286,12 @@ def _task_from_state(state: Mapping[str, Any]) -> Task:
     program_text = text(state["program"], "program")
     if text(state["task_id"], "id") != task_id_for(task_type, program_text, inputs):
         raise ValueError(f"a buffer state's task {state['task_id']!r} is not the task its fields describe")
+    if type(state["n_shown"]) is not int or not 1 <= state["n_shown"] <= len(inputs):
+        raise ValueError(f"a buffer state's task shows {state['n_shown']!r} of its {len(inputs)} pairs")
+    if any(type(correct) is not bool for _, correct, _ in state["candidates"]):
+        raise TypeError("a buffer state's candidate is marked correct by something other than true or false")
     candidates = tuple(
-        Candidate(text(c_text, "candidate"), bool(correct), program(vector))
+        Candidate(text(c_text, "candidate"), correct, program(vector))
         for c_text, correct, vector in state["candidates"]
     )
     return Task(

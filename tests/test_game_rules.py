@@ -1035,3 +1035,14 @@ def test_a_buffer_state_round_trips_and_a_broken_one_is_refused(verifier):
     twice["tasks"][kind][-1] = twice["tasks"][kind][0]
     with pytest.raises(ValueError, match="twice"):
         other.unwrapped.load_buffer_state(twice)
+    # fields of another type or range (a review: n_shown -5, correct "no", capacity "16" were taken)
+    with_candidates = next(i for i, t in enumerate(state["tasks"][kind]) if t["candidates"])
+    for change, message in (
+        (lambda s: s["tasks"][kind][0].update(n_shown=-5), "shows -5 of its"),
+        (lambda s: s["tasks"][kind][with_candidates]["candidates"][0].__setitem__(1, "no"), "marked correct"),
+        (lambda s: s.update(capacity="16"), "capacity is '16', not an int >= 1"),
+    ):
+        broken = copy.deepcopy(state)
+        change(broken)
+        with pytest.raises((ValueError, TypeError), match=message):
+            other.unwrapped.load_buffer_state(broken)
