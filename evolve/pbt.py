@@ -629,8 +629,8 @@ def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:
                 rewards = " ".join(
                     f"{role} {value:+.3f}" for role, value in sorted(record.mean_reward.items())
                 )
-                _say(bar, f"generation {generation}: solve rate {solve}, invalid "
-                     f"{record.invalid_rate:.2f}, mean reward {rewards or '-'}, children {len(record.lineage)}")  # fmt: skip
+                _say(bar, f"generation {generation}: solve rate {solve}, invalid {record.invalid_rate:.2f}, "
+                          f"mean reward {rewards or '-'}, children {len(record.lineage)}")  # fmt: skip
     finally:
         if bar is not None:  # closed on an interrupt too: a message after it starts on a line of its own
             bar.close()

@@ -667,10 +667,14 @@ def _readable_deterministic(message: str) -> str:
     second is off in every run made before it was the default."""
     field = "--deterministic (member_options.grpo.deterministic): "
     persist = "--persist-buffer (env.persist_buffer): "  # (runs made before it was the default: false)
-    return message.replace(field + "saved null, now false", "--no-deterministic: the run was made without it") \
-                  .replace(field + "saved false, now null", "--no-deterministic: the run was made with it") \
-                  .replace(persist + "saved false, now true", "--no-persist-buffer: the run was made with it") \
-                  .replace(persist + "saved true, now false", "--no-persist-buffer: the run was made without it")  # fmt: skip
+    for old, new in (
+        (field + "saved null, now false", "--no-deterministic: the run was made without it"),
+        (field + "saved false, now null", "--no-deterministic: the run was made with it"),
+        (persist + "saved false, now true", "--no-persist-buffer: the run was made with it"),
+        (persist + "saved true, now false", "--no-persist-buffer: the run was made without it"),
+    ):
+        message = message.replace(old, new)
+    return message
 
 
 def _resume_hint(run_dir: Path, generations: int) -> str:
@@ -684,7 +688,10 @@ def _resume_hint(run_dir: Path, generations: int) -> str:
     if not saved:
         return f"no checkpoint in {run_dir} yet: the same command starts the run again"
     if checkpoint_generation(saved[-1]) >= generations:  # (it said "resumes it" of a finished run; an audit)
-        return f"the run is finished ({saved[-1]}): the same command prints its summary, a larger --generations extends it"
+        return (
+            f"the run is finished ({saved[-1]}): the same command prints its summary, a larger --generations "
+            "extends it"
+        )
     return f"the same command resumes it from {saved[-1]} (and ends as an uninterrupted run would)"
 
 

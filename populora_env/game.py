@@ -605,8 +605,8 @@ class Game:
 
     def _in_the_buffer(self, task: Task) -> bool:
         """Whether the buffer holds ``task`` in another spelling (``normal_form``): comments, docstrings,
-        spacing, names and the spelling of its inputs aside. Copying a reference task, shown with its output, was valid and paid like a new task
-        (a reward-hacking review)."""
+        spacing, names and the spelling of its inputs aside. Copying a reference task, shown with its
+        output, was valid and paid like a new task (reward-hacking reviews)."""
         held = self.buffer.tasks(task.task_type)
         if len(self._forms) > 4 * self.config.buffer_capacity * len(TASK_TYPES):  # forget evicted tasks'
             self._forms = {t.task_id: self._forms[t.task_id] for kind in TASK_TYPES

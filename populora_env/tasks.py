@@ -138,7 +138,8 @@ def _program_form(program: str) -> str:
                     and isinstance(body[0].value.value, str)
                 ):
                     body = body[1:]
-                node.body = [b for b in body if not isinstance(b, ast.Pass)] or [ast.Pass()]  # type: ignore[attr-defined]
+                kept_body = [b for b in body if not isinstance(b, ast.Pass)] or [ast.Pass()]
+                node.body = kept_body  # type: ignore[attr-defined]
             if isinstance(node, ast.Name):
                 node.id = rename(node.id)
             elif isinstance(node, ast.arg):
