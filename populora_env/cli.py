@@ -505,7 +505,7 @@ def train(args: TrainArgs) -> int:
     except (ValueError, BaseModelLoadError, CheckpointError) as error:
         message = _as_flags(str(error))
         if "holds a run with another config" in message:
-            message = _readable_deterministic(message)
+            message = _readable_options(message)
             made_with = _saved_presets(Path(args.run_dir) / "config.json")
             if (
                 made_with and args.preset not in made_with
@@ -661,7 +661,7 @@ def _saved_presets(path: Path) -> list[str]:
     return [n for n in names if _PRESETS[n]["population"] == saved.get("population")] or names
 
 
-def _readable_deterministic(message: str) -> str:
+def _readable_options(message: str) -> str:
     """A difference in ``--deterministic`` or ``--persist-buffer`` as the options read: the first is saved only
     when it was turned off (``null`` is the default, on), so the message read "saved null, now false"; the
     second is off in every run made before it was the default."""

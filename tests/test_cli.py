@@ -399,7 +399,7 @@ def test_the_resume_hint_of_a_finished_run_says_it_is_finished(tmp_path: Path) -
 def test_a_resume_with_another_preset_or_determinism_says_so_in_the_options_words(tmp_path: Path) -> None:
     """A changed --preset read as --population/--episodes differences, and --no-deterministic as "saved null,
     now false" (an audit): the message names the preset the run was made with, and the option."""
-    from populora_env.cli import _PRESETS, TrainArgs, _readable_deterministic, _saved_presets, _train_config
+    from populora_env.cli import _PRESETS, TrainArgs, _readable_options, _saved_presets, _train_config
 
     for preset in _PRESETS:
         config = _train_config(TrainArgs(preset=preset, run_dir=str(tmp_path / preset)), "base")  # type: ignore[arg-type]
@@ -411,16 +411,16 @@ def test_a_resume_with_another_preset_or_determinism_says_so_in_the_options_word
     assert _saved_presets(tmp_path / "other.json") == ["population", "1t1s"]
     assert _saved_presets(tmp_path / "missing.json") == []
     field = "--deterministic (member_options.grpo.deterministic): "
-    assert _readable_deterministic(f"x ({field}saved null, now false)") == (
+    assert _readable_options(f"x ({field}saved null, now false)") == (
         "x (--no-deterministic: the run was made without it)"
     )
     assert (
-        _readable_deterministic(f"x ({field}saved false, now null)")
+        _readable_options(f"x ({field}saved false, now null)")
         == "x (--no-deterministic: the run was made with it)"
     )
     # a run made before --persist-buffer was the default (a review: "saved false, now true" named no option)
     persist = "--persist-buffer (env.persist_buffer): saved false, now true"
-    assert _readable_deterministic(f"x ({persist})") == "x (--no-persist-buffer: the run was made with it)"
+    assert _readable_options(f"x ({persist})") == "x (--no-persist-buffer: the run was made with it)"
 
 
 def test_a_one_member_preset_refuses_a_larger_population(
