@@ -572,7 +572,8 @@ def test_populora_train_deterministic_option_reaches_the_grpo_config(tmp_path: P
         return options, grpo_config(options, LoRAMemberOptions.from_member_options(options))
 
     options, config = learner_config(TrainArgs(run_dir=str(tmp_path)))
-    assert options["grpo"] == {"learning_rate": 1e-2}  # unchanged: runs made before the option still resume
+    # (no "deterministic" key by default: runs made before the option still resume)
+    assert options["grpo"] == {"learning_rate": 3e-3}
     assert config.deterministic
     assert learner_config(TrainArgs(run_dir=str(tmp_path), deterministic=False))[1].deterministic is False
 
