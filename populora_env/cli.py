@@ -267,7 +267,7 @@ class TrainArgs:
         float,
         _help(
             """AdamW learning rate of the adapters (3e-3: at 1e-2 the tiny base's teachers lost the answer
-            format, up to 0.9 of proposals invalid by generation 10; see the README)."""
+            format, up to 0.84 of proposals invalid in the tenth generation; see the README)."""
         ),
     ] = 3e-3
     threads: Annotated[
