@@ -51,15 +51,19 @@ class _Task:
 
 
 EARLY_RUN_GRACE = 0.1
-"""Least seconds an early second run (see ``Verifier._dispatch``) may go on after its first run came back
-with a call that failed (it may go on twice as long again as it has run, at least this): then its worker is
-told to stop it, and the calls that were ``ok`` and that it had not finished run again as usual. A second run
-behind its first, about to finish an ``ok`` call, is not stopped for nothing (a review: cut at once, a slow
-``ok`` call before a fast failing one ran a third time in 7 of 15 requests; given only as long again as it had
-run, a second run a quarter slower in CPU was cut now and then on a busy machine, 1 in 12 with a CPU-bound
-process beside it, none in 20 with twice), and a program failing at once under one seed and looping under the
-other costs about what it did before.
+"""Least seconds an early second run (see ``Verifier._dispatch``) may go on after its first run came back with
+a call that failed (it may go on ``EARLY_RUN_GRACE_FACTOR`` times as long again as it has run, at least this):
+then its worker is told to stop it, and the calls that were ``ok`` and that it had not finished run again as
+usual. A second run behind its first, about to finish an ``ok`` call, is not stopped for nothing (a review:
+cut at once, a slow ``ok`` call before a fast failing one ran a third time in 7 of 15 requests; given only as
+long again as it had run, a second run a quarter slower in CPU was cut now and then on a busy machine, 1 in 12
+with a CPU-bound process beside it, none in 20 with twice), and a program failing at once under one seed and
+looping under the other costs about what it did before.
 """
+
+EARLY_RUN_GRACE_FACTOR = 2.0
+"""How many times as long again as it has run an early second run may go on before a cut (see
+``EARLY_RUN_GRACE``)."""
 
 
 MAX_REPLY_BYTES = 64 << 20
@@ -457,7 +461,9 @@ class Verifier:
                             # other would hold the worker up to the time-out), so it is stopped after a grace
                             # (see EARLY_RUN_GRACE); the calls ok in the first run that it had not finished
                             # then run again as usual.
-                            second.cut_at = now + max(EARLY_RUN_GRACE, 2 * (now - second.started))
+                            second.cut_at = now + max(
+                                EARLY_RUN_GRACE, EARLY_RUN_GRACE_FACTOR * (now - second.started)
+                            )
                         settle(task)
         except BaseException:
             # Interrupted (Ctrl-C, a host check that raised, a worker that cannot start): the busy workers'
