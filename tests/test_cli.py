@@ -375,6 +375,20 @@ def test_train_errors_name_the_options_not_the_config_fields():
     assert _as_flags("rank must be <= 8, min(in, out) ...") == "--rank must be <= 8, min(in, out) ..."
 
 
+def test_a_run_made_at_the_old_default_learning_rate_is_refused_naming_the_option(tmp_path: Path) -> None:
+    """The default learning rate went from 1e-2 to 3e-3 (README): a run made before with the default is
+    refused on resume with a message that names --learning-rate and the value to give back."""
+    from evolve.pbt import _differences
+    from populora_env.cli import TrainArgs, _as_flags, _train_config
+
+    old = _train_config(TrainArgs(run_dir=str(tmp_path), learning_rate=1e-2), "base").fingerprint()
+    differ = _differences(old, _train_config(TrainArgs(run_dir=str(tmp_path)), "base"))
+    assert "--learning-rate (member_options.grpo.learning_rate): saved 0.01, now 0.003" in _as_flags(differ)
+    assert (
+        _differences(old, _train_config(TrainArgs(run_dir=str(tmp_path), learning_rate=0.01), "base")) == ""
+    )
+
+
 def test_the_resume_hint_of_a_finished_run_says_it_is_finished(tmp_path: Path) -> None:
     """A run stopped by an error after its last checkpoint (a rerun of a finished run in a folder that can no
     longer be written) was told "the same command resumes it" (an audit)."""
