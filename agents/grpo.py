@@ -16,7 +16,7 @@ import logging
 import math
 import numbers
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -24,7 +24,7 @@ from torch import nn
 
 from agents.base import deterministic_kernels, no_cudnn_attention
 from agents.generation import texts_of, warn_past_context
-from agents.grpo_batch import TokenBatch, encode_batch, only_trainable, shared_prefix_logps
+from agents.grpo_batch import TokenBatch, encode_batch, only_trainable, shared_prefix_logps, truncated_rows
 from agents.grpo_config import (
     LOSS_TYPES,
     SCALE_REWARDS,
@@ -157,8 +157,9 @@ class GRPOLearner:
         completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> UpdateStats:
         """One GRPO update of `adapter` on scored completions. Once the update reaches the model (every
-        call but a refused one or one skipped for a non-finite reward), `adapter` is the population's
-        active adapter afterwards, as after `set_active(adapter)`.
+        call but a refused one, or one skipped for a non-finite reward or for every completion truncated
+        under `mask_truncated_completions`), `adapter` is the population's active adapter afterwards, as
+        after `set_active(adapter)`.
 
         Args:
             adapter: adapter name in the population.
@@ -176,7 +177,8 @@ class GRPOLearner:
 
         Returns:
             The update's statistics; `skipped=True` (adapter untouched) on a non-finite reward, loss or
-            gradient norm, or weights an optimizer step left non-finite.
+            gradient norm, weights an optimizer step left non-finite, or (`mask_truncated_completions`) no
+            completion that reached a stop token.
 
         Raises:
             KeyError: unknown adapter name.
@@ -201,6 +203,15 @@ class GRPOLearner:
         batch = encode_batch(
             self.population.tokenizer, prompts, completions, completion_ids, cfg.max_new_tokens
         )
+        truncated = truncated_rows(batch, self._stop_ids())
+        num_truncated = int(truncated.sum())
+        if cfg.mask_truncated_completions:
+            if num_truncated == len(prompts):
+                where = (
+                    f"all {num_truncated} completions hold no stop token and mask_truncated_completions is on"
+                )
+                return self._skip(adapter, "all_truncated", where, len(rewards), mean_reward, num_truncated)
+            batch.completion_mask[truncated] = 0.0
         # (a prompt of ~4 000 tokens trained silently on a model of 2 048 positions, where generation warned)
         warn_past_context(self.population.model, batch.prompt_ids.shape[1], batch.completion_ids.shape[1])
         chunks = [c for c in torch.arange(len(prompts)).tensor_split(cfg.grad_accum_steps) if c.numel() > 0]
@@ -223,9 +234,10 @@ class GRPOLearner:
                 ref_logps = self._no_grad_logps(batch, chunks, reference=True) if cfg.beta > 0 else None
                 # With one inner epoch the old policy is the current one: use logps.detach() (TRL does too).
                 old_logps = self._no_grad_logps(batch, chunks) if cfg.num_inner_epochs > 1 else None
-                return self._optimise(
+                stats = self._optimise(
                     adapter, batch, chunks, ctx, advantages, old_logps, ref_logps, mean_reward
                 )
+                return replace(stats, num_truncated=num_truncated)
         finally:
             model.train(was_training)
 
@@ -335,6 +347,7 @@ class GRPOLearner:
             num_samples=len(advantages),
             num_tokens=int(ctx.num_items_in_batch),
             optimizer_steps=len(losses),
+            num_truncated=0,  # (set by `update`)
         )
 
     # -- generate, score, update ---------------------------------------------------------------------
@@ -449,6 +462,11 @@ class GRPOLearner:
             return advantages_task_relative(rewards, segment_index(task_keys))
         return GROUP_ADVANTAGES[self.config.scale_rewards](rewards, segment_index(group_ids))
 
+    def _stop_ids(self) -> tuple[int, ...]:
+        """The ids generation stops on: the population's (``stop_ids``), else the tokenizer's EOS."""
+        stops = getattr(self.population, "stop_ids", None)
+        return tuple(stops) if stops is not None else (self.population.tokenizer.eos_token_id,)
+
     @torch.no_grad()
     def _no_grad_logps(
         self, batch: TokenBatch, chunks: list[torch.Tensor], reference: bool = False
@@ -477,7 +495,9 @@ class GRPOLearner:
             snapshot.restore(slot)
         return self._skip(adapter, reason, where, n, mean_reward)
 
-    def _skip(self, adapter: str, reason: SkipReason, where: str, n: int, mean_reward: float) -> UpdateStats:
+    def _skip(
+        self, adapter: str, reason: SkipReason, where: str, n: int, mean_reward: float, num_truncated: int = 0
+    ) -> UpdateStats:
         logger.warning(
             "GRPO update of adapter %r skipped (%s: %s); its weights and optimizer state are unchanged",
             adapter,
@@ -497,6 +517,7 @@ class GRPOLearner:
             num_samples=n,
             num_tokens=0,
             optimizer_steps=0,
+            num_truncated=num_truncated,
         )
 
 

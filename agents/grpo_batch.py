@@ -15,7 +15,14 @@ from transformers import DynamicCache
 from agents.generation import cache_kwarg
 from agents.grpo_loss import token_log_probs
 
-__all__ = ["TokenBatch", "encode_batch", "only_trainable", "pad_tokens", "shared_prefix_logps"]
+__all__ = [
+    "TokenBatch",
+    "encode_batch",
+    "only_trainable",
+    "pad_tokens",
+    "shared_prefix_logps",
+    "truncated_rows",
+]
 
 
 @dataclass
@@ -65,6 +72,13 @@ def encode_batch(
         comp_ids = [[*x, tok.eos_token_id] if len(x) < cap else x for x in comp_ids]
     completion = pad_tokens(comp_ids, tok.pad_token_id, "right")
     return TokenBatch(prompt_ids[0], prompt_ids[1], prompt_index, completion[0], completion[1].float())
+
+
+def truncated_rows(batch: TokenBatch, stops: Sequence[int]) -> torch.Tensor:
+    """(N,) bool: the completions none of whose real tokens is a stop id (cut at the budget). Padding is
+    not looked at: a tokenizer's pad id is often its EOS."""
+    stop = torch.tensor(list(stops), dtype=batch.completion_ids.dtype)
+    return ~(torch.isin(batch.completion_ids, stop) & (batch.completion_mask > 0)).any(dim=-1)
 
 
 def shared_prefix_logps(

@@ -20,7 +20,9 @@ __all__ = [
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
 ScaleRewards = Literal["group", "batch", "none", "task_relative"]
-SkipReason = Literal["non_finite_reward", "non_finite_loss", "non_finite_grad_norm", "non_finite_weights"]
+SkipReason = Literal[
+    "non_finite_reward", "non_finite_loss", "non_finite_grad_norm", "non_finite_weights", "all_truncated"
+]
 
 LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none", "task_relative")
@@ -74,6 +76,12 @@ class GRPOConfig:
     bit-identical (CUDA's default attention backward accumulates with atomics: measured on an H200, two
     identical 3-generation runs ended 1e-8 to 1e-6 apart in lora_B); False lets CUDA pick faster,
     run-to-run varying kernels. No effect on CPU, whose kernels are deterministic already."""
+    mask_truncated_completions: bool = False
+    """TRL's option of that name, DAPO's overlong filtering (Yu et al. 2025, arXiv 2503.14476, §3.4): a
+    completion whose trained tokens hold no stop token (cut at the generation budget, or at
+    ``max_new_tokens`` for training) takes no part in the loss; its reward still counts in its group's
+    advantages. A batch with nothing but such completions is skipped (``"all_truncated"``). Off by default,
+    as in TRL: the format penalty a cut-off answer gets is then what teaches a policy to stop."""
 
     def __post_init__(self) -> None:
         # numpy's numbers as Python's (a value read from an array), bools refused
@@ -147,6 +155,12 @@ class GRPOConfig:
             isinstance(self.seed, int) and 0 <= self.seed < 2**63, "seed", "an int in [0, 2**63)", self.seed
         )
         _check(isinstance(self.deterministic, bool), "deterministic", "a bool", self.deterministic)
+        _check(
+            isinstance(self.mask_truncated_completions, bool),
+            "mask_truncated_completions",
+            "a bool",
+            self.mask_truncated_completions,
+        )
 
 
 _FLOATS = (
@@ -190,9 +204,12 @@ class UpdateStats:
     num_samples: int
     """Completions in the batch."""
     num_tokens: int
-    """Active completion tokens in the batch."""
+    """Active completion tokens in the batch (those of masked truncated completions not counted)."""
     optimizer_steps: int
     """Optimizer steps taken (num_inner_epochs unless skipped)."""
+    num_truncated: int
+    """Completions whose trained tokens hold no stop token (cut at the budget), masked or not (TRL logs
+    their share as ``completions/clipped_ratio``)."""
 
 
 @dataclass(frozen=True)

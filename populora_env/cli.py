@@ -297,6 +297,12 @@ class TrainArgs:
         CPU kernels are deterministic either way, but the option is part of the run's config: resume with
         the same value."""),
     ] = True
+    mask_truncated_completions: Annotated[
+        bool,
+        _help("""Leave answers cut off at --max-new-tokens out of the GRPO loss (DAPO's overlong filtering, TRL's
+        option of that name); their rewards still count in their groups' advantages. Off by default: the format
+        penalty of a cut-off answer is then what teaches a member to stop. Part of the run's config."""),
+    ] = False
 
 
 def _train_config(args: TrainArgs, base: str) -> Any:
@@ -319,6 +325,8 @@ def _train_config(args: TrainArgs, base: str) -> Any:
     grpo: dict[str, Any] = {"learning_rate": args.learning_rate}
     if not args.deterministic:  # only when changed: runs made before the option keep their fingerprint
         grpo["deterministic"] = False
+    if args.mask_truncated_completions:  # (likewise)
+        grpo["mask_truncated_completions"] = True
     return PBTConfig(
         run_dir=str(args.run_dir), seed=args.seed, generations=args.generations,
         episodes_per_generation=episodes, env=env, teachers="lora", students="lora", population=population,
@@ -345,6 +353,7 @@ _FLAGS = {  # config fields the train command sets from an option of another nam
     "member_options.lora.max_new_tokens": "--max-new-tokens",
     "member_options.grpo.learning_rate": "--learning-rate",
     "member_options.grpo.deterministic": "--deterministic",
+    "member_options.grpo.mask_truncated_completions": "--mask-truncated-completions",
     "env.persist_buffer": "--persist-buffer",
     "self_play": "--preset",  # (no option of its own: the preset sets it)
     "pfsp": "--preset",
@@ -667,16 +676,20 @@ def _saved_presets(path: Path) -> list[str]:
 
 
 def _readable_options(message: str) -> str:
-    """A difference in ``--deterministic`` or ``--persist-buffer`` as the options read: the first is saved only
-    when it was turned off (``null`` is the default, on), so the message read "saved null, now false"; the
-    second is off in every run made before it was the default."""
+    """A difference in ``--deterministic``, ``--persist-buffer`` or ``--mask-truncated-completions`` as the
+    options read: the first is saved only when it was turned off (``null`` is the default, on), so the message
+    read "saved null, now false", the third only when turned on; the second is off in every run made before it
+    was the default."""
     field = "--deterministic (member_options.grpo.deterministic): "
     persist = "--persist-buffer (env.persist_buffer): "  # (runs made before it was the default: false)
+    masked = "--mask-truncated-completions (member_options.grpo.mask_truncated_completions): "
     for old, new in (
         (field + "saved null, now false", "--no-deterministic: the run was made without it"),
         (field + "saved false, now null", "--no-deterministic: the run was made with it"),
         (persist + "saved false, now true", "--no-persist-buffer: the run was made with it"),
         (persist + "saved true, now false", "--no-persist-buffer: the run was made without it"),
+        (masked + "saved null, now true", "--mask-truncated-completions: the run was made without it"),
+        (masked + "saved true, now null", "--mask-truncated-completions: the run was made with it"),
     ):
         message = message.replace(old, new)
     return message

@@ -389,6 +389,26 @@ def test_a_run_made_at_the_old_default_learning_rate_is_refused_naming_the_optio
     )
 
 
+def test_mask_truncated_completions_reaches_the_grpo_config_and_a_resume_names_it(tmp_path: Path) -> None:
+    """--mask-truncated-completions sets GRPOConfig's option of that name; the default leaves the run's
+    fingerprint as before the option (saved only when on), and a resume with the other value names it."""
+    from agents.members import LoRAMemberOptions, grpo_config
+    from evolve.pbt import _differences
+    from populora_env.cli import TrainArgs, _as_flags, _readable_options, _train_config
+
+    plain = _train_config(TrainArgs(run_dir=str(tmp_path)), "base")
+    masked = _train_config(TrainArgs(run_dir=str(tmp_path), mask_truncated_completions=True), "base")
+    assert "mask_truncated_completions" not in json.dumps(plain.fingerprint())
+    lora = LoRAMemberOptions(base="base")
+    assert not grpo_config(plain.member_options, lora).mask_truncated_completions
+    assert grpo_config(masked.member_options, lora).mask_truncated_completions
+    for saved, now, said in (
+        (plain, masked, "--mask-truncated-completions: the run was made without it"),
+        (masked, plain, "--mask-truncated-completions: the run was made with it"),
+    ):
+        assert said in _readable_options(_as_flags(_differences(saved.fingerprint(), now)))
+
+
 def test_the_resume_hint_of_a_finished_run_says_it_is_finished(tmp_path: Path) -> None:
     """A run stopped by an error after its last checkpoint (a rerun of a finished run in a folder that can no
     longer be written) was told "the same command resumes it" (an audit)."""

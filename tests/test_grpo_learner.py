@@ -21,7 +21,7 @@ import agents.grpo  # noqa: E402
 from agents.base import no_cudnn_attention  # noqa: E402
 from agents.generation import decode_tokens  # noqa: E402
 from agents.grpo import GRPOConfig, GRPOLearner, LossType, UpdateStats  # noqa: E402
-from agents.grpo_batch import encode_batch, shared_prefix_logps  # noqa: E402
+from agents.grpo_batch import TokenBatch, encode_batch, shared_prefix_logps, truncated_rows  # noqa: E402
 from tests.agents_fixtures import one_torch_thread, tiny_base_dir  # noqa: E402
 
 __all__ = ["one_torch_thread", "tiny_base_dir"]  # fixtures are used by name
@@ -159,6 +159,7 @@ def count_a(prompt: str, completion: str) -> float:
         ("epsilon_high", 1e300),
         ("weight_decay", 1e300),
         ("seed", 2**64),
+        ("mask_truncated_completions", 1),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(field: str, value: Any) -> None:
@@ -488,6 +489,99 @@ def test_bad_inputs() -> None:
             ValueError, match=rf"completion_ids\[1\] must hold token ids, ints in \[0, {vocabulary}\)"
         ):
             learner.update("p0", ["x", "x"], ["y", "z"], [1.0, 0.0], [0, 0], completion_ids=[[5], bad])
+
+
+# -- truncated completions (DAPO's overlong filtering) ---------------------------------------------------
+
+EOS = 2  # TinyPopulation's tokenizer: "</s>"
+# ids of a group of four on one prompt: two stopped on EOS, two cut at the budget of 4 tokens
+STOPPED, CUT = ([5, 6, EOS], [7, EOS]), ([8, 9, 10, 11], [12, 5, 6, 7])
+
+
+def _masked_update(
+    pop: TinyPopulation, mask: bool, cut: tuple[list[int], ...] = CUT, loss_type: LossType = "dapo"
+) -> UpdateStats:
+    cfg = GRPOConfig(
+        learning_rate=1e-2, max_new_tokens=4, loss_type=loss_type, mask_truncated_completions=mask
+    )
+    ids = [*STOPPED, *cut]
+    return GRPOLearner(pop, cfg).update(
+        "p0", ["abc "] * 4, ["x"] * 4, [1.0, 0.0, 0.5, -1.0], [0] * 4, completion_ids=ids
+    )
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_masked_truncated_completions_take_no_part_in_the_loss(loss_type: LossType) -> None:
+    """With the option on, what a cut-off completion says does not move the adapter (its reward still
+    shapes the others' advantages); with it off, it does. Both count it in ``num_truncated``."""
+    results = {}
+    for mask in (True, False):
+        for cut in (CUT, ([13, 14, 15, 16], [17, 18, 19, 20])):
+            pop = TinyPopulation()
+            generator = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for p in pop.trainable_parameters("p0"):
+                    p.normal_(0.0, 0.05, generator=generator)  # B != 0: every factor gets a gradient
+            stats = _masked_update(pop, mask, cut, loss_type)
+            assert not stats.skipped and stats.num_truncated == 2
+            assert stats.num_tokens == (5 if mask else 13)  # 3 + 2 stopped tokens, + 4 + 4 cut ones
+            results[mask, cut[0][0]] = snapshot(pop)
+    assert changed(results[True, 8], _Fixed(results[True, 13])) == set()
+    assert changed(results[False, 8], _Fixed(results[False, 13]))
+
+
+class _Fixed:
+    """``changed`` against a snapshot instead of a live population."""
+
+    def __init__(self, params: dict[str, torch.Tensor]) -> None:
+        self.model = _Params(params)
+
+
+class _Params:
+    def __init__(self, params: dict[str, torch.Tensor]) -> None:
+        self.params = params
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.params.items())
+
+
+def test_a_batch_of_nothing_but_truncated_completions_is_skipped_when_masked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pop = TinyPopulation()
+    before = snapshot(pop)
+    cfg = GRPOConfig(learning_rate=1e-2, max_new_tokens=4, mask_truncated_completions=True)
+    with caplog.at_level(logging.WARNING, logger="agents.grpo"):
+        stats = GRPOLearner(pop, cfg).update(
+            "p0", ["abc "] * 2, ["x"] * 2, [1.0, 0.0], [0, 0], completion_ids=CUT
+        )
+    assert stats.skipped and stats.skip_reason == "all_truncated" and stats.num_truncated == 2
+    assert "all 2 completions hold no stop token" in caplog.text
+    assert changed(before, pop) == set()
+    unmasked = dataclasses.replace(cfg, mask_truncated_completions=False)
+    stats = GRPOLearner(pop, unmasked).update(
+        "p0", ["abc "] * 2, ["x"] * 2, [1.0, 0.0], [0, 0], completion_ids=CUT
+    )
+    assert not stats.skipped and stats.num_truncated == 2 and changed(before, pop)
+
+
+def test_text_completions_at_the_budget_count_as_truncated() -> None:
+    """Without ids, a text that re-tokenises to the budget gets no EOS appended: it was cut."""
+    pop = TinyPopulation()
+    cfg = GRPOConfig(learning_rate=1e-2, max_new_tokens=4, mask_truncated_completions=True)
+    stats = GRPOLearner(pop, cfg).update(
+        "p0", ["abc "] * 3, ["ab", "abcd", "abcdef"], [1.0, 0.0, 0.5], [0] * 3
+    )
+    assert stats.num_truncated == 2 and stats.num_tokens == 3  # "ab" + EOS
+
+
+def test_padding_is_not_read_as_a_stop_token() -> None:
+    """Many tokenizers pad with their EOS: a cut row padded with it is still cut."""
+    ids = torch.tensor([[5, 6, EOS, EOS], [5, 6, 7, EOS], [5, 6, 7, 8]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1]]).float()
+    batch = TokenBatch(torch.ones(1, 1), torch.ones(1, 1), torch.zeros(3, dtype=torch.long), ids, mask)
+    assert truncated_rows(batch, [EOS]).tolist() == [False, True, True]
+    assert truncated_rows(batch, [EOS, 8]).tolist() == [False, True, False]  # any of the stop ids
 
 
 # -- non-finite values ---------------------------------------------------------------------------------
