@@ -465,7 +465,8 @@ class GRPOLearner:
     def _stop_ids(self) -> tuple[int, ...]:
         """The ids generation stops on: the population's (``stop_ids``), else the tokenizer's EOS."""
         stops = getattr(self.population, "stop_ids", None)
-        return tuple(stops) if stops is not None else (self.population.tokenizer.eos_token_id,)
+        stops = (self.population.tokenizer.eos_token_id,) if stops is None else stops
+        return tuple(i for i in stops if i is not None)  # (a tokenizer without EOS: nothing stops)
 
     @torch.no_grad()
     def _no_grad_logps(

@@ -209,7 +209,7 @@ class UpdateStats:
     """Optimizer steps taken (num_inner_epochs unless skipped)."""
     num_truncated: int
     """Completions whose trained tokens hold no stop token (cut at the budget), masked or not (TRL logs
-    their share as ``completions/clipped_ratio``)."""
+    their share as ``completions/clipped_ratio``); 0 when skipped for a non-finite reward (not tokenised)."""
 
 
 @dataclass(frozen=True)

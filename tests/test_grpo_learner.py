@@ -575,6 +575,17 @@ def test_text_completions_at_the_budget_count_as_truncated() -> None:
     assert stats.num_truncated == 2 and stats.num_tokens == 3  # "ab" + EOS
 
 
+def test_a_tokenizer_without_eos_counts_every_completion_as_truncated() -> None:
+    """Nothing stops generation without a stop id: every completion was cut, and the update still runs."""
+    pop = TinyPopulation()
+    pop.tokenizer.eos_token = None
+    assert pop.tokenizer.eos_token_id is None
+    stats = GRPOLearner(pop, GRPOConfig(learning_rate=1e-2, max_new_tokens=4)).update(
+        "p0", ["abc "] * 4, ["x"] * 4, [1.0, 0.0, 0.5, -1.0], [0] * 4, completion_ids=[*STOPPED, *CUT]
+    )
+    assert not stats.skipped and stats.num_truncated == 4
+
+
 def test_padding_is_not_read_as_a_stop_token() -> None:
     """Many tokenizers pad with their EOS: a cut row padded with it is still cut."""
     ids = torch.tensor([[5, 6, EOS, EOS], [5, 6, 7, EOS], [5, 6, 7, 8]])
