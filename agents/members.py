@@ -32,7 +32,7 @@ import torch
 
 from agents.base import build_tiny_base
 from agents.grpo import GRPOConfig, GRPOLearner
-from agents.grpo_config import MIN_TEMPERATURE
+from agents.grpo_config import MIN_TEMPERATURE, UpdateStats
 from agents.policy import LoRAPolicy, model_input
 from agents.population import LoRAPopulation
 from evolve.learners import LEARNERS, LearnerConfig
@@ -40,7 +40,14 @@ from evolve.members import POLICIES, is_finite_number, is_int_at_least, options_
 from evolve.protocols import LearnStats, Transition
 from populora_env.tasks import TASK_TYPES
 
-__all__ = ["GRPOMemberLearner", "LoRAMember", "LoRAMemberOptions", "grpo_inputs", "shared_population"]
+__all__ = [
+    "GRPOMemberLearner",
+    "LoRAMember",
+    "LoRAMemberOptions",
+    "grpo_info",
+    "grpo_inputs",
+    "shared_population",
+]
 
 _DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
 # GRPOConfig fields PBT members do not take from member_options["grpo"] (see the module docstring).
@@ -349,7 +356,7 @@ class GRPOMemberLearner:
         ]
         completion_ids = ids if all(row for row in ids) else None
         stats = self.grpo.update(self.policy.adapter, **inputs, completion_ids=completion_ids)
-        return LearnStats(stats.loss, stats.num_samples)
+        return LearnStats(stats.loss, stats.num_samples, grpo_info(stats))
 
     def state_dict(self) -> dict[str, Any]:
         """The adapter's AdamW state."""
@@ -363,6 +370,23 @@ class GRPOMemberLearner:
     def reset(self) -> None:
         """Forgets the adapter's optimizer state (its weights were replaced by an operator's child)."""
         self.grpo.reset_optimizer(self.policy.adapter)
+
+
+def grpo_info(stats: UpdateStats) -> dict[str, float]:
+    """The figures of a GRPO update that PBT logs per member (``LearnStats.info``): ``completions`` and those
+    ``truncated`` (no stop token among their trained tokens), active ``tokens``, ``clip_fraction``,
+    ``grad_norm``, ``kl`` (with a KL term only) and ``skipped`` (1 for an update that was skipped)."""
+    info = {
+        "completions": float(stats.num_samples),
+        "truncated": float(stats.num_truncated),
+        "tokens": float(stats.num_tokens),
+        "clip_fraction": stats.clip_fraction,
+        "grad_norm": stats.grad_norm,
+        "skipped": float(stats.skipped),
+    }
+    if stats.kl is not None:
+        info["kl"] = stats.kl
+    return info
 
 
 def _lora_member(env: Any, role: str, seed: int, config: Any) -> LoRAMember:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Losses = dict[str, float | None]
+LearnerInfo = dict[str, dict[str, float | None]]  # member id -> name -> value (NaN as None)
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,9 @@ class Backend(Protocol):
 
     def learn(
         self, members: Sequence[Member], outcome: PlayOutcome, generation: int
-    ) -> tuple[Losses, list[LearnerFailure]]:
-        """Runs each evolving member's learner on its transitions; a raising learner is undone and reported."""
+    ) -> tuple[Losses, LearnerInfo, list[LearnerFailure]]:
+        """Runs each evolving member's learner on its transitions; a raising learner is undone and reported.
+        Returns the losses and the learners' ``LearnStats.info`` by member, and the failures."""
         ...
 
     def close(self) -> None:
@@ -188,25 +190,38 @@ def play_episodes(
     return PlayOutcome(transitions, results, metrics, returns, {m: len(a) for m, a in illegal.items()}, left)
 
 
-def learn_stats(stats: Any, member_id: int, learner: Any) -> Any:
-    """A learner's ``update`` result: ``LearnStats``, or any object with a number as ``loss`` (``None`` or a
-    float failed as "'NoneType' object has no attribute 'loss'", naming neither the learner nor the rule; a
-    review)."""
+def learn_stats(stats: Any, member_id: int, learner: Any) -> tuple[float, dict[str, float | None]]:
+    """A learner's ``update`` result as ``(loss, info)``: from ``LearnStats``, or any object with a number as
+    ``loss`` and, optionally, a mapping of names to numbers as ``info`` (``None`` or a float failed as
+    "'NoneType' object has no attribute 'loss'", naming neither the learner nor the rule; a review). The info
+    comes sorted by name, NaN and infinities as ``None`` (JSON has none)."""
+    who = f"member {member_id}'s learner ({type(learner).__name__})"
     loss = getattr(stats, "loss", None)
     if isinstance(loss, bool) or not isinstance(loss, numbers.Real):
-        who = f"member {member_id}'s learner ({type(learner).__name__})"
         raise TypeError(
             f"{who}: update() must return evolve.protocols.LearnStats(loss, samples), got "
             f"{type(stats).__name__} {stats!r:.60}"
         )
-    return stats
+    info = getattr(stats, "info", None)
+    info = {} if info is None else info
+    if not isinstance(info, Mapping):
+        raise TypeError(
+            f"{who}: LearnStats.info must be a mapping of names to numbers, got {type(info).__name__}"
+        )
+    for name, value in info.items():
+        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"{who}: LearnStats.info must map names (str) to numbers, got {name!r}: {value!r:.40}"
+            )
+    return float(loss), {name: finite_or_none(float(info[name])) for name in sorted(info)}
 
 
 def learn_locally(
     members: Sequence[Member], outcome: PlayOutcome, generation: int
-) -> tuple[Losses, list[LearnerFailure]]:
+) -> tuple[Losses, LearnerInfo, list[LearnerFailure]]:
     """Each evolving member's learner on its own transitions, in member order."""
     losses: Losses = {}
+    infos: LearnerInfo = {}
     failures = []
     for member in members:
         if member.learner is None or not outcome.transitions.get(member.id):
@@ -223,13 +238,16 @@ def learn_locally(
             # a learner that diverged without raising: its weights would be checkpointed, and every resume
             # would replay into the same failure of play or of the operators
             check_finite(member.policy.get_genome(), f"member {member.id}'s genome after its update")
-            losses[str(member.id)] = finite_or_none(learn_stats(stats, member.id, member.learner).loss)
+            loss, info = learn_stats(stats, member.id, member.learner)
+            losses[str(member.id)] = finite_or_none(loss)
+            if info:
+                infos[str(member.id)] = info
         except Exception as error:  # any learner bug: undo, skip this member for the generation, keep the run
             member.policy.set_genome(genome)
             member.learner.reset()
             member.learner.load_state_dict(learner_state)
             failures.append(LearnerFailure(member.id, generation, type(error).__name__, str(error)))
-    return losses, failures
+    return losses, infos, failures
 
 
 def _new_env(
@@ -278,7 +296,7 @@ class LocalBackend:
 
     def learn(
         self, members: Sequence[Member], outcome: PlayOutcome, generation: int
-    ) -> tuple[Losses, list[LearnerFailure]]:
+    ) -> tuple[Losses, LearnerInfo, list[LearnerFailure]]:
         """``learn_locally``."""
         return learn_locally(members, outcome, generation)
 
@@ -376,8 +394,8 @@ class MemberWorker:
     def learn(
         self, member_id: int, genome: dict[str, Any], state: dict[str, Any], experience: Sequence[Transition]
     ) -> tuple[Any, ...]:
-        """``("ok", genome, learner state, loss)`` or ``("error", type name, message)``; the messages are
-        ``learn_locally``'s, word for word (metrics.jsonl is the same on both backends)."""
+        """``("ok", genome, learner state, loss, info)`` or ``("error", type name, message)``; the messages
+        are ``learn_locally``'s, word for word (metrics.jsonl is the same on both backends)."""
         try:
             self.policy.set_genome(genome)
             self.learner.reset()
@@ -385,10 +403,10 @@ class MemberWorker:
             stats = self.learner.update(self.policy, experience)
             genome = self.policy.get_genome()
             check_finite(genome, f"member {member_id}'s genome after its update")
-            loss = learn_stats(stats, member_id, self.learner).loss
+            loss, info = learn_stats(stats, member_id, self.learner)
         except Exception as error:  # reported to the coordinator, which keeps the member unchanged
             return ("error", type(error).__name__, str(error))
-        return ("ok", genome, self.learner.state_dict(), loss)
+        return ("ok", genome, self.learner.state_dict(), loss, info)
 
 
 CLOSE_TIMEOUT = 10.0
@@ -501,7 +519,7 @@ class RayBackend:
 
     def learn(
         self, members: Sequence[Member], outcome: PlayOutcome, generation: int
-    ) -> tuple[Losses, list[LearnerFailure]]:
+    ) -> tuple[Losses, LearnerInfo, list[LearnerFailure]]:
         """All learners at once on their actors; results applied in member order. A learner that raises,
         or whose actor's process dies, is reported and its member left as it was (as locally)."""
         todo = [m for m in members if m.learner is not None and outcome.transitions.get(m.id)]
@@ -516,6 +534,7 @@ class RayBackend:
             )
             pending.append((member, ref))
         losses: Losses = {}
+        infos: LearnerInfo = {}
         failures = []
         lost = (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError)
         deadline = None if self.config.ray_timeout_s is None else time.monotonic() + self.config.ray_timeout_s
@@ -533,13 +552,15 @@ class RayBackend:
             if reply[0] == "error":
                 failures.append(LearnerFailure(member.id, generation, reply[1], reply[2]))
                 continue
-            _, genome, state, loss = reply
+            _, genome, state, loss, info = reply
             member.policy.set_genome(genome)
             assert member.learner is not None
             member.learner.reset()
             member.learner.load_state_dict(state)
             losses[str(member.id)] = finite_or_none(loss)
-        return losses, failures
+            if info:
+                infos[str(member.id)] = info
+        return losses, infos, failures
 
     def _lost(self, error: BaseException) -> str:
         """How an actor was lost, for messages: it died, or it did not answer within ``ray_timeout_s``."""

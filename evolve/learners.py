@@ -98,7 +98,8 @@ class ReinforceLearner:
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
 
     def update(self, policy: Any, experience: Sequence[Transition]) -> LearnStats:
-        """``config.steps`` Adam steps on the REINFORCE loss of ``experience``."""
+        """``config.steps`` Adam steps on the REINFORCE loss of ``experience``; ``info`` holds the gradient's
+        global L2 norm before the last step (``grad_norm``)."""
         if policy is not self.policy:
             raise ValueError("a ReinforceLearner updates only the policy it was built for")
         module: Any = self.policy
@@ -108,7 +109,7 @@ class ReinforceLearner:
                 by_role.setdefault(t.role, []).append(t)
         if not by_role:
             return LearnStats(float("nan"), 0)
-        loss_value = float("nan")
+        loss_value = grad_norm = float("nan")
         for _ in range(self.config.steps):
             loss = torch.zeros(())
             for role, batch in sorted(by_role.items()):
@@ -117,9 +118,11 @@ class ReinforceLearner:
                 loss = loss + reinforce_loss(log_probs, rewards)
             self.optimizer.zero_grad()
             loss.backward()
+            grads = [p.grad.detach().flatten() for p in module.parameters() if p.grad is not None]
+            grad_norm = float(torch.linalg.vector_norm(torch.cat(grads))) if grads else 0.0
             self.optimizer.step()
             loss_value = float(loss.detach())
-        return LearnStats(loss_value, sum(map(len, by_role.values())))
+        return LearnStats(loss_value, sum(map(len, by_role.values())), {"grad_norm": grad_norm})
 
     def state_dict(self) -> dict[str, Any]:
         """Adam's moments and step counts."""

@@ -45,7 +45,7 @@ from evolve.learners import LEARNERS, LearnerConfig
 from evolve.members import POLICIES, NetConfig, is_finite_number, is_int_at_least
 from evolve.population import FIXED_KINDS, Population, extend, run_generation
 from evolve.ratings import RatingTable
-from evolve.runlog import GenerationMetrics, RunLog, warn_once
+from evolve.runlog import GenerationMetrics, RunLog, truncated_share, warn_once
 from evolve.selection import share_of
 from populora_env.game import TeacherStudentConfig, warn_constant_teacher_reward
 from populora_env.progress import watched
@@ -629,8 +629,10 @@ def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:
                 rewards = " ".join(
                     f"{role} {value:+.3f}" for role, value in sorted(record.mean_reward.items())
                 )
+                cut = truncated_share(record.learner_info)
                 _say(bar, f"generation {generation}: solve rate {solve}, invalid {record.invalid_rate:.2f}, "
-                          f"mean reward {rewards or '-'}, children {len(record.lineage)}")  # fmt: skip
+                          f"mean reward {rewards or '-'}, children {len(record.lineage)}"
+                          + ("" if cut is None else f", cut off {cut:.2f}"))  # fmt: skip
     finally:
         if bar is not None:  # closed on an interrupt too: a message after it starts on a line of its own
             bar.close()

@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from evolve.runlog import truncated_share
+
 __all__ = ["COMPARED_COLUMNS", "compare_runs", "plot_run", "summary_rows"]
 
 
@@ -144,6 +146,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     arms.plot(gens, [_solve_rate(r) for r in rows], marker="o", label="student solve rate")
     arms.plot(gens, [r["invalid_rate"] for r in rows], marker="s", label="invalid proposals")
+    cut = [truncated_share(r.get("learner_info", {})) for r in rows]  # (absent from older records)
+    if any(c is not None for c in cut):  # learners that count answers cut off at the token budget (GRPO's)
+        arms.plot(gens, [float("nan") if c is None else c for c in cut], marker="^", linestyle=":",
+                  label="trained answers cut off")  # fmt: skip
     arms.set_ylim(-0.02, 1.02)
     arms.set_title("arms race")
 

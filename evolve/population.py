@@ -468,7 +468,7 @@ def run_generation(
     outcome = backend.play(pop.members(), sampling_seeds, seats, seeds, pop.buffer)
     pop.buffer = outcome.buffer
     # ----- learn, rate ---------------------------------------------------------------------------------
-    losses, failures = backend.learn(pop.members(), outcome, generation)
+    losses, learner_info, failures = backend.learn(pop.members(), outcome, generation)
     pop.table.update(outcome.results)
     fitness = {m.id: fitness_of(pop, m, outcome) for m in pop.members()}
     role_fitness = {}
@@ -498,6 +498,7 @@ def run_generation(
         operator_use=operator_use(children),
         lineage=[r.to_json() for r in children],
         illegal_actions={str(m): n for m, n in sorted(outcome.illegal.items())},
+        learner_info=learner_info,
         **summarize_episodes(outcome.metrics),
     )
     pop.history.append(record.to_json())

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
@@ -73,10 +73,14 @@ class LearnStats:
     Attributes:
         loss: the optimised loss (``nan`` when nothing was optimised).
         samples: transitions used.
+        info: other figures of the update by name, real numbers (GRPO's ``clip_fraction``, ``grad_norm``,
+            ``truncated`` completions...): the PBT loop logs them per member (``metrics.jsonl``'s
+            ``learner_info``, TensorBoard's ``learner/<name>/<member>``).
     """
 
     loss: float
     samples: int
+    info: Mapping[str, float] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -74,6 +74,8 @@ class GenerationMetrics:
             ``"<verdict>/<status>"`` (``EpisodeMetrics.rejections``; empty in records written before it).
         illegal_actions: actions the env refused (paid the format penalty), by member id, members with any
             only (empty in records written before it; they were in the log alone, a review).
+        learner_info: the learners' other figures (``LearnStats.info``) by member, then by name, ``nan`` as
+            ``null``; members whose learner reported none are absent (empty in records written before it).
     """
 
     generation: int
@@ -92,6 +94,7 @@ class GenerationMetrics:
     op_coverage: float = 0.0
     rejections: dict[str, int] = field(default_factory=dict)
     illegal_actions: dict[str, int] = field(default_factory=dict)
+    learner_info: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -122,6 +125,18 @@ def summarize_episodes(metrics: Sequence[EpisodeMetrics]) -> dict[str, Any]:
         "op_coverage": _mean([float(m.op_coverage) for m in metrics]),
         "rejections": dict(sorted(rejections.items())),
     }
+
+
+def truncated_share(learner_info: dict[str, dict[str, float | None]]) -> float | None:
+    """The share of the generation's trained completions that were cut off at the token budget, over the
+    members whose learner counts them (``truncated`` and ``completions`` in ``LearnStats.info``, as GRPO's);
+    ``None`` when none does."""
+    counts: list[tuple[float, float]] = []
+    for info in learner_info.values():
+        cut, total = info.get("truncated"), info.get("completions")
+        if cut is not None and total:
+            counts.append((cut, total))
+    return sum(t for t, _ in counts) / sum(n for _, n in counts) if counts else None
 
 
 def finite_or_none(value: float) -> float | None:
@@ -187,6 +202,13 @@ class RunLog:
             **{f"rejections/{k}": float(v) for k, v in record.rejections.items()},
             "lineage/children": float(len(record.lineage)),
             "learner/failures": float(len(record.learner_failures)),
+            **{f"learner/loss/{m}": v for m, v in record.losses.items() if v is not None},
+            **{
+                f"learner/{name}/{m}": v
+                for m, info in record.learner_info.items()
+                for name, v in info.items()
+                if v is not None
+            },
         }
         if record.solve_rate is not None:  # (no point where no student attempted a task)
             scalars["env/solve_rate"] = record.solve_rate

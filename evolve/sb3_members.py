@@ -342,6 +342,10 @@ def _safe_batch_size(samples: int, batch_size: int) -> int:
     return batch_size
 
 
+PPO_INFO = ("approx_kl", "clip_fraction", "entropy_loss", "value_loss", "explained_variance")
+"""The figures of SB3's PPO ``train()`` (its logger's ``train/<name>``) that ``PPOLearner`` reports per role."""
+
+
 class PPOLearner:
     """SB3's PPO update for an ``SB3Policy``, one rollout buffer per role per generation.
 
@@ -372,14 +376,15 @@ class PPOLearner:
         """A PPO update of each role's model on that role's decisions (roles with fewer than 2 are skipped).
 
         Returns:
-            The mean over roles of SB3's ``train/loss`` (last minibatch) and the transitions used.
+            The mean over roles of SB3's ``train/loss`` (last minibatch), the transitions used, and as
+            ``info`` each trained role's ``PPO_INFO`` figures of SB3's logger (``"student/approx_kl"``...).
         """
         if policy is not self.policy:
             raise ValueError("a PPOLearner updates only the policy it was built for")
         by_role: dict[str, list[Transition]] = {}
         for t in experience:
             by_role.setdefault(t.role, []).append(t)
-        losses, samples = [], 0
+        losses, samples, info = [], 0, {}
         for role, batch in sorted(by_role.items()):
             if role not in self.policy.models:
                 raise ValueError(
@@ -389,7 +394,10 @@ class PPOLearner:
                 continue
             losses.append(self._train(self.policy.models[role], batch))
             samples += len(batch)
-        return LearnStats(float(np.mean(losses)) if losses else float("nan"), samples)
+            info.update(
+                {f"{role}/{name}": float(self.logger.name_to_value[f"train/{name}"]) for name in PPO_INFO}
+            )
+        return LearnStats(float(np.mean(losses)) if losses else float("nan"), samples, info)
 
     def _train(self, model: Any, batch: Sequence[Transition]) -> float:
         model.rollout_buffer = fill_rollout_buffer(model, batch)

@@ -382,18 +382,23 @@ def _as_flags(message: str) -> str:
 
 def _summary_table(rows: list[dict[str, Any]]) -> str:
     """One line per generation of ``metrics.jsonl``'s records, with why proposals were rejected and which
-    learners raised."""
-    header = f"{'gen':>3}  {'solve':>5}  {'teacher':>7}  {'student':>7}  {'invalid':>7}  {'depth':>5}  " \
-             f"{'lines':>5}  {'children':>8}"  # fmt: skip
+    learners raised. ``cut``: the share of the completions the learners trained on that were cut off at the
+    token budget (``-`` where no learner counts them, as in records written before they did)."""
+    from evolve.runlog import truncated_share
+
+    header = f"{'gen':>3}  {'solve':>5}  {'teacher':>7}  {'student':>7}  {'invalid':>7}  {'cut':>5}  " \
+             f"{'depth':>5}  {'lines':>5}  {'children':>8}"  # fmt: skip
     lines = [header, "-" * len(header)]
     for r in rows:
         reward = r["mean_reward"]
         teacher, student = (
             f"{reward[k]:+7.3f}" if k in reward else f"{'-':>7}" for k in ("teacher", "student")
         )
+        cut = truncated_share(r.get("learner_info", {}))
         lines.append(
             f"{r['generation']:>3}  {_rate(r['solve_rate'], 5)}  {teacher}  {student}  {r['invalid_rate']:7.2f}  "
-            f"{r['difficulty']['depth']:5.2f}  {r['difficulty']['lines']:5.2f}  {len(r['lineage']):>8}"
+            f"{_rate(cut, 5)}  {r['difficulty']['depth']:5.2f}  {r['difficulty']['lines']:5.2f}  "
+            f"{len(r['lineage']):>8}"
         )
     rejections: Counter[str] = Counter()
     for r in rows:
@@ -794,7 +799,8 @@ class PlotArgs:
 
 
 def _rate(value: float | None, width: int) -> str:
-    """A solve rate in a table column: ``-`` where no student attempted a task (``None``)."""
+    """A rate in a table column: ``-`` where there is none (``None``: no student attempted a task, no learner
+    counted cut-off completions)."""
     return f"{'-':>{width}}" if value is None else f"{value:{width}.2f}"
 
 

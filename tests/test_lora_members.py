@@ -32,6 +32,7 @@ from evolve.learners import LEARNERS, LearnerConfig
 from evolve.members import POLICIES
 from evolve.pbt import PBTConfig, run_pbt
 from evolve.protocols import Transition, is_evolvable
+from evolve.runlog import truncated_share
 from populora_env import teacher_student_v0
 from populora_env.cli import main
 from populora_env.game import TeacherStudentConfig
@@ -81,6 +82,15 @@ def test_lora_members_evolve_and_learn_on_a_frozen_base(tmp_path: Path, tiny_bas
     # the students, never evaluated, were not judged (neither replaced nor parents)
     assert sorted(history[0]["losses"]) == ["0", "1"]
     assert all(loss is not None for loss in history[0]["losses"].values())
+    # the GRPO update's figures, per member (the truncation count over exactly the completions it trained on)
+    info = history[0]["learner_info"]
+    assert sorted(info) == ["0", "1"] and all(
+        set(i) == {"completions", "truncated", "tokens", "clip_fraction", "grad_norm", "skipped"}
+        and i["completions"] >= 1
+        and 0 <= i["truncated"] <= i["completions"]
+        and i["skipped"] == 0.0
+        for i in info.values()
+    )
     children = [r for r in records(run_dir / "lineage.jsonl") if r["origin"] == "offspring"]
     assert {c["role"] for c in children} == {"teacher"} and all(c["parents"] for c in children)
     assert all(history[0]["fitness"][str(m)] is None for m in (2, 3))  # the two students
@@ -322,6 +332,11 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
     # four new tokens make no program: every proposal is turned away, and the summary says why
     rejected = sum(sum(json.loads(line)["rejections"].values()) for line in metrics.splitlines())
     assert rejected > 0 and f"why proposals were rejected ({rejected} in all): format_error/" in out
+    # and how many of the answers the learner trained on were cut off at the 4-token budget
+    cut = [truncated_share(json.loads(line)["learner_info"]) for line in metrics.splitlines()]
+    assert all(c is not None and 0 < c <= 1 for c in cut)
+    assert [row[5] for row in table] == [f"{c:.2f}" for c in cut]
+    assert f", cut off {cut[0]:.2f}" in err
     assert main(argv) == 0  # the same command again: resumed from the last checkpoint, nothing to redo
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics
     out, err = capsys.readouterr()

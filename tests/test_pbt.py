@@ -18,7 +18,7 @@ from evolve.checkpoint import load_latest
 from evolve.learners import LEARNERS, LearnerConfig, ReinforceLearner
 from evolve.members import NetConfig, TorchPolicy
 from evolve.pbt import KIND_MODES, PBTConfig, run_pbt
-from evolve.protocols import EvolvablePolicy, is_evolvable
+from evolve.protocols import EvolvablePolicy, LearnStats, is_evolvable
 from evolve.sb3_members import SB3Options
 from populora_env import cli, teacher_student_v0
 from populora_env.game import TeacherStudentConfig
@@ -414,6 +414,10 @@ def test_ray_backend_equals_local(tmp_path: Path, persist: bool) -> None:
     _assert_same_run(local, on_ray, generations=2)
     history = _history(local)  # learners moved weights, children were made and learned in turn
     assert history[0]["lineage"] and all(any(h["losses"].values()) for h in history)
+    # (REINFORCE's gradient norms came back from the actors too)
+    assert all(
+        h["learner_info"] and all("grad_norm" in i for i in h["learner_info"].values()) for h in history
+    )
 
 
 @pytest.mark.slow
@@ -1289,6 +1293,40 @@ def test_a_user_s_kind_and_learner_are_checked_before_the_first_generation(
     history = _history(run_pbt(PBTConfig(run_dir=str(tmp_path / "e"), students="torch", learner="own_stats",
                                          **base)))  # type: ignore[arg-type]  # fmt: skip
     assert all(h["learner_failures"] == [] and set(h["losses"].values()) == {0.25} for h in history)
+    assert all(h["learner_info"] == {} for h in history)  # (no info: none logged)
+
+    class WithInfo(ReinforceLearner):  # a learner's other figures land in metrics.jsonl, NaN as null
+        def update(self, policy: Any, experience: Any) -> Any:
+            return LearnStats(0.5, len(experience), {"width": 3, "kl": float("nan"), "a": np.float32(0.5)})
+
+    monkeypatch.setitem(LEARNERS, "with_info", WithInfo)
+    history = _history(run_pbt(PBTConfig(run_dir=str(tmp_path / "f"), students="torch", learner="with_info",
+                                         **base)))  # type: ignore[arg-type]  # fmt: skip
+    assert all(h["learner_failures"] == [] for h in history)
+    assert all(
+        set(h["learner_info"]) == set(h["losses"]) and h["learner_info"] and
+        all(list(i.items()) == [("a", 0.5), ("kl", None), ("width", 3.0)] for i in h["learner_info"].values())
+        for h in history
+    )  # fmt: skip
+    for info, said in (
+        ([("kl", 0.1)], "LearnStats.info must be a mapping of names to numbers, got list"),
+        ({"kl": "0.1"}, "LearnStats.info must map names (str) to numbers, got 'kl': '0.1'"),
+        ({"done": True}, "LearnStats.info must map names (str) to numbers, got 'done': True"),
+        ({1: 0.1}, "LearnStats.info must map names (str) to numbers, got 1: 0.1"),
+    ):
+
+        class BadInfo(ReinforceLearner):
+            def update(self, policy: Any, experience: Any, info: Any = info) -> Any:
+                return LearnStats(0.5, len(experience), info)
+
+        monkeypatch.setitem(LEARNERS, "bad_info", BadInfo)
+        history = _history(run_pbt(PBTConfig(run_dir=str(tmp_path / f"g{said[-8:]}"), students="torch",
+                                             learner="bad_info", **base)))  # type: ignore[arg-type]  # fmt: skip
+        messages = {f["message"] for h in history for f in h["learner_failures"]}
+        assert messages and all(m.startswith("member ") and "(BadInfo): " + said in m for m in messages), (
+            messages
+        )
+        assert all(h["learner_info"] == {} and h["losses"] == {} for h in history)
 
 
 def test_a_mutation_that_cannot_move_a_genome_is_warned_about_once(
@@ -1343,7 +1381,7 @@ def test_a_generation_without_student_attempts_has_no_solve_rate(
     table, the log and the curves, a rate no student had (an audit): it is None, shown as '-', no point in
     the plot nor TensorBoard, and left out of the comparison's means."""
     from evolve.plots import plot_run, summary_rows
-    from evolve.runlog import summarize_episodes
+    from evolve.runlog import summarize_episodes, truncated_share
     from populora_env.metrics import summarize_episode
 
     idle = summarize_episode([("teacher_0", "invalid", "", None)], [], ["teacher_0"], ["student_0"])
@@ -1359,3 +1397,11 @@ def test_a_generation_without_student_attempts_has_no_solve_rate(
     assert plot_run(run).is_file()
     assert summary_rows([run], last=1.0)[0]["student solve rate"] == pytest.approx(rows[1]["solve_rate"])
     assert cli._summary_table(rows).splitlines()[2].split()[:2] == ["0", "-"]
+    # the cut column: "-" where no learner counted cut-off completions, else their share over the members
+    header, _, line = cli._summary_table(rows).splitlines()[:3]
+    assert header.split()[5] == "cut" and line.split()[5] == "-"
+    rows[0]["learner_info"] = {"0": {"truncated": 1.0, "completions": 4.0}, "1": {"truncated": 2.0,
+                               "completions": 8.0, "grad_norm": 0.5}, "2": {"grad_norm": 1.0}}  # fmt: skip
+    assert cli._summary_table(rows).splitlines()[2].split()[5] == "0.25"
+    assert truncated_share(rows[0]["learner_info"]) == 0.25 and truncated_share({"3": {"kl": None}}) is None
+    assert truncated_share({"0": {"truncated": None, "completions": 4.0}}) is None

@@ -152,12 +152,19 @@ def test_ppo_update_raises_the_rewarded_action_and_resumes_bit_identically() -> 
 
 # ----- the loop --------------------------------------------------------------------------------------
 def test_sb3_students_learn_by_ppo_and_evolve_by_operators(tmp_path: Path) -> None:
+    from evolve.sb3_members import PPO_INFO
+
     config = _config(tmp_path / "run")
     history = _history(run_pbt(config))
     assert [h["generation"] for h in history] == [0, 1, 2]
     for h in history:  # every student member trained with a finite PPO loss; scripted teachers did not
         students = [k for k in h["fitness"] if int(k) >= 2]
         assert sorted(h["losses"]) == sorted(students) and all(v is not None for v in h["losses"].values())
+        # SB3's own figures of each update (its logger's train/...), by role
+        assert sorted(h["learner_info"]) == sorted(students) and all(
+            set(i) == {f"student/{name}" for name in PPO_INFO} and 0 <= i["student/clip_fraction"] <= 1
+            for i in h["learner_info"].values()
+        )
     children = [r for h in history for r in h["lineage"]]
     assert children and all(r["role"] == "student" and r["crossover"] in config.crossovers for r in children)
     state = load_latest(tmp_path / "run" / "checkpoints")
