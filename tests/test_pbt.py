@@ -1001,6 +1001,20 @@ def test_tensorboard_scalars_match_the_jsonl_metrics(tmp_path: Path) -> None:
     assert {f"difficulty/{k}" for k in history[-1]["difficulty"]} <= tags
     used = {f"operators/{k}" for h in history for k in h["operator_use"]}
     assert used and used == {tag for tag in tags if tag.startswith("operators/")}
+    # each member's loss and its learner's own figures (REINFORCE: the gradient norm), step by generation
+    for name, key in (("loss", "losses"), ("grad_norm", "learner_info")):
+        logged = {
+            (int(e.step), tag.rsplit("/", 1)[1]): e.value
+            for tag in tags
+            if tag.startswith(f"learner/{name}/")
+            for e in events.Scalars(tag)
+        }
+        expected = {
+            (h["generation"], m): v if key == "losses" else v["grad_norm"]
+            for h in history
+            for m, v in h[key].items()
+        }
+        assert expected and logged == pytest.approx(expected)
 
 
 @pytest.mark.slow
