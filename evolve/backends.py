@@ -213,7 +213,15 @@ def learn_stats(stats: Any, member_id: int, learner: Any) -> tuple[float, dict[s
             raise TypeError(
                 f"{who}: LearnStats.info must map names (str) to numbers, got {name!r}: {value!r:.40}"
             )
-    return float(loss), {name: finite_or_none(float(info[name])) for name in sorted(info)}
+    return float(loss), {name: _finite_float(info[name]) for name in sorted(info)}
+
+
+def _finite_float(value: numbers.Real) -> float | None:
+    """``value`` as a float, ``None`` where it is not finite (an int past float's range too)."""
+    try:
+        return finite_or_none(float(value))
+    except OverflowError:
+        return None
 
 
 def learn_locally(

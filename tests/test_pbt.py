@@ -1311,7 +1311,8 @@ def test_a_user_s_kind_and_learner_are_checked_before_the_first_generation(
 
     class WithInfo(ReinforceLearner):  # a learner's other figures land in metrics.jsonl, NaN as null
         def update(self, policy: Any, experience: Any) -> Any:
-            return LearnStats(0.5, len(experience), {"width": 3, "kl": float("nan"), "a": np.float32(0.5)})
+            info = {"width": 3, "kl": float("nan"), "a": np.float32(0.5), "big": 10**400}
+            return LearnStats(0.5, len(experience), info)
 
     monkeypatch.setitem(LEARNERS, "with_info", WithInfo)
     history = _history(run_pbt(PBTConfig(run_dir=str(tmp_path / "f"), students="torch", learner="with_info",
@@ -1319,7 +1320,8 @@ def test_a_user_s_kind_and_learner_are_checked_before_the_first_generation(
     assert all(h["learner_failures"] == [] for h in history)
     assert all(
         set(h["learner_info"]) == set(h["losses"]) and h["learner_info"] and
-        all(list(i.items()) == [("a", 0.5), ("kl", None), ("width", 3.0)] for i in h["learner_info"].values())
+        all(list(i.items()) == [("a", 0.5), ("big", None), ("kl", None), ("width", 3.0)]
+            for i in h["learner_info"].values())
         for h in history
     )  # fmt: skip
     for info, said in (
