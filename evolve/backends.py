@@ -190,11 +190,12 @@ def play_episodes(
     return PlayOutcome(transitions, results, metrics, returns, {m: len(a) for m, a in illegal.items()}, left)
 
 
-def learn_stats(stats: Any, member_id: int, learner: Any) -> tuple[float, dict[str, float | None]]:
+def learn_stats(stats: Any, member_id: int, learner: Any) -> tuple[float | None, dict[str, float | None]]:
     """A learner's ``update`` result as ``(loss, info)``: from ``LearnStats``, or any object with a number as
     ``loss`` and, optionally, a mapping of names to numbers as ``info`` (``None`` or a float failed as
     "'NoneType' object has no attribute 'loss'", naming neither the learner nor the rule; a review). The info
-    comes sorted by name, NaN and infinities as ``None`` (JSON has none)."""
+    comes sorted by name; the loss and the info's values are floats, or ``None`` where not finite (JSON has
+    no NaN)."""
     who = f"member {member_id}'s learner ({type(learner).__name__})"
     loss = getattr(stats, "loss", None)
     if isinstance(loss, bool) or not isinstance(loss, numbers.Real):
@@ -213,7 +214,7 @@ def learn_stats(stats: Any, member_id: int, learner: Any) -> tuple[float, dict[s
             raise TypeError(
                 f"{who}: LearnStats.info must map names (str) to numbers, got {name!r}: {value!r:.40}"
             )
-    return float(loss), {name: _finite_float(info[name]) for name in sorted(info)}
+    return _finite_float(loss), {name: _finite_float(info[name]) for name in sorted(info)}
 
 
 def _finite_float(value: numbers.Real) -> float | None:
@@ -246,8 +247,7 @@ def learn_locally(
             # a learner that diverged without raising: its weights would be checkpointed, and every resume
             # would replay into the same failure of play or of the operators
             check_finite(member.policy.get_genome(), f"member {member.id}'s genome after its update")
-            loss, info = learn_stats(stats, member.id, member.learner)
-            losses[str(member.id)] = finite_or_none(loss)
+            losses[str(member.id)], info = learn_stats(stats, member.id, member.learner)
             if info:
                 infos[str(member.id)] = info
         except Exception as error:  # any learner bug: undo, skip this member for the generation, keep the run
@@ -565,7 +565,7 @@ class RayBackend:
             assert member.learner is not None
             member.learner.reset()
             member.learner.load_state_dict(state)
-            losses[str(member.id)] = finite_or_none(loss)
+            losses[str(member.id)] = loss
             if info:
                 infos[str(member.id)] = info
         return losses, infos, failures
