@@ -7,7 +7,8 @@ Usage:
 Builds (or reuses, cached on disk) the tiny offline Llama base, puts one LoRA adapter per agent on it
 (``--self-play`` maps teacher_0 and student_0 to one adapter: AZR's single-agent baseline), then repeats:
 collect episodes with one batched mixed-adapter generation per game phase, group the completions by the
-env's info into GRPO groups, and update every adapter. It prints each adapter's mean reward per role.
+env's info into GRPO groups, and update every adapter. It prints each adapter's mean reward per role, and its
+GRPO loss and how many of its completions were cut off at the token budget.
 
 Honest scope: the tiny base learns the answer format, not program semantics, so rewards mostly move
 between format errors and well-formed wrong answers; research runs use a real base on a GPU.
@@ -141,7 +142,10 @@ def main(args: Args) -> None:
         last = rollouts[-1].metrics
         print(
             f"iteration {iteration}: mean reward {means} | invalid proposals {last.invalid_rate:.2f} | "
-            + " ".join(f"{name} loss {s.loss:+.4f}" for name, s in stats.items())
+            + " ".join(
+                f"{name} loss {s.loss:+.4f} cut {s.num_truncated}/{s.num_samples}"
+                for name, s in stats.items()
+            )
         )
 
 
