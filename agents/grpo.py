@@ -347,7 +347,7 @@ class GRPOLearner:
             num_samples=len(advantages),
             num_tokens=int(ctx.num_items_in_batch),
             optimizer_steps=len(losses),
-            num_truncated=0,  # (set by `update`)
+            num_truncated=None,  # (set by `update`)
         )
 
     # -- generate, score, update ---------------------------------------------------------------------
@@ -497,7 +497,13 @@ class GRPOLearner:
         return self._skip(adapter, reason, where, n, mean_reward)
 
     def _skip(
-        self, adapter: str, reason: SkipReason, where: str, n: int, mean_reward: float, num_truncated: int = 0
+        self,
+        adapter: str,
+        reason: SkipReason,
+        where: str,
+        n: int,
+        mean_reward: float,
+        num_truncated: int | None = None,
     ) -> UpdateStats:
         logger.warning(
             "GRPO update of adapter %r skipped (%s: %s); its weights and optimizer state are unchanged",

@@ -80,8 +80,10 @@ class GRPOConfig:
     """TRL's option of that name, DAPO's overlong filtering (Yu et al. 2025, arXiv 2503.14476, §3.4): a
     completion whose trained tokens hold no stop token (cut at the generation budget, or at
     ``max_new_tokens`` for training) takes no part in the loss; its reward still counts in its group's
-    advantages. A batch with nothing but such completions is skipped (``"all_truncated"``). Off by default,
-    as in TRL: the format penalty a cut-off answer gets is then what teaches a policy to stop."""
+    advantages. A batch with nothing but such completions is skipped (``"all_truncated"``: weights and
+    optimizer state untouched, where TRL steps AdamW on a zero gradient, moving the weights by momentum and
+    decay). Off by default, as in TRL: the format penalty a cut-off answer gets is then what teaches a policy
+    to stop."""
 
     def __post_init__(self) -> None:
         # numpy's numbers as Python's (a value read from an array), bools refused
@@ -207,9 +209,10 @@ class UpdateStats:
     """Active completion tokens in the batch (those of masked truncated completions not counted)."""
     optimizer_steps: int
     """Optimizer steps taken (num_inner_epochs unless skipped)."""
-    num_truncated: int
+    num_truncated: int | None = None
     """Completions whose trained tokens hold no stop token (cut at the budget), masked or not (TRL logs
-    their share as ``completions/clipped_ratio``); 0 when skipped for a non-finite reward (not tokenised)."""
+    their share as ``completions/clipped_ratio``); ``None`` when skipped for a non-finite reward, before the
+    completions were tokenised."""
 
 
 @dataclass(frozen=True)

@@ -374,16 +374,18 @@ class GRPOMemberLearner:
 
 def grpo_info(stats: UpdateStats) -> dict[str, float]:
     """The figures of a GRPO update that PBT logs per member (``LearnStats.info``): ``completions`` and those
-    ``truncated`` (no stop token among their trained tokens), active ``tokens``, ``clip_fraction``,
-    ``grad_norm``, ``kl`` (with a KL term only) and ``skipped`` (1 for an update that was skipped)."""
+    ``truncated`` (no stop token among their trained tokens; absent when the update was skipped for a
+    non-finite reward, before tokenising), active ``tokens``, ``clip_fraction``, ``grad_norm``, ``kl`` (with a
+    KL term only) and ``skipped`` (1 for an update that was skipped)."""
     info = {
         "completions": float(stats.num_samples),
-        "truncated": float(stats.num_truncated),
         "tokens": float(stats.num_tokens),
         "clip_fraction": stats.clip_fraction,
         "grad_norm": stats.grad_norm,
         "skipped": float(stats.skipped),
     }
+    if stats.num_truncated is not None:  # (unknown for an update skipped before tokenising: not counted as 0)
+        info["truncated"] = float(stats.num_truncated)
     if stats.kl is not None:
         info["kl"] = stats.kl
     return info

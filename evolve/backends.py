@@ -209,12 +209,23 @@ def learn_stats(stats: Any, member_id: int, learner: Any) -> tuple[float | None,
         raise TypeError(
             f"{who}: LearnStats.info must be a mapping of names to numbers, got {type(info).__name__}"
         )
+    values = {}
     for name, value in info.items():
-        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, numbers.Real):
+        number = _scalar(value)
+        if not isinstance(name, str) or number is None:
             raise TypeError(
                 f"{who}: LearnStats.info must map names (str) to numbers, got {name!r}: {value!r:.40}"
             )
-    return _finite_float(loss), {name: _finite_float(info[name]) for name in sorted(info)}
+        values[name] = number
+    return _finite_float(loss), {name: _finite_float(values[name]) for name in sorted(values)}
+
+
+def _scalar(value: Any) -> numbers.Real | None:
+    """A real number (not a bool) as it is, a 0-d tensor or array (``grad_norm`` as ``clip_grad_norm_``
+    returns it) as its number; ``None`` for anything else."""
+    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+        value = value.item()
+    return None if isinstance(value, bool) or not isinstance(value, numbers.Real) else value
 
 
 def _finite_float(value: numbers.Real) -> float | None:

@@ -75,7 +75,8 @@ class LearnStats:
         samples: transitions used.
         info: other figures of the update by name, real numbers (GRPO's ``clip_fraction``, ``grad_norm``,
             ``truncated`` completions...): the PBT loop logs them per member (``metrics.jsonl``'s
-            ``learner_info``, TensorBoard's ``learner/<name>/<member>``).
+            ``learner_info``, TensorBoard's ``learner/<name>/<member>``; the loss is ``loss/<member>``). A
+            0-d tensor or array is taken as its number.
     """
 
     loss: float

@@ -202,7 +202,7 @@ class RunLog:
             **{f"rejections/{k}": float(v) for k, v in record.rejections.items()},
             "lineage/children": float(len(record.lineage)),
             "learner/failures": float(len(record.learner_failures)),
-            **{f"learner/loss/{m}": v for m, v in record.losses.items() if v is not None},
+            **{f"loss/{m}": v for m, v in record.losses.items() if v is not None},
             **{
                 f"learner/{name}/{m}": v
                 for m, info in record.learner_info.items()

@@ -609,6 +609,12 @@ def test_nan_reward_skips_and_leaves_adapter_unchanged(caplog: pytest.LogCapture
     assert stats.skipped and stats.skip_reason == "non_finite_reward" and stats.optimizer_steps == 0
     assert "reward[3]" in caplog.text and "skipped" in caplog.text
     assert changed(before, pop) == set()
+    # not tokenised: how many were cut off is unknown, and PBT's cut share must not count them as whole (a review)
+    from agents.members import grpo_info
+    from evolve.runlog import truncated_share
+
+    assert stats.num_truncated is None and "truncated" not in grpo_info(stats)
+    assert truncated_share({"0": grpo_info(stats), "1": {"truncated": 2.0, "completions": 2.0}}) == 1.0
 
 
 def test_nan_logit_in_second_epoch_rolls_back_the_first(caplog: pytest.LogCaptureFixture) -> None:

@@ -1001,12 +1001,13 @@ def test_tensorboard_scalars_match_the_jsonl_metrics(tmp_path: Path) -> None:
     assert {f"difficulty/{k}" for k in history[-1]["difficulty"]} <= tags
     used = {f"operators/{k}" for h in history for k in h["operator_use"]}
     assert used and used == {tag for tag in tags if tag.startswith("operators/")}
-    # each member's loss and its learner's own figures (REINFORCE: the gradient norm), step by generation
-    for name, key in (("loss", "losses"), ("grad_norm", "learner_info")):
+    # each member's loss and its learner's own figures (REINFORCE: the gradient norm), step by generation (a
+    # figure a learner calls "loss" cannot overwrite the loss's curve: a review)
+    for prefix, key in (("loss/", "losses"), ("learner/grad_norm/", "learner_info")):
         logged = {
             (int(e.step), tag.rsplit("/", 1)[1]): e.value
             for tag in tags
-            if tag.startswith(f"learner/{name}/")
+            if tag.startswith(prefix)
             for e in events.Scalars(tag)
         }
         expected = {
@@ -1315,7 +1316,13 @@ def test_a_user_s_kind_and_learner_are_checked_before_the_first_generation(
 
     class WithInfo(ReinforceLearner):  # a learner's other figures land in metrics.jsonl, NaN as null
         def update(self, policy: Any, experience: Any) -> Any:
-            info = {"width": 3, "kl": float("nan"), "a": np.float32(0.5), "big": 10**400}
+            info = {
+                "width": 3,
+                "kl": float("nan"),
+                "a": np.float32(0.5),
+                "big": 10**400,
+                "t": torch.tensor(2.0),
+            }
             return LearnStats(0.5, len(experience), info)
 
     monkeypatch.setitem(LEARNERS, "with_info", WithInfo)
@@ -1324,15 +1331,25 @@ def test_a_user_s_kind_and_learner_are_checked_before_the_first_generation(
     assert all(h["learner_failures"] == [] for h in history)
     assert all(
         set(h["learner_info"]) == set(h["losses"]) and h["learner_info"] and
-        all(list(i.items()) == [("a", 0.5), ("big", None), ("kl", None), ("width", 3.0)]
+        all(list(i.items()) == [("a", 0.5), ("big", None), ("kl", None), ("t", 2.0), ("width", 3.0)]
             for i in h["learner_info"].values())
         for h in history
     )  # fmt: skip
-    for info, said in (
-        ([("kl", 0.1)], "LearnStats.info must be a mapping of names to numbers, got list"),
-        ({"kl": "0.1"}, "LearnStats.info must map names (str) to numbers, got 'kl': '0.1'"),
-        ({"done": True}, "LearnStats.info must map names (str) to numbers, got 'done': True"),
-        ({1: 0.1}, "LearnStats.info must map names (str) to numbers, got 1: 0.1"),
+    for case, (info, said) in enumerate(
+        (
+            ([("kl", 0.1)], "LearnStats.info must be a mapping of names to numbers, got list"),
+            ({"kl": "0.1"}, "LearnStats.info must map names (str) to numbers, got 'kl': '0.1'"),
+            ({"done": True}, "LearnStats.info must map names (str) to numbers, got 'done': True"),
+            ({1: 0.1}, "LearnStats.info must map names (str) to numbers, got 1: 0.1"),
+            (
+                {"v": torch.ones(2)},
+                "LearnStats.info must map names (str) to numbers, got 'v': tensor([1., 1.])",
+            ),
+            (
+                {"b": torch.tensor(True)},
+                "LearnStats.info must map names (str) to numbers, got 'b': tensor(True)",
+            ),
+        )
     ):
 
         class BadInfo(ReinforceLearner):
@@ -1340,7 +1357,7 @@ def test_a_user_s_kind_and_learner_are_checked_before_the_first_generation(
                 return LearnStats(0.5, len(experience), info)
 
         monkeypatch.setitem(LEARNERS, "bad_info", BadInfo)
-        history = _history(run_pbt(PBTConfig(run_dir=str(tmp_path / f"g{said[-8:]}"), students="torch",
+        history = _history(run_pbt(PBTConfig(run_dir=str(tmp_path / f"g{case}"), students="torch",
                                              learner="bad_info", **base)))  # type: ignore[arg-type]  # fmt: skip
         messages = {f["message"] for h in history for f in h["learner_failures"]}
         assert messages and all(m.startswith("member ") and "(BadInfo): " + said in m for m in messages), (
