@@ -100,6 +100,13 @@ def _record_problem(record: Any) -> str:
             return f"'role_fitness' of {role!r} holds a value that is not a finite number"
     if "op_coverage" in record and not _finite(record["op_coverage"]):
         return "'op_coverage' is not a finite number"
+    info = record.get("learner_info", {})  # (absent from records written before it)
+    if not isinstance(info, dict) or not all(isinstance(figures, dict) for figures in info.values()):
+        return "'learner_info' is not an object of objects"
+    for member, figures in info.items():
+        for key in ("truncated", "completions"):  # (the cut-off share's; null: not counted)
+            if figures.get(key) is not None and not _finite(figures[key]):
+                return f"'learner_info' of member {member!r} has {key!r} {figures[key]!r:.60}"
     return ""
 
 

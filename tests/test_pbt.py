@@ -749,6 +749,12 @@ def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
             json.dumps({**json.loads(first), "role_fitness": {"teacher": {"mean": "abc"}}}) + "\n",
             "'role_fitness' of 'teacher' holds a value that is not a finite number",
         ),
+        # the learners' figures the cut-off curve reads
+        (json.dumps({**json.loads(first), "learner_info": [1]}) + "\n", "'learner_info' is not an object of"),
+        (
+            json.dumps({**json.loads(first), "learner_info": {"3": {"truncated": "2"}}}) + "\n",
+            "'learner_info' of member '3' has 'truncated' '2'",
+        ),
     ):
         (tmp_path / "bad" / "metrics.jsonl").write_text(text)
         with pytest.raises(
