@@ -217,7 +217,7 @@ def learn_stats(stats: Any, member_id: int, learner: Any) -> tuple[float | None,
                 f"{who}: LearnStats.info must map names (str) to numbers, got {name!r}: {value!r:.40}"
             )
         values[name] = number
-    return _finite_float(loss), {name: _finite_float(values[name]) for name in sorted(values)}
+    return finite_or_none(loss), {name: finite_or_none(values[name]) for name in sorted(values)}
 
 
 def _scalar(value: Any) -> numbers.Real | None:
@@ -226,14 +226,6 @@ def _scalar(value: Any) -> numbers.Real | None:
     if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
         value = value.item()
     return None if isinstance(value, bool) or not isinstance(value, numbers.Real) else value
-
-
-def _finite_float(value: numbers.Real) -> float | None:
-    """``value`` as a float, ``None`` where it is not finite (an int past float's range too)."""
-    try:
-        return finite_or_none(float(value))
-    except OverflowError:
-        return None
 
 
 def learn_locally(

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsFloat
 
 from evolve.checkpoint import atomic_write_bytes
 from populora_env.metrics import EpisodeMetrics
@@ -139,9 +139,14 @@ def truncated_share(learner_info: dict[str, dict[str, float | None]]) -> float |
     return sum(t for t, _ in counts) / sum(n for _, n in counts) if counts else None
 
 
-def finite_or_none(value: float) -> float | None:
-    """``None`` for NaN/inf (JSON has no NaN), else the value."""
-    return value if math.isfinite(value) else None
+def finite_or_none(value: SupportsFloat) -> float | None:
+    """``value`` as a float, ``None`` where it is not finite (JSON has no NaN): NaN, an infinity, an int past
+    float's range."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def jsonl_bytes(records: Sequence[dict[str, Any]]) -> bytes:
