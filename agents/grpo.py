@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from agents.base import deterministic_kernels, no_cudnn_attention
-from agents.generation import texts_of, warn_past_context
+from agents.generation import stop_token_ids, texts_of, warn_past_context
 from agents.grpo_batch import TokenBatch, encode_batch, only_trainable, shared_prefix_logps, truncated_rows
 from agents.grpo_config import (
     LOSS_TYPES,
@@ -203,7 +203,7 @@ class GRPOLearner:
         batch = encode_batch(
             self.population.tokenizer, prompts, completions, completion_ids, cfg.max_new_tokens
         )
-        truncated = truncated_rows(batch, self._stop_ids())
+        truncated = truncated_rows(batch, stop_token_ids(self.population.model, self.population.tokenizer))
         num_truncated = int(truncated.sum())
         if cfg.mask_truncated_completions:
             if num_truncated == len(prompts):
@@ -461,12 +461,6 @@ class GRPOLearner:
             assert task_keys is not None  # checked in _check_inputs
             return advantages_task_relative(rewards, segment_index(task_keys))
         return GROUP_ADVANTAGES[self.config.scale_rewards](rewards, segment_index(group_ids))
-
-    def _stop_ids(self) -> tuple[int, ...]:
-        """The ids generation stops on: the population's (``stop_ids``), else the tokenizer's EOS."""
-        stops = getattr(self.population, "stop_ids", None)
-        stops = (self.population.tokenizer.eos_token_id,) if stops is None else stops
-        return tuple(i for i in stops if i is not None)  # (a tokenizer without EOS: nothing stops)
 
     @torch.no_grad()
     def _no_grad_logps(

@@ -576,9 +576,11 @@ def test_text_completions_at_the_budget_count_as_truncated() -> None:
 
 
 def test_a_tokenizer_without_eos_counts_every_completion_as_truncated() -> None:
-    """Nothing stops generation without a stop id: every completion was cut, and the update still runs."""
+    """Nothing stops generation without a stop id (neither the tokenizer's EOS nor the model's generation
+    config): every completion was cut, and the update still runs."""
     pop = TinyPopulation()
     pop.tokenizer.eos_token = None
+    pop.model.generation_config.eos_token_id = None
     assert pop.tokenizer.eos_token_id is None
     stats = GRPOLearner(pop, GRPOConfig(learning_rate=1e-2, max_new_tokens=4)).update(
         "p0", ["abc "] * 4, ["x"] * 4, [1.0, 0.0, 0.5, -1.0], [0] * 4, completion_ids=[*STOPPED, *CUT]
