@@ -685,18 +685,18 @@ def _readable_options(message: str) -> str:
     options read: the first is saved only when it was turned off (``null`` is the default, on), so the message
     read "saved null, now false", the third only when turned on; the second is off in every run made before it
     was the default."""
-    field = "--deterministic (member_options.grpo.deterministic): "
-    persist = "--persist-buffer (env.persist_buffer): "  # (runs made before it was the default: false)
-    masked = "--mask-truncated-completions (member_options.grpo.mask_truncated_completions): "
-    for old, new in (
-        (field + "saved null, now false", "--no-deterministic: the run was made without it"),
-        (field + "saved false, now null", "--no-deterministic: the run was made with it"),
-        (persist + "saved false, now true", "--no-persist-buffer: the run was made with it"),
-        (persist + "saved true, now false", "--no-persist-buffer: the run was made without it"),
-        (masked + "saved null, now true", "--mask-truncated-completions: the run was made without it"),
-        (masked + "saved true, now null", "--mask-truncated-completions: the run was made with it"),
-    ):
-        message = message.replace(old, new)
+    for field, flag, without, with_ in (  # (the saved values of a run made without the flag given, and with)
+        ("--deterministic (member_options.grpo.deterministic)", "--no-deterministic", "null", "false"),
+        ("--persist-buffer (env.persist_buffer)", "--no-persist-buffer", "true", "false"),
+        (
+            "--mask-truncated-completions (member_options.grpo.mask_truncated_completions)",
+            "--mask-truncated-completions", "null", "true",
+        ),
+    ):  # fmt: skip
+        for saved, now, made in ((without, with_, "without"), (with_, without, "with")):
+            message = message.replace(
+                f"{field}: saved {saved}, now {now}", f"{flag}: the run was made {made} it"
+            )
     return message
 
 
