@@ -28,7 +28,7 @@ from evolve.learners import LEARNERS
 from evolve.members import POLICIES
 from evolve.protocols import Transition
 from evolve.ratings import MatchResult, MemberMatchmaker, RatingTable
-from evolve.runlog import LearnerFailure, finite_or_none
+from evolve.runlog import LearnerFailure, LearnerInfo, finite_or_none
 from populora_env import teacher_student_v0
 from populora_env.credit import ProposalLedger
 from populora_env.game import TeacherStudentConfig
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Losses = dict[str, float | None]
-LearnerInfo = dict[str, dict[str, float | None]]  # member id -> name -> value (NaN as None)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,9 @@ from typing import Any, SupportsFloat
 from evolve.checkpoint import atomic_write_bytes
 from populora_env.metrics import EpisodeMetrics
 
+LearnerInfo = dict[str, dict[str, float | None]]
+"""The learners' own figures of a generation (``LearnStats.info``): member id -> name -> value (NaN as None)."""
+
 
 @dataclass(frozen=True)
 class LearnerFailure:
@@ -94,7 +97,7 @@ class GenerationMetrics:
     op_coverage: float = 0.0
     rejections: dict[str, int] = field(default_factory=dict)
     illegal_actions: dict[str, int] = field(default_factory=dict)
-    learner_info: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    learner_info: LearnerInfo = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -127,7 +130,7 @@ def summarize_episodes(metrics: Sequence[EpisodeMetrics]) -> dict[str, Any]:
     }
 
 
-def truncated_share(learner_info: dict[str, dict[str, float | None]]) -> float | None:
+def truncated_share(learner_info: LearnerInfo) -> float | None:
     """The share of the generation's trained completions that were cut off at the token budget, over the
     members whose learner counts them (``truncated`` and ``completions`` in ``LearnStats.info``, as GRPO's);
     ``None`` when none does."""
