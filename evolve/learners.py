@@ -110,7 +110,7 @@ class ReinforceLearner:
         if not by_role:
             return LearnStats(float("nan"), 0)
         loss_value = grad_norm = float("nan")
-        for _ in range(self.config.steps):
+        for step in range(self.config.steps):
             loss = torch.zeros(())
             for role, batch in sorted(by_role.items()):
                 log_probs = module.log_prob(role, [t.observation for t in batch], [t.action for t in batch])
@@ -118,8 +118,9 @@ class ReinforceLearner:
                 loss = loss + reinforce_loss(log_probs, rewards)
             self.optimizer.zero_grad()
             loss.backward()
-            grads = [p.grad.detach().flatten() for p in module.parameters() if p.grad is not None]
-            grad_norm = float(torch.linalg.vector_norm(torch.cat(grads))) if grads else 0.0
+            if step == self.config.steps - 1:  # (the one reported)
+                grads = [p.grad.detach().flatten() for p in module.parameters() if p.grad is not None]
+                grad_norm = float(torch.linalg.vector_norm(torch.cat(grads))) if grads else 0.0
             self.optimizer.step()
             loss_value = float(loss.detach())
         return LearnStats(loss_value, sum(map(len, by_role.values())), {"grad_norm": grad_norm})
