@@ -204,13 +204,11 @@ class GRPOLearner:
             self.population.tokenizer, prompts, completions, completion_ids, cfg.max_new_tokens
         )
         truncated = truncated_rows(batch, stop_token_ids(self.population.model, self.population.tokenizer))
-        num_truncated = int(truncated.sum())
+        cut = tuple(truncated.nonzero().flatten().tolist())
         if cfg.mask_truncated_completions:
-            if num_truncated == len(prompts):
-                where = (
-                    f"all {num_truncated} completions hold no stop token and mask_truncated_completions is on"
-                )
-                return self._skip(adapter, "all_truncated", where, len(rewards), mean_reward, num_truncated)
+            if len(cut) == len(prompts):
+                where = f"all {len(cut)} completions hold no stop token and mask_truncated_completions is on"
+                return self._skip(adapter, "all_truncated", where, len(rewards), mean_reward, cut)
             batch.completion_mask[truncated] = 0.0
         # (a prompt of ~4 000 tokens trained silently on a model of 2 048 positions, where generation warned)
         warn_past_context(self.population.model, batch.prompt_ids.shape[1], batch.completion_ids.shape[1])
@@ -237,7 +235,7 @@ class GRPOLearner:
                 stats = self._optimise(
                     adapter, batch, chunks, ctx, advantages, old_logps, ref_logps, mean_reward
                 )
-                return replace(stats, num_truncated=num_truncated)
+                return replace(stats, num_truncated=len(cut), truncated_rows=cut)
         finally:
             model.train(was_training)
 
@@ -497,7 +495,7 @@ class GRPOLearner:
         where: str,
         n: int,
         mean_reward: float,
-        num_truncated: int | None = None,
+        truncated: tuple[int, ...] | None = None,
     ) -> UpdateStats:
         logger.warning(
             "GRPO update of adapter %r skipped (%s: %s); its weights and optimizer state are unchanged",
@@ -518,7 +516,8 @@ class GRPOLearner:
             num_samples=n,
             num_tokens=0,
             optimizer_steps=0,
-            num_truncated=num_truncated,
+            num_truncated=None if truncated is None else len(truncated),
+            truncated_rows=truncated,
         )
 
 

@@ -213,6 +213,9 @@ class UpdateStats:
     """Completions whose trained tokens hold no stop token (cut at the budget), masked or not (TRL logs
     their share as ``completions/clipped_ratio``); ``None`` when skipped for a non-finite reward, before the
     completions were tokenised."""
+    truncated_rows: tuple[int, ...] | None = None
+    """Which completions those are: their indices in the batch as given (``num_truncated`` of them), so that a
+    caller can count them by its own grouping (``agents.members.grpo_info``: by role); ``None`` as above."""
 
 
 @dataclass(frozen=True)

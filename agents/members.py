@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import weakref
+from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -356,7 +357,8 @@ class GRPOMemberLearner:
         ]
         completion_ids = ids if all(row for row in ids) else None
         stats = self.grpo.update(self.policy.adapter, **inputs, completion_ids=completion_ids)
-        return LearnStats(stats.loss, stats.num_samples, grpo_info(stats))
+        roles = [role for role, _ in inputs["task_keys"]]
+        return LearnStats(stats.loss, stats.num_samples, grpo_info(stats, roles))
 
     def state_dict(self) -> dict[str, Any]:
         """The adapter's AdamW state."""
@@ -372,11 +374,14 @@ class GRPOMemberLearner:
         self.grpo.reset_optimizer(self.policy.adapter)
 
 
-def grpo_info(stats: UpdateStats) -> dict[str, float]:
+def grpo_info(stats: UpdateStats, roles: Sequence[str] | None = None) -> dict[str, float]:
     """The figures of a GRPO update that PBT logs per member (``LearnStats.info``): ``completions`` and those
     ``truncated`` (no stop token among their trained tokens; absent when the update was skipped for a
     non-finite reward, before tokenising), active ``tokens``, ``clip_fraction``, ``grad_norm``, ``kl`` (with a
-    KL term only) and ``skipped`` (1 for an update that was skipped)."""
+    KL term only) and ``skipped`` (1 for an update that was skipped). With ``roles`` (the role of each
+    completion, in the batch's order) also ``completions_<role>`` and ``truncated_<role>`` for each role in the
+    batch (a self-play member's holds both), so that the teachers' cut-off share is told from the students'.
+    """
     info = {
         "completions": float(stats.num_samples),
         "tokens": float(stats.num_tokens),
@@ -384,8 +389,17 @@ def grpo_info(stats: UpdateStats) -> dict[str, float]:
         "grad_norm": stats.grad_norm,
         "skipped": float(stats.skipped),
     }
+    per_role = Counter(roles) if roles is not None else Counter()  # (in order of first appearance)
+    if roles is not None and len(roles) != stats.num_samples:
+        raise ValueError(f"roles: one per completion, got {len(roles)} for {stats.num_samples}")
+    for role, count in per_role.items():
+        info[f"completions_{role}"] = float(count)
     if stats.num_truncated is not None:  # (unknown for an update skipped before tokenising: not counted as 0)
         info["truncated"] = float(stats.num_truncated)
+        if roles is not None and stats.truncated_rows is not None:
+            cut = Counter(roles[row] for row in stats.truncated_rows)
+            for role in per_role:
+                info[f"truncated_{role}"] = float(cut[role])
     if stats.kl is not None:
         info["kl"] = stats.kl
     return info

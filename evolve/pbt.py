@@ -45,7 +45,7 @@ from evolve.learners import LEARNERS, LearnerConfig
 from evolve.members import POLICIES, NetConfig, is_finite_number, is_int_at_least
 from evolve.population import FIXED_KINDS, Population, extend, run_generation
 from evolve.ratings import RatingTable
-from evolve.runlog import GenerationMetrics, RunLog, truncated_share, warn_once
+from evolve.runlog import GenerationMetrics, RunLog, truncated_shares, warn_once
 from evolve.selection import share_of
 from populora_env.game import TeacherStudentConfig, warn_constant_teacher_reward
 from populora_env.progress import watched
@@ -118,7 +118,8 @@ class PBTConfig:
     """Per-role learners overriding ``learner``: keys ``teacher`` and ``student`` (``both`` with
     ``self_play``), e.g. ``{"student": "ppo"}`` for ``torch`` teachers and ``sb3`` students."""
     learner_config: LearnerConfig = field(default_factory=LearnerConfig)
-    """The learner's hyper-parameters."""
+    """The ``reinforce`` learner's hyper-parameters (``ppo`` reads its ``lr``); the ``grpo`` learner takes its
+    own from ``member_options["grpo"]`` and needs this left at its default."""
     net: NetConfig = field(default_factory=NetConfig)
     """Torch members' layer sizes."""
     member_options: dict[str, Any] = field(default_factory=dict)
@@ -629,10 +630,12 @@ def _run_locked(config: PBTConfig, run_dir: Path, ckpt_dir: Path) -> Path:
                 rewards = " ".join(
                     f"{role} {value:+.3f}" for role, value in sorted(record.mean_reward.items())
                 )
-                cut = truncated_share(record.learner_info)
+                cut = ", ".join(
+                    f"{role} {share:.2f}" for role, share in truncated_shares(record.learner_info).items()
+                )
                 _say(bar, f"generation {generation}: solve rate {solve}, invalid {record.invalid_rate:.2f}, "
                           f"mean reward {rewards or '-'}, children {len(record.lineage)}"
-                          + ("" if cut is None else f", cut off {cut:.2f}"))  # fmt: skip
+                          + (f", cut off: {cut}" if cut else ""))  # fmt: skip
     finally:
         if bar is not None:  # closed on an interrupt too: a message after it starts on a line of its own
             bar.close()

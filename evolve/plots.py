@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from evolve.protocols import ROLES
 from evolve.runlog import truncated_share
 
 __all__ = ["COMPARED_COLUMNS", "compare_runs", "plot_run", "summary_rows"]
@@ -63,6 +64,13 @@ def _solve_rate(record: dict[str, Any]) -> float:
     return float("nan") if record["solve_rate"] is None else float(record["solve_rate"])
 
 
+def _cut(record: dict[str, Any], role: str) -> float:
+    """The share of a role's trained answers cut off at the token budget, ``nan`` where no learner counted
+    them by role (``runlog.truncated_share``)."""
+    share = truncated_share(record.get("learner_info", {}), role)
+    return float("nan") if share is None else share
+
+
 def _finite(value: Any) -> bool:
     """Whether ``value`` is a number matplotlib can draw: finite as a float (``10**400`` overflowed in
     matplotlib, NaN and infinity everywhere broke its axis limits: a robustness review)."""
@@ -104,9 +112,10 @@ def _record_problem(record: Any) -> str:
     if not isinstance(info, dict) or not all(isinstance(figures, dict) for figures in info.values()):
         return "'learner_info' is not an object of objects"
     for member, figures in info.items():
-        for key in ("truncated", "completions"):  # (the cut-off share's; null: not counted)
-            if figures.get(key) is not None and not _finite(figures[key]):
-                return f"'learner_info' of member {member!r} has {key!r} {figures[key]!r:.60}"
+        for key, value in figures.items():  # the cut-off shares' counts, in all and by role (null: uncounted)
+            counts = key.partition("_")[0] in ("truncated", "completions")
+            if counts and value is not None and not _finite(value):
+                return f"'learner_info' of member {member!r} has {key!r} {value!r:.60}"
     return ""
 
 
@@ -153,10 +162,17 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     arms.plot(gens, [_solve_rate(r) for r in rows], marker="o", label="student solve rate")
     arms.plot(gens, [r["invalid_rate"] for r in rows], marker="s", label="invalid proposals")
-    cut = [truncated_share(r.get("learner_info", {})) for r in rows]  # (absent from older records)
-    if any(c is not None for c in cut):  # learners that count answers cut off at the token budget (GRPO's)
-        arms.plot(gens, [float("nan") if c is None else c for c in cut], marker="^", linestyle=":",
-                  label="trained answers cut off")  # fmt: skip
+    # learners that count answers cut off at the token budget (GRPO's): by role, or in all where no record
+    # counted by role (a learner of its own, records written before the roles were; absent from older ones)
+    infos = [r.get("learner_info", {}) for r in rows]
+    cut = {f"{role}s' trained answers cut off": [truncated_share(i, role) for i in infos] for role in ROLES}
+    cut = {label: shares for label, shares in cut.items() if any(c is not None for c in shares)}
+    combined = [truncated_share(i) for i in infos]
+    if not cut and any(c is not None for c in combined):
+        cut = {"trained answers cut off": combined}
+    for (label, shares), marker in zip(cut.items(), "^v", strict=False):
+        arms.plot(gens, [float("nan") if c is None else c for c in shares], marker=marker, linestyle=":",
+                  label=label)  # fmt: skip
     arms.set_ylim(-0.02, 1.02)
     arms.set_title("arms race")
 
@@ -206,6 +222,8 @@ _COMPARED: tuple[tuple[str, str, Any], ...] = (
     ("depth", "AST depth of valid proposals", lambda r: r["difficulty"]["depth"]),
     ("cyclo", "cyclomatic complexity", lambda r: r["difficulty"]["cyclomatic"]),
     ("coverage", "coverage (distinct AST shapes)", lambda r: r["coverage"]),
+    ("t-cut", "teachers' trained answers cut off", lambda r: _cut(r, "teacher")),
+    ("s-cut", "students' trained answers cut off", lambda r: _cut(r, "student")),
 )
 COMPARED_COLUMNS: tuple[tuple[str, str], ...] = tuple((short, title) for short, title, _ in _COMPARED)
 """``(short name, title)`` of each compared metric; ``summary_rows`` keys its values by title."""
@@ -279,7 +297,8 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
 
     paths = [Path(d) for d in run_dirs]
     runs = list(zip(_labels(paths), [_load(d) for d in paths], strict=True))
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7), sharex=True)
+    columns = -(-len(_COMPARED) // 2)
+    fig, axes = plt.subplots(2, columns, figsize=(4.5 * columns, 7), sharex=True)
     for (_, title, metric), ax in zip(_COMPARED, axes.flat, strict=True):
         for index, (label, records) in enumerate(runs):  # markers too: equal curves stay visible
             ax.plot([r["generation"] for r in records], [metric(r) for r in records],
@@ -287,8 +306,9 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.flat[0].set_ylim(-0.02, 1.02)
-    axes.flat[1].set_ylim(-0.02, 1.02)
+    for (short, _, _), ax in zip(_COMPARED, axes.flat, strict=True):
+        if short in ("solve", "invalid", "t-cut", "s-cut"):  # shares
+            ax.set_ylim(-0.02, 1.02)
     axes.flat[0].legend(fontsize=8)
     for ax in axes[1]:
         ax.set_xlabel("generation")

@@ -9,6 +9,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 
 Role = Literal["teacher", "student"]
+ROLES: tuple[Role, ...] = ("teacher", "student")
+"""The two roles, teachers first (the order of tables and figures)."""
 
 
 @runtime_checkable

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, SupportsFloat
 
 from evolve.checkpoint import atomic_write_bytes
+from evolve.protocols import ROLES
 from populora_env.metrics import EpisodeMetrics
 
 LearnerInfo = dict[str, dict[str, float | None]]
@@ -130,16 +131,30 @@ def summarize_episodes(metrics: Sequence[EpisodeMetrics]) -> dict[str, Any]:
     }
 
 
-def truncated_share(learner_info: LearnerInfo) -> float | None:
+def truncated_share(learner_info: LearnerInfo, role: str | None = None) -> float | None:
     """The share of the generation's trained completions that were cut off at the token budget, over the
     members whose learner counts them (``truncated`` and ``completions`` in ``LearnStats.info``, as GRPO's);
-    ``None`` when none does."""
+    with ``role``, of that role's completions only (``truncated_<role>`` and ``completions_<role>``, which
+    records written before they existed lack). ``None`` when no learner counted any."""
+    suffix = "" if role is None else f"_{role}"
     counts: list[tuple[float, float]] = []
     for info in learner_info.values():
-        cut, total = info.get("truncated"), info.get("completions")
+        cut, total = info.get(f"truncated{suffix}"), info.get(f"completions{suffix}")
         if cut is not None and total:
             counts.append((cut, total))
     return sum(t for t, _ in counts) / sum(n for _, n in counts) if counts else None
+
+
+def truncated_shares(learner_info: LearnerInfo) -> dict[str, float]:
+    """``truncated_share`` by role (``{"teacher": ..., "student": ...}``, the roles some learner counted);
+    where no learner counted by role but some counted in all (a learner of its own, records written before
+    the roles were), ``{"all": share}``; empty when none counted."""
+    shares = {role: truncated_share(learner_info, role) for role in ROLES}
+    found: dict[str, float] = {role: share for role, share in shares.items() if share is not None}
+    if found:
+        return found
+    combined = truncated_share(learner_info)
+    return {} if combined is None else {"all": combined}
 
 
 def finite_or_none(value: SupportsFloat) -> float | None:

@@ -63,9 +63,8 @@ from stable_baselines3.common.utils import obs_as_tensor
 
 from evolve.learners import LEARNERS, LearnerConfig
 from evolve.members import POLICIES, is_finite_number, is_int_at_least, options_from
-from evolve.protocols import LearnStats, Transition
+from evolve.protocols import ROLES, LearnStats, Transition
 
-ROLES = ("teacher", "student")
 DEFAULT_ALGORITHMS: dict[str, type[BaseAlgorithm]] = {"teacher": PPO, "student": MaskablePPO}
 """The SB3 algorithm of each role: masks matter only to students (a teacher's every DSL choice is legal)."""
 

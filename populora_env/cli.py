@@ -382,23 +382,22 @@ def _as_flags(message: str) -> str:
 
 def _summary_table(rows: list[dict[str, Any]]) -> str:
     """One line per generation of ``metrics.jsonl``'s records, with why proposals were rejected and which
-    learners raised. ``cut``: the share of the completions the learners trained on that were cut off at the
-    token budget (``-`` where no learner counts them, as in records written before they did)."""
+    learners raised. ``t-cut`` and ``s-cut``: the shares of the teachers' and the students' answers the learners
+    trained on that were cut off at the token budget (``-`` where no learner counted them by role, as in
+    records written before it did)."""
+    from evolve.protocols import ROLES
     from evolve.runlog import truncated_share
 
-    header = f"{'gen':>3}  {'solve':>5}  {'teacher':>7}  {'student':>7}  {'invalid':>7}  {'cut':>5}  " \
-             f"{'depth':>5}  {'lines':>5}  {'children':>8}"  # fmt: skip
+    header = f"{'gen':>3}  {'solve':>5}  {'teacher':>7}  {'student':>7}  {'invalid':>7}  {'t-cut':>5}  " \
+             f"{'s-cut':>5}  {'depth':>5}  {'lines':>5}  {'children':>8}"  # fmt: skip
     lines = [header, "-" * len(header)]
     for r in rows:
         reward = r["mean_reward"]
-        teacher, student = (
-            f"{reward[k]:+7.3f}" if k in reward else f"{'-':>7}" for k in ("teacher", "student")
-        )
-        cut = truncated_share(r.get("learner_info", {}))
+        teacher, student = (f"{reward[k]:+7.3f}" if k in reward else f"{'-':>7}" for k in ROLES)
+        cut = "  ".join(_rate(truncated_share(r.get("learner_info", {}), role), 5) for role in ROLES)
         lines.append(
             f"{r['generation']:>3}  {_rate(r['solve_rate'], 5)}  {teacher}  {student}  {r['invalid_rate']:7.2f}  "
-            f"{_rate(cut, 5)}  {r['difficulty']['depth']:5.2f}  {r['difficulty']['lines']:5.2f}  "
-            f"{len(r['lineage']):>8}"
+            f"{cut}  {r['difficulty']['depth']:5.2f}  {r['difficulty']['lines']:5.2f}  {len(r['lineage']):>8}"
         )
     rejections: Counter[str] = Counter()
     for r in rows:

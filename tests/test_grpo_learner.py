@@ -554,6 +554,33 @@ def test_a_batch_of_nothing_but_truncated_completions_is_skipped_when_masked(
     assert not stats.skipped and stats.num_truncated == 2 and changed(before, pop)
 
 
+def test_the_cut_off_completions_are_named_and_counted_by_role() -> None:
+    """``truncated_rows`` names which completions were cut, so PBT's figures count them by role: a self-play
+    member's batch holds teachers' and students' answers, and the teachers' share is the sharper signal."""
+    from agents.members import grpo_info
+
+    pop = TinyPopulation()
+    ids = [STOPPED[0], CUT[0], STOPPED[1], CUT[1], CUT[0]]
+    stats = GRPOLearner(pop, GRPOConfig(learning_rate=1e-2, max_new_tokens=4)).update(
+        "p0", ["abc "] * 5, ["x"] * 5, [1.0, 0.0, 0.5, -1.0, 0.2], [0] * 5, completion_ids=ids
+    )
+    assert stats.truncated_rows == (1, 3, 4) and stats.num_truncated == 3
+    info = grpo_info(stats, ["teacher", "student", "student", "teacher", "teacher"])
+    by_role = [
+        info[f"{count}_{role}"] for role in ("teacher", "student") for count in ("completions", "truncated")
+    ]
+    assert by_role == [3.0, 2.0, 2.0, 1.0] and info["truncated"] == 3.0 and info["completions"] == 5.0
+    assert "completions_teacher" not in grpo_info(stats)  # (no roles given: counted in all only)
+    with pytest.raises(ValueError, match="roles: one per completion, got 2 for 5"):
+        grpo_info(stats, ["teacher", "student"])
+    masked = GRPOConfig(learning_rate=1e-2, max_new_tokens=4, mask_truncated_completions=True)
+    skipped = GRPOLearner(pop, masked).update(
+        "p0", ["abc "] * 2, ["x"] * 2, [1.0, 0.0], [0, 0], completion_ids=CUT
+    )
+    assert skipped.skipped and skipped.truncated_rows == (0, 1)
+    assert grpo_info(skipped, ["student", "student"])["truncated_student"] == 2.0
+
+
 def test_text_completions_at_the_budget_count_as_truncated() -> None:
     """Without ids, a text that re-tokenises to the budget gets no EOS appended: it was cut."""
     pop = TinyPopulation()

@@ -82,12 +82,14 @@ def test_lora_members_evolve_and_learn_on_a_frozen_base(tmp_path: Path, tiny_bas
     # the students, never evaluated, were not judged (neither replaced nor parents)
     assert sorted(history[0]["losses"]) == ["0", "1"]
     assert all(loss is not None for loss in history[0]["losses"].values())
-    # the GRPO update's figures, per member (the truncation count over exactly the completions it trained on)
+    # the GRPO update's figures, per member (the truncation count over exactly the completions it trained on),
+    # counted by role too: these teachers trained on teachers' answers only
     info = history[0]["learner_info"]
+    figures = {"completions", "truncated", "tokens", "clip_fraction", "grad_norm", "skipped"}
     assert sorted(info) == ["0", "1"] and all(
-        set(i) == {"completions", "truncated", "tokens", "clip_fraction", "grad_norm", "skipped"}
-        and i["completions"] >= 1
-        and 0 <= i["truncated"] <= i["completions"]
+        set(i) == figures | {"completions_teacher", "truncated_teacher"}
+        and i["completions"] == i["completions_teacher"] >= 1
+        and 0 <= i["truncated"] == i["truncated_teacher"] <= i["completions"]
         and i["skipped"] == 0.0
         for i in info.values()
     )
@@ -332,11 +334,14 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
     # four new tokens make no program: every proposal is turned away, and the summary says why
     rejected = sum(sum(json.loads(line)["rejections"].values()) for line in metrics.splitlines())
     assert rejected > 0 and f"why proposals were rejected ({rejected} in all): format_error/" in out
-    # and how many of the answers the learner trained on were cut off at the 4-token budget
-    cut = [truncated_share(json.loads(line)["learner_info"]) for line in metrics.splitlines()]
-    assert all(c is not None and 0 < c <= 1 for c in cut)
-    assert [row[5] for row in table] == [f"{c:.2f}" for c in cut]
-    assert f", cut off {cut[0]:.2f}" in err
+    # and how many of the answers the learner trained on were cut off at the 4-token budget, by role: the
+    # self-play members' batches held teachers' answers only (no task was valid, no student answered)
+    infos = [json.loads(line)["learner_info"] for line in metrics.splitlines()]
+    cut = [truncated_share(info, "teacher") for info in infos]
+    assert all(c is not None and 0 < c <= 1 for c in cut) and cut == [truncated_share(info) for info in infos]
+    assert all(truncated_share(info, "student") is None for info in infos)
+    assert [row[5:7] for row in table] == [[f"{c:.2f}", "-"] for c in cut]
+    assert f", cut off: teacher {cut[0]:.2f}\n" in err
     assert main(argv) == 0  # the same command again: resumed from the last checkpoint, nothing to redo
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics
     out, err = capsys.readouterr()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shutil
 import types
@@ -755,12 +756,24 @@ def test_plot_run_draws_the_curves_and_names_bad_input(tmp_path: Path) -> None:
             json.dumps({**json.loads(first), "learner_info": {"3": {"truncated": "2"}}}) + "\n",
             "'learner_info' of member '3' has 'truncated' '2'",
         ),
+        (
+            json.dumps({**json.loads(first), "learner_info": {"3": {"completions_student": float("inf")}}})
+            + "\n",
+            "'learner_info' of member '3' has 'completions_student' inf",
+        ),
     ):
         (tmp_path / "bad" / "metrics.jsonl").write_text(text)
         with pytest.raises(
             ValueError, match=rf"metrics\.jsonl:1: not a generation record of run_pbt \({problem}"
         ):
             plot_run(tmp_path / "bad")
+    # the learners' counts by role draw one cut-off curve per role
+    info = {"0": {"truncated_teacher": 1.0, "completions_teacher": 4.0, "truncated_student": 0.0,
+                  "completions_student": 2.0, "grad_norm": None}}  # fmt: skip
+    (tmp_path / "bad" / "metrics.jsonl").write_text(
+        json.dumps({**json.loads(first), "learner_info": info}) + "\n"
+    )
+    assert plot_run(tmp_path / "bad").is_file()
     (tmp_path / "bad" / "metrics.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(ValueError, match=r"metrics\.jsonl:1: not a JSON line \(RecursionError"):
         plot_run(tmp_path / "bad")
@@ -804,11 +817,24 @@ def test_compare_runs_overlays_variants_and_tabulates_them(
     assert rows[1]["generations"] == 3
     assert rows[1]["student solve rate"] == pytest.approx(history[-1]["solve_rate"])  # last third of 3
     png = compare_runs([pair, solo], tmp_path / "cmp.png")
-    assert matplotlib.image.imread(png).shape == (700, 1400, 4)
+    assert matplotlib.image.imread(png).shape == (700, 1800, 4)  # eight panels
     out = tmp_path / "cli.png"
+    # the teachers' and students' answers cut off at the token budget, where a learner counted them by role
+    lines = (solo / "metrics.jsonl").read_text().splitlines()
+    last = {**json.loads(lines[-1]), "learner_info": {"0": {"truncated_teacher": 1.0, "completions_teacher": 4.0},
+            "1": {"truncated_teacher": 0.0, "completions_teacher": 4.0, "truncated_student": 0.0,
+                  "completions_student": 2.0}}}  # fmt: skip
+    (solo / "metrics.jsonl").write_text("\n".join([*lines[:-1], json.dumps(last)]) + "\n")
+    solo_row = summary_rows([solo])[0]
+    assert solo_row["teachers' trained answers cut off"] == 0.125
+    assert solo_row["students' trained answers cut off"] == 0.0
+    assert math.isnan(rows[0]["teachers' trained answers cut off"])  # learner "none" counts nothing
     assert cli.main(["plot", str(pair), str(solo), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "pair (1T x 1S, pop 2)" in printed and "solo (self-play, pop 2)" in printed and str(out) in printed
+    header, _, pair_line, solo_line = printed.splitlines()[:4]
+    assert header.split()[-2:] == ["t-cut", "s-cut"]
+    assert pair_line.split()[-2:] == ["-", "-"] and solo_line.split()[-2:] == ["0.125", "0.000"]
     assert out.stat().st_size > 10_000
     assert cli.main(["plot", str(pair), str(tmp_path / "nowhere")]) == 2
     with pytest.raises(ValueError, match="at least one"):
@@ -1424,7 +1450,7 @@ def test_a_generation_without_student_attempts_has_no_solve_rate(
     table, the log and the curves, a rate no student had (an audit): it is None, shown as '-', no point in
     the plot nor TensorBoard, and left out of the comparison's means."""
     from evolve.plots import plot_run, summary_rows
-    from evolve.runlog import summarize_episodes, truncated_share
+    from evolve.runlog import summarize_episodes, truncated_share, truncated_shares
     from populora_env.metrics import summarize_episode
 
     idle = summarize_episode([("teacher_0", "invalid", "", None)], [], ["teacher_0"], ["student_0"])
@@ -1440,11 +1466,19 @@ def test_a_generation_without_student_attempts_has_no_solve_rate(
     assert plot_run(run).is_file()
     assert summary_rows([run], last=1.0)[0]["student solve rate"] == pytest.approx(rows[1]["solve_rate"])
     assert cli._summary_table(rows).splitlines()[2].split()[:2] == ["0", "-"]
-    # the cut column: "-" where no learner counted cut-off completions, else their share over the members
+    # the cut columns: "-" where no learner counted cut-off completions by role, else each role's share over
+    # the members (a self-play member counts both roles' answers)
     header, _, line = cli._summary_table(rows).splitlines()[:3]
-    assert header.split()[5] == "cut" and line.split()[5] == "-"
+    assert header.split()[5:7] == ["t-cut", "s-cut"] and line.split()[5:7] == ["-", "-"]
     rows[0]["learner_info"] = {"0": {"truncated": 1.0, "completions": 4.0}, "1": {"truncated": 2.0,
                                "completions": 8.0, "grad_norm": 0.5}, "2": {"grad_norm": 1.0}}  # fmt: skip
-    assert cli._summary_table(rows).splitlines()[2].split()[5] == "0.25"
+    assert cli._summary_table(rows).splitlines()[2].split()[5:7] == ["-", "-"]  # (counted in all only)
     assert truncated_share(rows[0]["learner_info"]) == 0.25 and truncated_share({"3": {"kl": None}}) is None
     assert truncated_share({"0": {"truncated": None, "completions": 4.0}}) is None
+    assert truncated_shares(rows[0]["learner_info"]) == {"all": 0.25} and truncated_shares({}) == {}
+    rows[0]["learner_info"]["0"].update(truncated_teacher=1.0, completions_teacher=3.0, truncated_student=0.0,
+                                        completions_student=1.0)  # fmt: skip
+    rows[0]["learner_info"]["1"].update(truncated_student=2.0, completions_student=8.0)
+    assert cli._summary_table(rows).splitlines()[2].split()[5:7] == ["0.33", "0.22"]
+    assert truncated_shares(rows[0]["learner_info"]) == {"teacher": 1 / 3, "student": 2 / 9}
+    assert truncated_share(rows[0]["learner_info"], "teacher") == 1 / 3
