@@ -20,7 +20,9 @@ from evolve.protocols import Learner, LearnStats, Transition
 
 @dataclass(frozen=True)
 class LearnerConfig:
-    """Hyper-parameters of a member's learner."""
+    """Hyper-parameters of the ``reinforce`` learner (``ppo``, SB3's, takes ``lr`` only). Other learners
+    take theirs from ``PBTConfig.member_options`` and refuse a changed ``LearnerConfig`` (``grpo``: its
+    ``member_options["grpo"]``); a run's ``config.json`` lists this one whatever the learner."""
 
     lr: float = 0.01
     """Adam learning rate."""
