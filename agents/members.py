@@ -389,9 +389,9 @@ def grpo_info(stats: UpdateStats, roles: Sequence[str] | None = None) -> dict[st
         "grad_norm": stats.grad_norm,
         "skipped": float(stats.skipped),
     }
-    per_role = Counter(roles) if roles is not None else Counter()  # (in order of first appearance)
     if roles is not None and len(roles) != stats.num_samples:
         raise ValueError(f"roles: one per completion, got {len(roles)} for {stats.num_samples}")
+    per_role = Counter(roles) if roles is not None else Counter()  # (in order of first appearance)
     for role, count in per_role.items():
         info[f"completions_{role}"] = float(count)
     if stats.num_truncated is not None:  # (unknown for an update skipped before tokenising: not counted as 0)
