@@ -78,7 +78,10 @@ class LearnStats:
         info: other figures of the update by name, real numbers (GRPO's ``clip_fraction``, ``grad_norm``,
             ``truncated`` completions...): the PBT loop logs them per member (``metrics.jsonl``'s
             ``learner_info``, TensorBoard's ``learner/<name>/<member>``; the loss is ``loss/<member>``). A
-            0-d tensor or array is taken as its number.
+            0-d tensor or array is taken as its number. Counts named ``truncated`` and ``completions``, or
+            ``truncated_<role>`` and ``completions_<role>``, make the generation's cut-off shares
+            (``runlog.truncated_shares``: ``populora train``'s ``t-cut`` and ``s-cut``, TensorBoard's
+            ``cut_off/<role>``).
     """
 
     loss: float

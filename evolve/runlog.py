@@ -223,6 +223,7 @@ class RunLog:
             **{f"rating_sigma/{m}": r["sigma"] for m, r in record.ratings.items()},
             **{f"operators/{k}": float(v) for k, v in record.operator_use.items()},
             **{f"rejections/{k}": float(v) for k, v in record.rejections.items()},
+            **{f"cut_off/{role}": share for role, share in truncated_shares(record.learner_info).items()},
             "lineage/children": float(len(record.lineage)),
             "learner/failures": float(len(record.learner_failures)),
             **{f"loss/{m}": v for m, v in record.losses.items() if v is not None},

@@ -1006,12 +1006,28 @@ def test_a_config_whose_teachers_cannot_earn_different_rewards_is_warned_about(
     )
 
 
-def test_tensorboard_scalars_match_the_jsonl_metrics(tmp_path: Path) -> None:
+class _CountingCuts(ReinforceLearner):
+    """REINFORCE reporting counts by role as GRPO does (``truncated_<role>``: every third transition)."""
+
+    def update(self, policy: Any, experience: Any) -> LearnStats:
+        stats = super().update(policy, experience)
+        counts: dict[str, float] = {}
+        for index, transition in enumerate(experience):
+            for name, add in (("completions", 1.0), ("truncated", float(index % 3 == 0))):
+                key = f"{name}_{transition.role}"
+                counts[key] = counts.get(key, 0.0) + add
+        return LearnStats(stats.loss, stats.samples, {**stats.info, **counts})
+
+
+def test_tensorboard_scalars_match_the_jsonl_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from evolve.runlog import truncated_share
+
+    monkeypatch.setitem(LEARNERS, "counting_cuts", _CountingCuts)
     config = PBTConfig(
         run_dir=str(tmp_path / "run"), seed=2, generations=2, episodes_per_generation=2, env=_env(2),
-        population=4, progress=False, tensorboard=True,
+        population=4, progress=False, tensorboard=True, learner="counting_cuts",
     )  # fmt: skip
     run_dir = run_pbt(config)
     history = _history(run_dir)
@@ -1048,6 +1064,11 @@ def test_tensorboard_scalars_match_the_jsonl_metrics(tmp_path: Path) -> None:
             for m, v in h[key].items()
         }
         assert expected and logged == pytest.approx(expected)
+    # the generation's cut-off shares by role, as populora train's t-cut and s-cut columns
+    for role in ("teacher", "student"):
+        shares = [truncated_share(h["learner_info"], role) for h in history]
+        assert all(share is not None for share in shares)
+        assert series(f"cut_off/{role}") == pytest.approx(shares)
 
 
 @pytest.mark.slow
