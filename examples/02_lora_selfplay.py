@@ -8,7 +8,7 @@ Builds (or reuses, cached on disk) the tiny offline Llama base, puts one LoRA ad
 (``--self-play`` maps teacher_0 and student_0 to one adapter: AZR's single-agent baseline), then repeats:
 collect episodes with one batched mixed-adapter generation per game phase, group the completions by the
 env's info into GRPO groups, and update every adapter. It prints each adapter's mean reward per role, and its
-GRPO loss and how many of its completions were cut off at the token budget.
+GRPO loss and how many of its completions were cut off at the token budget, by role.
 
 Honest scope: the tiny base learns the answer format, not program semantics, so rewards mostly move
 between format errors and well-formed wrong answers; research runs use a real base on a GPU.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -26,8 +27,16 @@ import tyro
 
 from agents.base import TinyBaseConfig, build_tiny_base
 from agents.grpo import GRPOConfig, GRPOLearner
+from agents.grpo_config import UpdateStats
 from agents.population import LoRAPopulation
-from agents.rollout import EpisodeRollout, RolloutCollector, RolloutConfig, grpo_batches, update_adapters
+from agents.rollout import (
+    EpisodeRollout,
+    GRPOBatch,
+    RolloutCollector,
+    RolloutConfig,
+    grpo_batches,
+    update_adapters,
+)
 from populora_env import teacher_student_v0
 
 
@@ -137,16 +146,24 @@ def main(args: Args) -> None:
     # ----- collect, group, update ----------------------------------------------------------------------
     for iteration in range(args.iterations):
         rollouts = collector.collect(env, args.episodes, seed=args.seed + iteration * args.episodes)
-        stats = update_adapters(learner, grpo_batches(rollouts))
+        batches = grpo_batches(rollouts)
+        stats = update_adapters(learner, batches)
         means = ", ".join(f"{key} {value:+.3f}" for key, value in role_means(rollouts).items())
         last = rollouts[-1].metrics
         print(
             f"iteration {iteration}: mean reward {means} | invalid proposals {last.invalid_rate:.2f} | "
             + " ".join(
-                f"{name} loss {s.loss:+.4f} cut {s.num_truncated}/{s.num_samples}"
-                for name, s in stats.items()
+                f"{name} loss {s.loss:+.4f} cut {cut_by_role(batches[name], s)}" for name, s in stats.items()
             )
         )
+
+
+def cut_by_role(batch: GRPOBatch, stats: UpdateStats) -> str:
+    """``teacher 1/8 student 0/4``: each role's completions in the update that hit the token budget without a
+    stop token (a self-play adapter trains on both roles' answers)."""
+    roles = [role for role, _ in batch.task_keys]
+    cut = Counter(roles[row] for row in stats.truncated_rows or ())
+    return " ".join(f"{role} {cut[role]}/{total}" for role, total in Counter(roles).items())
 
 
 if __name__ == "__main__":
