@@ -235,7 +235,7 @@ class GRPOLearner:
                 stats = self._optimise(
                     adapter, batch, chunks, ctx, advantages, old_logps, ref_logps, mean_reward
                 )
-                return replace(stats, num_truncated=len(cut), truncated_rows=cut)
+                return replace(stats, truncated_rows=cut)
         finally:
             model.train(was_training)
 
@@ -345,7 +345,7 @@ class GRPOLearner:
             num_samples=len(advantages),
             num_tokens=int(ctx.num_items_in_batch),
             optimizer_steps=len(losses),
-            num_truncated=None,  # (set by `update`)
+            truncated_rows=None,  # (set by `update`)
         )
 
     # -- generate, score, update ---------------------------------------------------------------------
@@ -516,7 +516,6 @@ class GRPOLearner:
             num_samples=n,
             num_tokens=0,
             optimizer_steps=0,
-            num_truncated=None if truncated is None else len(truncated),
             truncated_rows=truncated,
         )
 

@@ -209,13 +209,17 @@ class UpdateStats:
     """Active completion tokens in the batch (those of masked truncated completions not counted)."""
     optimizer_steps: int
     """Optimizer steps taken (num_inner_epochs unless skipped)."""
-    num_truncated: int | None = None
-    """Completions whose trained tokens hold no stop token (cut at the budget), masked or not (TRL logs
-    their share as ``completions/clipped_ratio``); ``None`` when skipped for a non-finite reward, before the
-    completions were tokenised."""
     truncated_rows: tuple[int, ...] | None = None
-    """Which completions those are: their indices in the batch as given (``num_truncated`` of them), so that a
-    caller can count them by its own grouping (``agents.members.grpo_info``: by role); ``None`` as above."""
+    """The completions whose trained tokens hold no stop token (cut at the budget), masked or not: their
+    indices in the batch as given, so that a caller can count them by its own grouping
+    (``agents.members.grpo_info``: by role); ``None`` when skipped for a non-finite reward, before the
+    completions were tokenised."""
+
+    @property
+    def num_truncated(self) -> int | None:
+        """How many completions were cut at the budget (``len(truncated_rows)``; TRL logs their share as
+        ``completions/clipped_ratio``), ``None`` where ``truncated_rows`` is."""
+        return None if self.truncated_rows is None else len(self.truncated_rows)
 
 
 @dataclass(frozen=True)

@@ -666,7 +666,7 @@ def test_a_learner_elsewhere_trains_on_the_ids_the_transitions_carry(tiny_base_d
 
 
 def _stats() -> UpdateStats:
-    return UpdateStats("a", False, None, 0.0, None, 0.0, 0.0, 0.0, 3, 3, 1, 0)
+    return UpdateStats("a", False, None, 0.0, None, 0.0, 0.0, 0.0, 3, 3, 1, ())
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
