@@ -394,9 +394,8 @@ def grpo_info(stats: UpdateStats, roles: Sequence[str] | None = None) -> dict[st
     per_role = Counter(roles) if roles is not None else Counter()  # (in order of first appearance)
     for role, count in per_role.items():
         info[f"completions_{role}"] = float(count)
-    if (
-        stats.truncated_rows is not None
-    ):  # (unknown for an update skipped before tokenising: not counted as 0)
+    # (unknown for an update skipped before tokenising: not counted as 0)
+    if stats.truncated_rows is not None:
         info["truncated"] = float(len(stats.truncated_rows))
         if roles is not None:
             cut = Counter(roles[row] for row in stats.truncated_rows)
