@@ -330,6 +330,11 @@ def test_populora_train_runs_resumes_and_prints_the_summary(
     config = json.loads((run_dir / "config.json").read_text())
     assert config["self_play"] and config["teachers"] == config["students"] == "lora"
     assert config["member_options"]["lora"]["base"] == str(tiny_base_dir)
+    # (the README: GRPO's learning rate is under member_options.grpo; learner_config is REINFORCE's default)
+    assert "learning_rate" in config["member_options"]["grpo"] and config["learner_config"] == {
+        "lr": 0.01,
+        "steps": 2,
+    }
     metrics = (run_dir / "metrics.jsonl").read_bytes()
     # four new tokens make no program: every proposal is turned away, and the summary says why
     rejected = sum(sum(json.loads(line)["rejections"].values()) for line in metrics.splitlines())
